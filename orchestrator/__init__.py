@@ -1,0 +1,1 @@
+"""The ``orpheus-serve`` command: configuration, process supervision, shared-memory ownership."""

@@ -1,0 +1,138 @@
+"""The ``orpheus-serve`` command."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+BENCHES = {
+    "codec": "codec_worker.bench",
+    "penalties": "llm_worker.bench_penalties",
+    "gateway": "gateway.bench",
+    "load": "loadgen.cli",
+    "compare": "loadgen.compare",
+}
+
+
+def _serve_flags(args: argparse.Namespace) -> dict[str, Any]:
+    from orchestrator.settings import set_overrides
+
+    flags: dict[str, Any] = set_overrides(args.set or [])
+
+    def put(section: str | None, key: str, value: Any) -> None:
+        if value is None:
+            return
+        (flags.setdefault(section, {}) if section else flags)[key] = value
+
+    put(None, "device", args.device)
+    put(None, "log_format", args.log_format)
+    put("llm", "model", args.model)
+    put("llm", "tokenizer", args.tokenizer)
+    put("codec", "model", args.codec_model)
+    put("gateway", "host", args.host)
+    put("gateway", "port", args.port)
+    return flags
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from orchestrator.logs import setup_logging
+    from orchestrator.settings import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, _serve_flags(args))
+    except ConfigError as exc:
+        print(f"orpheus-serve: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(cfg.log_format, cfg.log_level)
+    from orchestrator.supervisor import Supervisor
+
+    return Supervisor(cfg).run()
+
+
+def cmd_tiny_model(args: argparse.Namespace) -> int:
+    from codec_worker.snac_model import write_random_snac
+
+    from llm_worker.tiny_model import write_tiny_model
+
+    out = Path(args.dir)
+    write_tiny_model(out, seed=args.seed)
+    write_random_snac(out / "snac", seed=args.seed)
+    print(f"wrote the tiny Orpheus test model to {out} and a random-weight SNAC to {out / 'snac'}")
+    print("random weights: what they say is noise, not speech")
+    return 0
+
+
+def cmd_say(args: argparse.Namespace) -> int:
+    from orchestrator.say import say
+
+    return say(args)
+
+
+def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    module = importlib.import_module(BENCHES[args.which])
+    return int(module.main(rest))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="orpheus-serve",
+        description="Streaming Orpheus-TTS server: vLLM worker, batched SNAC codec worker and "
+        "HTTP/WebSocket/ZeroMQ gateway joined by shared-memory rings.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the server (all processes) until SIGINT/SIGTERM")
+    s.add_argument("--model", help="Orpheus checkpoint: HF name or local path (llm.model)")
+    s.add_argument("--tokenizer", help="tokenizer name or path if not with the model")
+    s.add_argument("--codec-model", help="SNAC 24 kHz: HF name or local dir (codec.model)")
+    s.add_argument("--host", help="listen address (gateway.host, default 127.0.0.1)")
+    s.add_argument("--port", type=int, help="listen port (gateway.port, default 8000)")
+    s.add_argument("--device", choices=["cpu", "cuda"], help="cpu (dev profile) or cuda")
+    s.add_argument("--config", help="TOML configuration file (see docs/configuration.md)")
+    s.add_argument("--log-format", choices=["text", "json"])
+    s.add_argument(
+        "--set", action="append", metavar="SECTION.KEY=VALUE",
+        help="override any configuration key, e.g. --set codec.max_batch=32 (repeatable)",
+    )  # fmt: skip
+
+    t = sub.add_parser("tiny-model", help="write the deterministic tiny test model + random SNAC")
+    t.add_argument("dir")
+    t.add_argument("--seed", type=int, default=0)
+
+    c = sub.add_parser("say", help="synthesize TEXT to a WAV file through a running server")
+    c.add_argument("text")
+    c.add_argument("--voice", default="tara")
+    c.add_argument("-o", "--output", default="out.wav")
+    c.add_argument("--url", default="http://127.0.0.1:8000")
+    c.add_argument("--zmq", metavar="ENDPOINT", help="use the ZeroMQ direct protocol instead")
+    c.add_argument("--api-key", default=None)
+    c.add_argument("--max-tokens", type=int, default=None)
+    c.add_argument("--seed", type=int, default=None)
+
+    b = sub.add_parser("bench", help="benchmarks (each prints a table and writes JSON)")
+    b.add_argument("which", choices=sorted(BENCHES))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if argv[:1] == ["bench"]:
+        args, rest = parser.parse_known_args(argv)
+        return cmd_bench(args, rest)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return cmd_serve(args)
+    if args.command == "tiny-model":
+        return cmd_tiny_model(args)
+    if args.command == "say":
+        return cmd_say(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

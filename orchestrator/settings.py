@@ -1,0 +1,144 @@
+"""Loading ServeConfig: device profile defaults, then the TOML file, then environment
+variables, then command-line flags (each overrides the one before).
+
+Environment variables are ``ORPHEUS_<SECTION>__<KEY>`` (``ORPHEUS_LLM__MAX_NUM_SEQS=128``) or
+``ORPHEUS_<KEY>`` for top-level keys (``ORPHEUS_DEVICE=cpu``). Flags use ``--set
+section.key=value``; the common ones have their own flags (``--model``, ``--port`` ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from orchestrator.config import ServeConfig
+
+ENV_PREFIX = "ORPHEUS_"
+
+# Defaults that differ on a development CPU machine (the demo and tests use these).
+CPU_PROFILE: dict[str, Any] = {
+    "llm": {"max_num_seqs": 64, "max_model_len": 2048, "enforce_eager": True},
+    "codec": {"compile": False, "max_batch": 32, "threads": 1},
+    "gateway": {"max_active_streams": 64, "max_queued_streams": 64},
+    "shm": {"code_ring_bytes": 1 << 20, "pcm_ring_bytes": 16 << 20},
+}
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message says which key and why."""
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _parse_scalar(text: str) -> Any:
+    """Environment and --set values: JSON when it parses (numbers, bools, lists), else text."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _nest(dotted: str, value: Any, sep: str) -> dict[str, Any]:
+    parts = [p for p in dotted.split(sep) if p]
+    if not parts:
+        raise ConfigError(f"empty configuration key in {dotted!r}")
+    node: dict[str, Any] = {}
+    cur = node
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+    return node
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or name.startswith("ORPHEUS_SERVE_CHILD"):
+            continue
+        key = name[len(ENV_PREFIX) :].lower()
+        out = _merge(out, _nest(key, _parse_scalar(raw), "__"))
+    return out
+
+
+def set_overrides(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"--set takes section.key=value, got {pair!r}")
+        key, raw = pair.split("=", 1)
+        out = _merge(out, _nest(key.strip(), _parse_scalar(raw), "."))
+    return out
+
+
+def load_config(
+    toml_path: str | None = None,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ServeConfig:
+    """Build and validate the configuration. Raises ConfigError with a readable message."""
+    file_layer: dict[str, Any] = {}
+    if toml_path:
+        try:
+            with open(toml_path, "rb") as f:
+                file_layer = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {toml_path}: {exc}") from exc
+    env_layer = env_overrides(os.environ if environ is None else environ)
+    flag_layer = dict(flags or {})
+    merged = _merge(_merge(file_layer, env_layer), flag_layer)
+    device = merged.get("device", ServeConfig().device)
+    if device == "cpu":
+        merged = _merge(_merge(CPU_PROFILE, file_layer), _merge(env_layer, flag_layer))
+    try:
+        cfg = msgspec.convert(merged, ServeConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid configuration: {exc}") from exc
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: ServeConfig) -> None:
+    problems: list[str] = []
+    c = cfg.codec
+    if c.hop_frames < 1 or c.first_hop_frames < 1:
+        problems.append("codec.hop_frames and codec.first_hop_frames must be >= 1")
+    if min(c.context_frames, c.lookahead_frames, c.first_lookahead_frames) < 0:
+        problems.append("codec context/lookahead frames must be >= 0")
+    if c.max_hop_frames < c.hop_frames:
+        problems.append("codec.max_hop_frames must be >= codec.hop_frames")
+    if c.max_batch < 1 or c.max_wait_ms < 0:
+        problems.append("codec.max_batch must be >= 1 and codec.max_wait_ms >= 0")
+    llm = cfg.llm
+    if not 0 < llm.gpu_memory_utilization <= 1:
+        problems.append("llm.gpu_memory_utilization must be in (0, 1]")
+    if llm.max_model_len < 256:
+        problems.append("llm.max_model_len must be >= 256")
+    if llm.max_num_seqs < 1:
+        problems.append("llm.max_num_seqs must be >= 1")
+    if llm.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"):
+        problems.append(f"llm.kv_cache_dtype {llm.kv_cache_dtype!r} is not auto|fp8|bfloat16")
+    g = cfg.gateway
+    if not 0 < g.port < 65536:
+        problems.append(f"gateway.port {g.port} is not a TCP port")
+    if g.processes < 1:
+        problems.append("gateway.processes must be >= 1")
+    if g.max_active_streams < 1 or g.max_queued_streams < 0:
+        problems.append("gateway.max_active_streams >= 1 and max_queued_streams >= 0")
+    s = cfg.shm
+    if s.code_ring_bytes < 64 << 10 or s.pcm_ring_bytes < 256 << 10:
+        problems.append("shm.code_ring_bytes >= 64 KiB and shm.pcm_ring_bytes >= 256 KiB")
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))

@@ -1,0 +1,278 @@
+"""Starts, watches and restarts the worker processes of one instance.
+
+Order: codec_worker and llm_worker first (they bind the consumer doorbells and the control
+socket), gateways once both are warm. The orchestrator publishes ClusterStatus so gateways
+know whether to admit and learn when a worker restarted (its generation is bumped, and the
+gateways fail the streams that worker held). Shutdown (SIGINT/SIGTERM): gateways drain first,
+then the workers stop, then the segments are unlinked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+import zmq
+
+from orchestrator.child import SPEC_ENV, ChildSpec
+from orchestrator.config import ServeConfig
+from shm.layout import InstanceLayout
+from shm.messages import (
+    ClusterStatus,
+    Heartbeat,
+    WorkerReady,
+    control_encoder,
+    orchestrator_decoder,
+)
+from shm.segments import create_instance, destroy_instance, remove_stale_instances
+
+log = logging.getLogger(__name__)
+
+STATUS_PERIOD_S = 0.5
+HEARTBEAT_TIMEOUT_S = 30.0
+MAX_BACKOFF_S = 30.0
+STOP_GRACE_S = 15.0
+
+
+@dataclass
+class Child:
+    role: str
+    index: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    ready: bool = False
+    generation: int = 0
+    restarts: int = 0
+    started_at: float = 0.0
+    last_seen: float = 0.0
+    restart_at: float | None = None
+    ready_since: float | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.role if self.role != "gateway" else f"gateway-{self.index}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class Supervisor:
+    def __init__(self, config: ServeConfig, layout: InstanceLayout | None = None) -> None:
+        self.config = config
+        self.layout = layout or InstanceLayout.for_pid(
+            os.getpid(), config.shm.run_dir, config.gateway.processes
+        )
+        self.workers = [Child("codec"), Child("llm")]
+        self.gateways = [Child("gateway", i) for i in range(config.gateway.processes)]
+        self.stopping = False
+        self.draining = False
+        self._ctx = zmq.Context.instance()
+        self._orch: zmq.Socket | None = None
+        self._status: zmq.Socket | None = None
+        self._last_status: ClusterStatus | None = None
+        self._last_status_at = 0.0
+        self.metrics_dir = os.path.join(self.layout.socket_dir, "metrics")
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def run(self) -> int:
+        """Serve until SIGINT/SIGTERM. Returns the process exit code."""
+        remove_stale_instances(self.config.shm.run_dir)
+        create_instance(self.layout, self.config.shm)
+        os.makedirs(self.metrics_dir, exist_ok=True)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            self._orch = self._ctx.socket(zmq.PULL)
+            self._orch.setsockopt(zmq.LINGER, 0)
+            self._orch.bind(self.layout.orch)
+            self._status = self._ctx.socket(zmq.PUB)
+            self._status.setsockopt(zmq.LINGER, 0)
+            self._status.bind(self.layout.status)
+            for child in self.workers:
+                self._start(child)
+            code = self._loop()
+        finally:
+            self._shutdown()
+        return code
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self.stopping:
+            log.warning("second signal: stopping now")
+            self.draining = True
+        log.info("received %s: draining and stopping", signal.Signals(signum).name)
+        self.stopping = True
+
+    def _loop(self) -> int:
+        assert self._orch is not None
+        poller = zmq.Poller()
+        poller.register(self._orch, zmq.POLLIN)
+        t0 = time.monotonic()
+        announced = False
+        while not self.stopping:
+            for sock, _ in poller.poll(100):
+                self._drain_orch(sock)
+            now = time.monotonic()
+            self._watch(now)
+            warm = all(c.ready for c in self.workers)
+            if warm and not any(g.proc for g in self.gateways):
+                for g in self.gateways:
+                    self._start(g)
+            if warm and all(g.ready for g in self.gateways) and not announced:
+                announced = True
+                g = self.config.gateway
+                log.info(
+                    "ready in %.1fs: http://%s:%d (instance %s)",
+                    now - t0, g.host, g.port, self.layout.instance,
+                )  # fmt: skip
+            if not warm and now - t0 > self.config.ready_timeout_s and not announced:
+                log.error("workers not ready after %.0fs: giving up", self.config.ready_timeout_s)
+                return 1
+            self._publish_status(now)
+        return 0
+
+    def _drain_orch(self, sock: zmq.Socket) -> None:
+        while True:
+            try:
+                raw = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = orchestrator_decoder.decode(raw)
+            except msgspec.DecodeError:
+                log.warning("undecodable message on the orchestrator socket")
+                continue
+            child = self._by_pid(msg.pid)
+            if child is None:
+                continue
+            child.last_seen = time.monotonic()
+            if isinstance(msg, WorkerReady) and not child.ready:
+                child.ready = True
+                child.ready_since = child.last_seen
+                log.info(
+                    "%s ready (pid %d, %.1fs)%s", child.name, msg.pid,
+                    child.last_seen - child.started_at, f": {msg.detail}" if msg.detail else "",
+                )  # fmt: skip
+            elif isinstance(msg, Heartbeat):
+                pass
+
+    def _by_pid(self, pid: int) -> Child | None:
+        for c in (*self.workers, *self.gateways):
+            if c.pid == pid:
+                return c
+        return None
+
+    # -- children --------------------------------------------------------------------------
+    def _spec_env(self) -> dict[str, str]:
+        spec = ChildSpec(config=self.config, layout=self.layout, parent_pid=os.getpid())
+        env = dict(os.environ)
+        env[SPEC_ENV] = msgspec.json.encode(spec).decode()
+        env["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def _start(self, child: Child) -> None:
+        args = [sys.executable, "-m", "orchestrator.child", child.role, str(child.index)]
+        # Own session: a terminal's Ctrl-C reaches only the orchestrator, which stops the
+        # children in order (gateways drain first).
+        child.proc = subprocess.Popen(args, env=self._spec_env(), start_new_session=True)
+        child.ready = False
+        child.started_at = child.last_seen = time.monotonic()
+        child.restart_at = None
+        log.info("started %s (pid %d)", child.name, child.proc.pid)
+
+    def _watch(self, now: float) -> None:
+        for child in (*self.workers, *self.gateways):
+            if child.proc is None:
+                continue
+            code = child.proc.poll()
+            if code is None and child.ready and now - child.last_seen > HEARTBEAT_TIMEOUT_S:
+                log.error(
+                    "%s sent no heartbeat for %.0fs: killing it", child.name, now - child.last_seen
+                )
+                child.proc.kill()
+                code = child.proc.wait()
+            if code is not None and child.restart_at is None:
+                self._mark_dead(child)
+                healthy_for = now - (child.ready_since or now)
+                if healthy_for > 60:
+                    child.restarts = 0  # it ran well for a while: restart promptly
+                delay = min(MAX_BACKOFF_S, 0.5 * (2**child.restarts))
+                child.restarts += 1
+                child.restart_at = now + delay
+                log.error("%s exited with %s; restarting in %.1fs", child.name, code, delay)
+            if child.restart_at is not None and now >= child.restart_at:
+                self._start(child)
+
+    def _mark_dead(self, child: Child) -> None:
+        child.ready = False
+        child.ready_since = None
+        child.generation += 1
+        if child.pid is not None:
+            try:
+                from prometheus_client import multiprocess
+
+                multiprocess.mark_process_dead(child.pid, self.metrics_dir)
+            except Exception:  # metrics of a dead process are best-effort
+                pass
+
+    def _publish_status(self, now: float, force: bool = False) -> None:
+        assert self._status is not None
+        llm, codec = self.workers[1], self.workers[0]
+        status = ClusterStatus(
+            llm_ready=llm.ready,
+            codec_ready=codec.ready,
+            draining=self.draining or self.stopping,
+            llm_generation=llm.generation,
+            codec_generation=codec.generation,
+        )
+        if force or status != self._last_status or now - self._last_status_at > STATUS_PERIOD_S:
+            self._status.send(control_encoder.encode(status))
+            self._last_status = status
+            self._last_status_at = now
+
+    # -- shutdown --------------------------------------------------------------------------
+    def _signal_all(self, children: list[Child], sig: int) -> None:
+        for c in children:
+            if c.alive():
+                assert c.proc is not None
+                try:
+                    c.proc.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+
+    def _wait_all(self, children: list[Child], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for c in children:
+            if c.proc is None:
+                continue
+            try:
+                c.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in time: killing it", c.name)
+                c.proc.kill()
+                c.proc.wait()
+
+    def _shutdown(self) -> None:
+        if self._status is not None:
+            self.draining = True
+            self._publish_status(time.monotonic(), force=True)
+        # Gateways drain (stop admitting, finish active streams) on SIGTERM.
+        self._signal_all(self.gateways, signal.SIGTERM)
+        self._wait_all(self.gateways, self.config.drain_timeout_s + STOP_GRACE_S)
+        self._signal_all(self.workers, signal.SIGTERM)
+        self._wait_all(self.workers, STOP_GRACE_S)
+        for sock in (self._orch, self._status):
+            if sock is not None:
+                sock.close(linger=0)
+        destroy_instance(self.layout)
+        log.info("stopped; instance %s removed", self.layout.instance)

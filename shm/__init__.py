@@ -1,0 +1,1 @@
+"""Shared-memory transport: SPSC rings, ZeroMQ doorbells, message schemas, segment lifecycle."""

@@ -1,0 +1,68 @@
+"""Where an instance's rings and sockets live. Derived from the instance name alone, so
+every process (and a split-process deployment) computes the same names."""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+
+SEGMENT_PREFIX = "orpheus-"
+
+
+class RingEndpoints(msgspec.Struct, frozen=True):
+    segment: str
+    """POSIX shared-memory name (no leading slash): the file /dev/shm/<segment>."""
+    data_bell: str
+    """ZeroMQ endpoint the consumer binds; the producer rings it when data arrives."""
+    space_bell: str
+    """ZeroMQ endpoint the producer binds; the consumer rings it when space frees."""
+
+
+class InstanceLayout(msgspec.Struct, frozen=True):
+    instance: str
+    run_dir: str
+    gateways: int = 1
+
+    @classmethod
+    def for_pid(cls, pid: int, run_dir: str, gateways: int) -> InstanceLayout:
+        return cls(instance=f"{SEGMENT_PREFIX}{pid}", run_dir=run_dir, gateways=gateways)
+
+    @property
+    def socket_dir(self) -> str:
+        return os.path.join(self.run_dir, self.instance)
+
+    def _ipc(self, name: str) -> str:
+        return f"ipc://{os.path.join(self.socket_dir, name)}"
+
+    @property
+    def control(self) -> str:
+        """llm_worker binds PULL; gateways connect PUSH (Submit, AppendText, Cancel)."""
+        return self._ipc("control")
+
+    @property
+    def orch(self) -> str:
+        """orchestrator binds PULL; workers connect PUSH (WorkerReady, Heartbeat)."""
+        return self._ipc("orch")
+
+    @property
+    def status(self) -> str:
+        """orchestrator binds PUB; gateways connect SUB (ClusterStatus)."""
+        return self._ipc("status")
+
+    def _ring(self, name: str) -> RingEndpoints:
+        return RingEndpoints(
+            segment=f"{self.instance}-{name}",
+            data_bell=self._ipc(f"{name}.data"),
+            space_bell=self._ipc(f"{name}.space"),
+        )
+
+    @property
+    def code_ring(self) -> RingEndpoints:
+        return self._ring("codes")
+
+    def pcm_ring(self, gateway_index: int) -> RingEndpoints:
+        return self._ring(f"pcm-{gateway_index}")
+
+    def all_rings(self) -> list[RingEndpoints]:
+        return [self.code_ring, *(self.pcm_ring(i) for i in range(self.gateways))]

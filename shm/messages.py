@@ -1,0 +1,87 @@
+"""Control messages that cross a process boundary over ZeroMQ (msgpack-encoded msgspec Structs).
+
+Bulk data never travels here: code frames and PCM go through the shared-memory rings
+(see ``shm.records``). Every message is a tagged Struct so one decoder handles a socket
+that carries several kinds.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SamplingOverrides(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Per-request overrides of the voice's sampling defaults. ``None`` keeps the default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+
+
+class Submit(msgspec.Struct, tag="submit", frozen=True, omit_defaults=True):
+    """gateway -> llm_worker: start one utterance.
+
+    ``stream_id`` is unique for the life of the instance; its high 16 bits name the
+    gateway whose PCM ring receives the audio (see ``shm.records.gateway_of``).
+    ``text`` may be appended to later with ``AppendText`` when ``text_open`` is true
+    (WebSocket clients that send text as their LLM writes it).
+    """
+
+    stream_id: int
+    text: str
+    voice: str
+    sampling: SamplingOverrides = SamplingOverrides()
+    text_open: bool = False
+
+
+class AppendText(msgspec.Struct, tag="append", frozen=True):
+    """gateway -> llm_worker: more text for an open stream; ``final`` closes its text."""
+
+    stream_id: int
+    text: str
+    final: bool = False
+
+
+class Cancel(msgspec.Struct, tag="cancel", frozen=True):
+    """gateway -> llm_worker: the client went away; abort the vLLM request and drop state."""
+
+    stream_id: int
+    reason: str = "client_disconnected"
+
+
+class WorkerReady(msgspec.Struct, tag="ready", frozen=True):
+    """worker -> orchestrator: the worker is warm (engine loaded / codec compiled)."""
+
+    role: str
+    pid: int
+    detail: str = ""
+
+
+class Heartbeat(msgspec.Struct, tag="heartbeat", frozen=True):
+    """worker -> orchestrator, periodically: the worker's event loop is alive."""
+
+    role: str
+    pid: int
+    active_streams: int = 0
+
+
+class ClusterStatus(msgspec.Struct, tag="status", frozen=True):
+    """orchestrator -> gateways (PUB): whether a new stream can be admitted."""
+
+    llm_ready: bool
+    codec_ready: bool
+    draining: bool
+    # Bumped each time a worker restarts: gateways fail the streams they held.
+    llm_generation: int = 0
+    codec_generation: int = 0
+
+
+ControlMessage = Submit | AppendText | Cancel
+OrchestratorMessage = WorkerReady | Heartbeat
+
+control_encoder = msgspec.msgpack.Encoder()
+control_decoder = msgspec.msgpack.Decoder(ControlMessage)
+orchestrator_decoder = msgspec.msgpack.Decoder(OrchestratorMessage)
+status_decoder = msgspec.msgpack.Decoder(ClusterStatus)

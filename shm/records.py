@@ -1,0 +1,62 @@
+"""Record kinds carried by the shared-memory rings, and the payloads they hold.
+
+Every ring record carries ``(kind, stream_id, seq, payload)``. ``seq`` lets a consumer
+detect loss, duplication and reordering:
+
+- ``CODES`` (llm_worker -> codec_worker): payload is ``n * 7`` little-endian int16 SNAC
+  codes in Orpheus slot order (slot 0..6 of each frame, each already reduced to
+  [0, 4096)); ``seq`` is the stream's index of the first frame in the record.
+- ``PCM`` (codec_worker -> gateway): payload is little-endian int16 mono samples at
+  24 kHz; ``seq`` is the stream's chunk index (0, 1, 2, ...).
+- ``END``: the stream finished; payload is a msgpack ``StreamEnd``; ``seq`` is the next
+  sequence number the stream would have used (frames for codes, chunks for PCM).
+- ``ERROR``: the stream failed; payload is a msgpack ``StreamError``; no record of the
+  stream follows. An error raised in the llm_worker travels through the codec ring and
+  the codec worker forwards it, so it reaches the gateway after the audio before it.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+FRAME_TOKENS = 7
+SAMPLES_PER_FRAME = 2048
+SAMPLE_RATE = 24_000
+GATEWAY_SHIFT = 48
+STREAM_COUNTER_MASK = (1 << GATEWAY_SHIFT) - 1
+
+
+class RecordKind(enum.IntEnum):
+    CODES = 1
+    PCM = 2
+    END = 3
+    ERROR = 4
+
+
+class StreamEnd(msgspec.Struct, frozen=True):
+    reason: str  # "stop" (end of speech), "length" (max_tokens), "cancelled", "repetition"
+    frames: int
+    tokens: int = 0
+    invalid_tokens_prevented: int = 0
+
+
+class StreamError(msgspec.Struct, frozen=True):
+    code: str  # machine-readable: "bad_request", "worker_restarted", "backpressure", ...
+    message: str
+    status: int = 500  # HTTP status the gateway should answer with if nothing was sent yet
+
+
+end_encoder = msgspec.msgpack.Encoder()
+end_decoder = msgspec.msgpack.Decoder(StreamEnd)
+error_decoder = msgspec.msgpack.Decoder(StreamError)
+
+
+def make_stream_id(gateway_index: int, counter: int) -> int:
+    """Stream ids are unique per instance; the high bits route PCM to the right gateway."""
+    return (gateway_index << GATEWAY_SHIFT) | (counter & STREAM_COUNTER_MASK)
+
+
+def gateway_of(stream_id: int) -> int:
+    return stream_id >> GATEWAY_SHIFT

@@ -1,0 +1,381 @@
+"""Single-producer single-consumer ring of variable-size records in POSIX shared memory.
+
+Layout of a segment (all integers little-endian, 64-bit fields 8-byte aligned)::
+
+    0    magic u64 | capacity u64                     (written once by create_ring)
+    64   head u64  (bytes ever published by the producer)  | producer_waiting u32
+    128  tail u64  (bytes ever released by the consumer)   | consumer_sleeping u32
+    256  data area of `capacity` bytes (a multiple of 8)
+
+A record is a 24-byte header ``(length u32, kind u16, flags u16, stream_id u64, seq u64)``
+followed by ``length`` payload bytes, padded to a multiple of 8. A record never wraps: when
+it does not fit before the end of the data area the producer writes a WRAP marker (kind 0)
+and continues at offset 0. ``head`` and ``tail`` only grow, so ``head - tail`` is the used
+space and full/empty are never ambiguous.
+
+Ordering: the producer copies payloads, then stores ``head`` with one aligned 8-byte store;
+the consumer loads ``head`` before reading payloads. x86-64 (TSO) keeps stores ordered with
+stores and loads with loads, which is all this needs. The one reordering TSO allows (a store
+followed by a load of another address) can delay a doorbell: the consumer stores "sleeping"
+then loads ``head`` while the producer stores ``head`` then loads "sleeping". Both may read
+the old value in a window of nanoseconds; the consumer's timed recheck (``recheck_ms``)
+bounds the cost of that lost doorbell. On weakly ordered CPUs (aarch64) the payload/head
+ordering would additionally need a release/acquire fence: this module is x86-64 only.
+
+Signalling (see DESIGN.md): each ring has two ZeroMQ doorbells. ``data_bell`` (consumer
+binds PULL) is rung by the producer after a publish, only when the consumer has said it is
+going to sleep; ``space_bell`` (producer binds PULL) is rung by the consumer after a release,
+only when the producer has said it waits for space.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import mmap
+import os
+import struct
+import time
+from typing import NamedTuple
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from shm.layout import RingEndpoints
+
+MAGIC = 0x4F52504845555331  # "ORPHEUS1"
+HEADER_BYTES = 256
+RECORD_HEADER = struct.Struct("<IHHQQ")
+RECORD_HEADER_BYTES = RECORD_HEADER.size  # 24
+WRAP_KIND = 0
+_WRAP_MARKER = struct.Struct("<IHH")
+_LENGTH_KIND = struct.Struct("<IH")
+_OFF_MAGIC, _OFF_CAPACITY = 0, 8
+_OFF_HEAD, _OFF_PRODUCER_WAITING = 64, 72
+_OFF_TAIL, _OFF_CONSUMER_SLEEPING = 128, 136
+SHM_DIR = "/dev/shm"
+
+Payload = bytes | bytearray | memoryview | np.ndarray
+
+
+class RingFull(Exception):
+    """The consumer did not free enough space before the producer's timeout."""
+
+
+class Record(NamedTuple):
+    kind: int
+    stream_id: int
+    seq: int
+    payload: memoryview
+    """Zero-copy view into the ring: valid until the reader's next ``release()``."""
+
+
+def _align8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+def record_bytes(payload_len: int) -> int:
+    """Space one record takes in the data area."""
+    return _align8(RECORD_HEADER_BYTES + payload_len)
+
+
+def segment_path(segment: str) -> str:
+    return os.path.join(SHM_DIR, segment)
+
+
+def create_ring(ep: RingEndpoints, capacity_bytes: int) -> None:
+    """Create and initialise the segment; fails if it already exists (names are per instance)."""
+    capacity = _align8(capacity_bytes)
+    if capacity < 4096:
+        raise ValueError(f"ring capacity {capacity_bytes} is below the 4096-byte minimum")
+    fd = os.open(segment_path(ep.segment), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, HEADER_BYTES + capacity)
+        with mmap.mmap(fd, HEADER_BYTES + capacity) as mm:
+            struct.pack_into("<QQ", mm, _OFF_MAGIC, MAGIC, capacity)
+    finally:
+        os.close(fd)
+
+
+def unlink_ring(ep: RingEndpoints) -> None:
+    try:
+        os.unlink(segment_path(ep.segment))
+    except FileNotFoundError:
+        pass
+
+
+class _Segment:
+    """An attached segment and typed views of its control words."""
+
+    def __init__(self, segment: str) -> None:
+        fd = os.open(segment_path(segment), os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            self.mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        magic, capacity = struct.unpack_from("<QQ", self.mm, _OFF_MAGIC)
+        if magic != MAGIC or capacity + HEADER_BYTES != size:
+            self.mm.close()
+            raise ValueError(f"shared-memory segment {segment!r} is not an orpheus-serve ring")
+        self.capacity: int = capacity
+        self.head = ctypes.c_uint64.from_buffer(self.mm, _OFF_HEAD)
+        self.tail = ctypes.c_uint64.from_buffer(self.mm, _OFF_TAIL)
+        self.producer_waiting = ctypes.c_uint32.from_buffer(self.mm, _OFF_PRODUCER_WAITING)
+        self.consumer_sleeping = ctypes.c_uint32.from_buffer(self.mm, _OFF_CONSUMER_SLEEPING)
+        self.data = memoryview(self.mm)[HEADER_BYTES:]
+
+    def close(self) -> None:
+        # ctypes views and the memoryview export the buffer: drop them before closing it.
+        del self.head, self.tail, self.producer_waiting, self.consumer_sleeping
+        self.data.release()
+        try:
+            self.mm.close()
+        except BufferError:
+            pass  # a caller still holds a record view: the mapping goes with the last view
+
+
+def _bind_bell(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.PULL)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 16)
+    sock.bind(endpoint)
+    return sock
+
+
+def _connect_bell(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    # A doorbell carries no data: if a few are queued already, dropping more loses nothing.
+    sock.setsockopt(zmq.SNDHWM, 4)
+    sock.connect(endpoint)
+    return sock
+
+
+def _ring(sock: zmq.Socket) -> None:
+    try:
+        sock.send(b"", zmq.NOBLOCK)
+    except zmq.Again:
+        pass  # the peer already has doorbells queued (or is not there yet): it will recheck
+
+
+def _drain(sock: zmq.Socket) -> None:
+    try:
+        while True:
+            sock.recv(zmq.NOBLOCK)
+    except zmq.Again:
+        pass
+
+
+class _Bell:
+    """The receiving side of a doorbell, usable from blocking code and from asyncio."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.sock = _bind_bell(zmq.Context.instance(), endpoint)
+        self._async: zmq.asyncio.Socket | None = None
+
+    def wait(self, timeout_s: float) -> bool:
+        if self.sock.poll(max(0, int(timeout_s * 1000)), zmq.POLLIN):
+            _drain(self.sock)
+            return True
+        return False
+
+    async def wait_async(self, timeout_s: float) -> bool:
+        if self._async is None:
+            self._async = zmq.asyncio.Socket.from_socket(self.sock)
+        if await self._async.poll(max(0, int(timeout_s * 1000)), zmq.POLLIN):
+            _drain(self.sock)
+            return True
+        return False
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class RingWriter:
+    """The producer side. Stage records with ``try_append``; ``publish`` makes them visible."""
+
+    def __init__(self, ep: RingEndpoints, *, recheck_ms: int = 20) -> None:
+        self.endpoints = ep
+        self._seg = _Segment(ep.segment)
+        self._space_bell = _Bell(ep.space_bell)
+        self._data_bell = _connect_bell(zmq.Context.instance(), ep.data_bell)
+        self._recheck_s = recheck_ms / 1000
+        self._staged_head = self._seg.head.value  # head including staged, unpublished records
+        self.capacity = self._seg.capacity
+        self.max_payload = self.capacity // 2 - RECORD_HEADER_BYTES
+
+    # -- staging ---------------------------------------------------------------------------
+    def free_bytes(self) -> int:
+        return self.capacity - (self._staged_head - self._seg.tail.value)
+
+    def try_append(self, kind: int, stream_id: int, seq: int, payload: Payload) -> bool:
+        """Stage one record after the previously staged ones. False if the ring has no room."""
+        view = memoryview(payload).cast("B")
+        n = view.nbytes
+        if n > self.max_payload:
+            raise ValueError(f"record payload of {n} bytes exceeds the ring's {self.max_payload}")
+        size = record_bytes(n)
+        cap = self.capacity
+        pos = self._staged_head % cap
+        to_end = cap - pos
+        need = size if size <= to_end else to_end + size
+        if self.capacity - (self._staged_head - self._seg.tail.value) < need:
+            return False
+        data = self._seg.data
+        if size > to_end:
+            # Records are 8-aligned, so at least the 8 bytes of (length, kind, flags) fit here.
+            _WRAP_MARKER.pack_into(data, pos, 0, WRAP_KIND, 0)
+            self._staged_head += to_end
+            pos = 0
+        RECORD_HEADER.pack_into(data, pos, n, kind, 0, stream_id, seq)
+        start = pos + RECORD_HEADER_BYTES
+        data[start : start + n] = view
+        self._staged_head += size
+        return True
+
+    def publish(self) -> None:
+        """Make every staged record visible with one store; ring the doorbell if needed."""
+        if self._staged_head == self._seg.head.value:
+            return
+        self._seg.head.value = self._staged_head
+        if self._seg.consumer_sleeping.value:
+            _ring(self._data_bell)
+
+    # -- blocking helpers ------------------------------------------------------------------
+    def append(
+        self, kind: int, stream_id: int, seq: int, payload: Payload, timeout_s: float
+    ) -> None:
+        """Stage a record, publishing and waiting for space while the ring is full."""
+        if self.try_append(kind, stream_id, seq, payload):
+            return
+        self.publish()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._seg.producer_waiting.value = 1
+            if self.try_append(kind, stream_id, seq, payload):
+                self._seg.producer_waiting.value = 0
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._seg.producer_waiting.value = 0
+                raise RingFull(f"ring {self.endpoints.segment} stayed full for {timeout_s:.3f}s")
+            self._space_bell.wait(min(left, self._recheck_s))
+
+    async def append_async(
+        self, kind: int, stream_id: int, seq: int, payload: Payload, timeout_s: float
+    ) -> None:
+        if self.try_append(kind, stream_id, seq, payload):
+            return
+        self.publish()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            self._seg.producer_waiting.value = 1
+            if self.try_append(kind, stream_id, seq, payload):
+                self._seg.producer_waiting.value = 0
+                return
+            left = deadline - loop.time()
+            if left <= 0:
+                self._seg.producer_waiting.value = 0
+                raise RingFull(f"ring {self.endpoints.segment} stayed full for {timeout_s:.3f}s")
+            await self._space_bell.wait_async(min(left, self._recheck_s))
+
+    def close(self) -> None:
+        self._data_bell.close(linger=0)
+        self._space_bell.close()
+        self._seg.close()
+
+
+class RingReader:
+    """The consumer side: ``poll`` returns zero-copy records, ``release`` frees them."""
+
+    def __init__(self, ep: RingEndpoints, *, spin_us: int = 50, recheck_ms: int = 20) -> None:
+        self.endpoints = ep
+        self._seg = _Segment(ep.segment)
+        self._data_bell = _Bell(ep.data_bell)
+        self._space_bell = _connect_bell(zmq.Context.instance(), ep.space_bell)
+        self._spin_s = spin_us / 1e6
+        self._recheck_s = recheck_ms / 1000
+        self._read = self._seg.tail.value  # position after the last record handed out
+        self.capacity = self._seg.capacity
+
+    def used_bytes(self) -> int:
+        return self._seg.head.value - self._seg.tail.value
+
+    def has_data(self) -> bool:
+        return self._seg.head.value != self._read
+
+    def poll(self, max_records: int = 4096) -> list[Record]:
+        """Records published since the last poll (at most ``max_records``), in order."""
+        head = self._seg.head.value
+        pos = self._read
+        cap = self.capacity
+        data = self._seg.data
+        out: list[Record] = []
+        while pos < head and len(out) < max_records:
+            off = pos % cap
+            to_end = cap - off
+            length, kind = _LENGTH_KIND.unpack_from(data, off)
+            if kind == WRAP_KIND:
+                pos += to_end
+                continue
+            _, _, _, stream_id, seq = RECORD_HEADER.unpack_from(data, off)
+            start = off + RECORD_HEADER_BYTES
+            out.append(Record(kind, stream_id, seq, data[start : start + length]))
+            pos += record_bytes(length)
+        self._read = pos
+        return out
+
+    def release(self) -> None:
+        """Give back the space of every record returned so far (their views become invalid)."""
+        if self._seg.tail.value == self._read:
+            return
+        self._seg.tail.value = self._read
+        if self._seg.producer_waiting.value:
+            _ring(self._space_bell)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until data may be ready: spin ``spin_us``, then sleep on the doorbell."""
+        if self.has_data():
+            return True
+        spin_end = time.perf_counter() + min(self._spin_s, timeout_s)
+        while time.perf_counter() < spin_end:
+            if self.has_data():
+                return True
+        deadline = time.monotonic() + timeout_s
+        seg = self._seg
+        seg.consumer_sleeping.value = 1
+        try:
+            while not self.has_data():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._data_bell.wait(min(left, self._recheck_s))
+            return True
+        finally:
+            seg.consumer_sleeping.value = 0
+
+    async def wait_async(self, timeout_s: float) -> bool:
+        """Like ``wait`` for an asyncio consumer (no spin: the event loop has other work)."""
+        if self.has_data():
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        seg = self._seg
+        seg.consumer_sleeping.value = 1
+        try:
+            while not self.has_data():
+                left = deadline - loop.time()
+                if left <= 0:
+                    return False
+                await self._data_bell.wait_async(min(left, self._recheck_s))
+            return True
+        finally:
+            seg.consumer_sleeping.value = 0
+
+    def close(self) -> None:
+        self._space_bell.close(linger=0)
+        self._data_bell.close()
+        self._seg.close()

@@ -1,0 +1,73 @@
+"""Lifecycle of an instance's shared-memory segments and socket directory.
+
+The orchestrator owns them: it creates them before starting workers, unlinks them on exit,
+and at start removes those of instances whose orchestrator is dead (``orpheus-<pid>-*``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+
+from shm.config import ShmConfig
+from shm.layout import SEGMENT_PREFIX, InstanceLayout
+from shm.ring import SHM_DIR, create_ring, unlink_ring
+
+log = logging.getLogger(__name__)
+_INSTANCE_RE = re.compile(rf"^{re.escape(SEGMENT_PREFIX)}(\d+)(?:-|$)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def create_instance(layout: InstanceLayout, cfg: ShmConfig) -> None:
+    os.makedirs(layout.socket_dir, mode=0o700, exist_ok=True)
+    create_ring(layout.code_ring, cfg.code_ring_bytes)
+    for i in range(layout.gateways):
+        create_ring(layout.pcm_ring(i), cfg.pcm_ring_bytes)
+
+
+def destroy_instance(layout: InstanceLayout) -> None:
+    """Unlink every segment and remove the socket directory. Idempotent."""
+    for ep in layout.all_rings():
+        unlink_ring(ep)
+    shutil.rmtree(layout.socket_dir, ignore_errors=True)
+
+
+def instance_segments(instance: str) -> list[str]:
+    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(f"{instance}-"))
+
+
+def remove_stale_instances(run_dir: str) -> list[str]:
+    """Remove segments and socket dirs left by orchestrators that are no longer running."""
+    removed: list[str] = []
+    for directory, is_shm in ((SHM_DIR, True), (run_dir, False)):
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            continue
+        for name in names:
+            m = _INSTANCE_RE.match(name)
+            if not m or _pid_alive(int(m.group(1))):
+                continue
+            path = os.path.join(directory, name)
+            if is_shm:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    continue
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    if removed:
+        log.info("removed %d stale segment(s)/socket dir(s) of dead instances", len(removed))
+    return removed

@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+from shm.layout import InstanceLayout
+from shm.segments import destroy_instance
+
+
+@pytest.fixture
+def layout() -> Iterator[InstanceLayout]:
+    """A private instance layout (socket dir and segment names) for one test."""
+    run_dir = tempfile.mkdtemp(prefix="orpheus-test-")
+    # Names carry this pid so a crashed test's leftovers are cleaned as stale later.
+    lay = InstanceLayout(instance=f"orpheus-{os.getpid()}-t{os.urandom(3).hex()}", run_dir=run_dir)
+    os.makedirs(lay.socket_dir)
+    yield lay
+    destroy_instance(lay)
+    os.rmdir(run_dir) if not os.listdir(run_dir) else None

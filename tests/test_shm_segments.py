@@ -1,0 +1,66 @@
+"""Segment lifecycle: created per instance, unlinked on exit, stale ones removed at start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+from shm.config import ShmConfig
+from shm.layout import InstanceLayout
+from shm.ring import segment_path
+from shm.segments import create_instance, destroy_instance, remove_stale_instances
+
+SMALL = ShmConfig(code_ring_bytes=64 << 10, pcm_ring_bytes=256 << 10)
+
+
+def test_create_and_destroy_leave_nothing() -> None:
+    run_dir = tempfile.mkdtemp()
+    lay = InstanceLayout.for_pid(os.getpid(), run_dir, gateways=2)
+    create_instance(lay, SMALL)
+    assert all(os.path.exists(segment_path(ep.segment)) for ep in lay.all_rings())
+    assert len(lay.all_rings()) == 3
+    destroy_instance(lay)
+    assert not any(os.path.exists(segment_path(ep.segment)) for ep in lay.all_rings())
+    assert not os.path.exists(lay.socket_dir)
+
+
+def test_killed_instance_is_removed_as_stale() -> None:
+    run_dir = tempfile.mkdtemp()
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        from shm.config import ShmConfig
+        from shm.layout import InstanceLayout
+        from shm.segments import create_instance
+        lay = InstanceLayout.for_pid(os.getpid(), {run_dir!r}, gateways=1)
+        create_instance(lay, ShmConfig(code_ring_bytes=65536, pcm_ring_bytes=262144))
+        print(lay.instance, flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    instance = proc.stdout.readline().strip()
+    lay = InstanceLayout(instance=instance, run_dir=run_dir, gateways=1)
+    assert os.path.exists(segment_path(lay.code_ring.segment))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    # The dead process left its segments behind; the next start removes them.
+    assert os.path.exists(segment_path(lay.code_ring.segment))
+    removed = remove_stale_instances(run_dir)
+    assert segment_path(lay.code_ring.segment) in removed
+    assert not any(os.path.exists(segment_path(ep.segment)) for ep in lay.all_rings())
+    assert not os.path.exists(lay.socket_dir)
+
+
+def test_live_instances_are_kept() -> None:
+    run_dir = tempfile.mkdtemp()
+    lay = InstanceLayout.for_pid(os.getpid(), run_dir, gateways=1)
+    create_instance(lay, SMALL)
+    try:
+        remove_stale_instances(run_dir)
+        assert os.path.exists(segment_path(lay.code_ring.segment))
+    finally:
+        destroy_instance(lay)
