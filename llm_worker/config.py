@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 
-class VoiceSampling(msgspec.Struct, frozen=True, omit_defaults=True):
+class VoiceSampling(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     temperature: float = 0.6
     top_p: float = 0.8
     repetition_penalty: float = 1.1

@@ -54,7 +54,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from codec_worker.snac_model import write_random_snac
-
     from llm_worker.tiny_model import write_tiny_model
 
     out = Path(args.dir)
@@ -92,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, help="listen port (gateway.port, default 8000)")
     s.add_argument("--device", choices=["cpu", "cuda"], help="cpu (dev profile) or cuda")
     s.add_argument("--config", help="TOML configuration file (see docs/configuration.md)")
-    s.add_argument("--log-format", choices=["text", "json"])
+    s.add_argument("--log-format", choices=["text", "json"], help="log lines as text or JSON")
     s.add_argument(
         "--set", action="append", metavar="SECTION.KEY=VALUE",
         help="override any configuration key, e.g. --set codec.max_batch=32 (repeatable)",

@@ -112,6 +112,8 @@ def load_config(
 
 def validate(cfg: ServeConfig) -> None:
     problems: list[str] = []
+    if cfg.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        problems.append(f"log_level {cfg.log_level!r} is not DEBUG|INFO|WARNING|ERROR|CRITICAL")
     c = cfg.codec
     if c.hop_frames < 1 or c.first_hop_frames < 1:
         problems.append("codec.hop_frames and codec.first_hop_frames must be >= 1")
