@@ -6,7 +6,10 @@ import argparse
 import importlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchestrator.config import ServeConfig
 
 BENCHES = {
     "codec": "codec_worker.bench",
@@ -37,6 +40,17 @@ def _serve_flags(args: argparse.Namespace) -> dict[str, Any]:
     return flags
 
 
+def _with_model_voices(cfg: ServeConfig) -> ServeConfig:
+    """Resolve the voices once, from the model's configuration, so that every process (the
+    gateway's /v1/audio/voices, the llm_worker's validation) sees the same list."""
+    import msgspec
+
+    from llm_worker.model_info import load_model_info
+
+    voices = list(load_model_info(cfg.llm).voices)
+    return msgspec.structs.replace(cfg, llm=msgspec.structs.replace(cfg.llm, voices=voices))
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from orchestrator.logs import setup_logging
     from orchestrator.settings import ConfigError, load_config
@@ -47,6 +61,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"orpheus-serve: {exc}", file=sys.stderr)
         return 2
     setup_logging(cfg.log_format, cfg.log_level)
+    try:
+        cfg = _with_model_voices(cfg)
+    except ValueError as exc:
+        print(f"orpheus-serve: {exc}", file=sys.stderr)
+        return 2
     from orchestrator.supervisor import Supervisor
 
     return Supervisor(cfg).run()

@@ -50,7 +50,6 @@ RECORD_HEADER = struct.Struct("<IHHQQ")
 RECORD_HEADER_BYTES = RECORD_HEADER.size  # 24
 WRAP_KIND = 0
 _WRAP_MARKER = struct.Struct("<IHH")
-_LENGTH_KIND = struct.Struct("<IH")
 _OFF_MAGIC, _OFF_CAPACITY = 0, 8
 _OFF_HEAD, _OFF_PRODUCER_WAITING = 64, 72
 _OFF_TAIL, _OFF_CONSUMER_SLEEPING = 128, 136
@@ -173,7 +172,6 @@ class _Bell:
 
     def __init__(self, endpoint: str) -> None:
         self.sock = _bind_bell(zmq.Context.instance(), endpoint)
-        self._async: zmq.asyncio.Socket | None = None
 
     def wait(self, timeout_s: float) -> bool:
         if self.sock.poll(max(0, int(timeout_s * 1000)), zmq.POLLIN):
@@ -182,12 +180,39 @@ class _Bell:
         return False
 
     async def wait_async(self, timeout_s: float) -> bool:
-        if self._async is None:
-            self._async = zmq.asyncio.Socket.from_socket(self.sock)
-        if await self._async.poll(max(0, int(timeout_s * 1000)), zmq.POLLIN):
-            _drain(self.sock)
+        """Wait on the socket's file descriptor with the event loop's own reader.
+
+        ZeroMQ's FD is edge-triggered and only says "look at EVENTS", so EVENTS is checked
+        before sleeping and after each wake-up. This costs a few microseconds per wait,
+        against ~60 us for pyzmq's asyncio poller (measured in the gateway's profile).
+        """
+        sock = self.sock
+        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            _drain(sock)
             return True
-        return False
+        loop = asyncio.get_running_loop()
+        fd = sock.getsockopt(zmq.FD)
+        deadline = loop.time() + timeout_s
+        pending: list[asyncio.Future[None]] = [loop.create_future()]
+
+        def wake() -> None:
+            if not pending[0].done():
+                pending[0].set_result(None)
+
+        loop.add_reader(fd, wake)
+        timer = loop.call_at(deadline, wake)
+        try:
+            while True:
+                await pending[0]
+                if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    _drain(sock)
+                    return True
+                if loop.time() >= deadline:
+                    return False
+                pending[0] = loop.create_future()  # a spurious edge: wait for the next one
+        finally:
+            loop.remove_reader(fd)
+            timer.cancel()
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -311,20 +336,27 @@ class RingReader:
         """Records published since the last poll (at most ``max_records``), in order."""
         head = self._seg.head.value
         pos = self._read
+        if pos == head:
+            return []
         cap = self.capacity
         data = self._seg.data
+        unpack = RECORD_HEADER.unpack_from
         out: list[Record] = []
-        while pos < head and len(out) < max_records:
+        append = out.append
+        n = 0
+        # Hot loop (every record of every consumer): locals only, no helper calls.
+        while pos < head and n < max_records:
             off = pos % cap
-            to_end = cap - off
-            length, kind = _LENGTH_KIND.unpack_from(data, off)
+            length, kind, _flags, stream_id, seq = (
+                unpack(data, off) if cap - off >= RECORD_HEADER_BYTES else (0, WRAP_KIND, 0, 0, 0)
+            )
             if kind == WRAP_KIND:
-                pos += to_end
+                pos += cap - off
                 continue
-            _, _, _, stream_id, seq = RECORD_HEADER.unpack_from(data, off)
             start = off + RECORD_HEADER_BYTES
-            out.append(Record(kind, stream_id, seq, data[start : start + length]))
-            pos += record_bytes(length)
+            append(Record(kind, stream_id, seq, data[start : start + length]))
+            pos += (RECORD_HEADER_BYTES + length + 7) & ~7
+            n += 1
         self._read = pos
         return out
 
