@@ -17,12 +17,32 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     processes: int = 1
     max_active_streams: int = 256
     max_queued_streams: int = 64
+    queue_timeout_s: float = 10.0
+    """A request that waited this long in the admission queue is answered 429."""
     api_keys: list[str] = []
     max_input_chars: int = 4096
     max_body_bytes: int = 64 * 1024
     max_buffered_seconds: float = 30.0
     """Audio a slow client may leave unread before its stream is dropped."""
-    voice_aliases: dict[str, str] = OPENAI_VOICES
+    client_stall_timeout_s: float = 15.0
+    """A client that accepts no bytes for this long while audio waits for it is dropped."""
+    upstream_idle_timeout_s: float = 30.0
+    """A stream whose text is complete and that receives nothing for this long fails (504)."""
+    ws_start_timeout_s: float = 10.0
+    """A WebSocket client must send its ``start`` message within this time."""
+    ws_text_idle_timeout_s: float = 120.0
+    """A WebSocket stream whose text is still open fails when no message arrives for this long."""
+    voice_aliases: dict[str, str] = msgspec.field(default_factory=lambda: dict(OPENAI_VOICES))
+    served_model_names: list[str] = msgspec.field(
+        default_factory=lambda: ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
+    )
+    """Names listed by ``GET /v1/models`` besides the model itself (any name is accepted)."""
     zmq_endpoint: str | None = None
-    """ROUTER endpoint for internal ZeroMQ clients, e.g. "tcp://127.0.0.1:8001"."""
+    """ROUTER endpoint for internal ZeroMQ clients, e.g. "tcp://127.0.0.1:8001".
+
+    With several gateway processes, process ``i`` binds ``port + i`` (tcp) or ``path-i`` (ipc).
+    """
     retry_after_s: int = 1
+    playground: bool = True
+    """Serve the playground page at ``/``."""
+    access_log: bool = False

@@ -1,0 +1,154 @@
+"""The aiohttp application: routes, JSON errors, API keys, and the small info endpoints."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from collections.abc import Awaitable, Callable
+
+import msgspec
+from aiohttp import web
+
+from gateway.errors import APIError
+from gateway.service import Gateway
+from gateway.speech_http import Handler, speech_handler
+from gateway.websocket import WS_PATH, websocket_handler
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
+_json = msgspec.json.Encoder()
+_CODE_BY_STATUS = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    400: "invalid_request",
+}
+
+
+def json_response(
+    obj: object, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        body=_json.encode(obj), status=status, content_type="application/json", headers=headers
+    )
+
+
+def error_response(err: APIError) -> web.Response:
+    return web.Response(
+        body=err.to_json(),
+        status=err.status,
+        content_type="application/json",
+        headers=err.headers(),
+    )
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error is OpenAI-shaped JSON with the right status, and never kills the process."""
+    try:
+        return await handler(request)
+    except APIError as e:
+        return error_response(e)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        err = APIError(e.status, _CODE_BY_STATUS.get(e.status, "http_error"), e.reason)
+        resp = error_response(err)
+        if "Allow" in e.headers:
+            resp.headers["Allow"] = e.headers["Allow"]
+        return resp
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(APIError(500, "internal_error", "internal server error"))
+
+
+class ModelCard(msgspec.Struct, frozen=True):
+    id: str
+    object: str = "model"
+    created: int = 0
+    owned_by: str = "orpheus-serve"
+
+
+class ModelList(msgspec.Struct, frozen=True):
+    data: list[ModelCard]
+    object: str = "list"
+
+
+def api_key_check(keys: list[str]) -> Callable[[web.Request], bool]:
+    """Bearer keys on ``/v1/*`` (WebSocket: also ``?api_key=``, browsers cannot set headers)."""
+    encoded = [k.encode() for k in keys]
+
+    def allowed(request: web.Request) -> bool:
+        auth = request.headers.get("Authorization", "")
+        scheme, _, token = auth.partition(" ")
+        presented = token.strip() if scheme.lower() == "bearer" else ""
+        if not presented and request.path == WS_PATH:
+            presented = request.query.get("api_key", "")
+        if not presented:
+            return False
+        p = presented.encode()
+        ok = False
+        for k in encoded:  # compare with every key: timing says nothing about which matched
+            ok |= hmac.compare_digest(p, k)
+        return ok
+
+    return allowed
+
+
+def build_app(gateway: Gateway) -> web.Application:
+    g = gateway.config.gateway
+    middlewares: list[Callable[..., Awaitable[web.StreamResponse]]] = [json_errors]
+    if g.api_keys:
+        allowed = api_key_check(g.api_keys)
+
+        @web.middleware
+        async def require_key(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if request.path.startswith("/v1/") and not allowed(request):
+                return error_response(
+                    APIError(
+                        401,
+                        "invalid_api_key",
+                        "missing or invalid API key (Authorization: Bearer ...)",
+                    )
+                )
+            return await handler(request)
+
+        middlewares.append(require_key)
+
+    app = web.Application(client_max_size=g.max_body_bytes, middlewares=middlewares)
+    models = ModelList(
+        [ModelCard(gateway.config.llm.model), *(ModelCard(n) for n in g.served_model_names)]
+    )
+
+    async def health(_: web.Request) -> web.Response:
+        return json_response({"status": "ok"})
+
+    async def ready(_: web.Request) -> web.Response:
+        state = gateway.readiness()
+        return json_response(state, status=200 if state.ready else 503)
+
+    async def metrics(_: web.Request) -> web.Response:
+        body, content_type = gateway.metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def voices(_: web.Request) -> web.Response:
+        return json_response(gateway.voices.listing)
+
+    async def list_models(_: web.Request) -> web.Response:
+        return json_response(models)
+
+    async def playground(_: web.Request) -> web.FileResponse:
+        return web.FileResponse(os.path.join(STATIC_DIR, "index.html"))
+
+    app.router.add_post("/v1/audio/speech", speech_handler(gateway))
+    app.router.add_get(WS_PATH, websocket_handler(gateway))
+    app.router.add_get("/v1/audio/voices", voices)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)
+    if g.playground:
+        app.router.add_get("/", playground)
+    return app

@@ -1,0 +1,162 @@
+"""Entry point of a gateway process: ``run(config, layout, index)`` (see orchestrator.child).
+
+aiohttp on uvloop, listening with SO_REUSEPORT so that several gateway processes share one
+port (the kernel spreads connections across them). Reports ``WorkerReady`` to the
+orchestrator once listening and a ``Heartbeat`` every second. SIGTERM drains (no new
+streams, active ones finish within ``drain_timeout_s``); SIGINT or a second SIGTERM stops
+at once. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import resource
+import signal
+import socket
+
+import uvloop
+import zmq
+from aiohttp import web
+from prometheus_client import REGISTRY
+
+from gateway.app import build_app
+from gateway.metrics import GatewayMetrics
+from gateway.service import Gateway
+from gateway.zmq_protocol import endpoint_for
+from gateway.zmq_server import ZmqFrontend
+from orchestrator.config import ServeConfig
+from shm.layout import InstanceLayout
+from shm.messages import Heartbeat, WorkerReady, control_encoder
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 1.0
+FIRST_STATUS_TIMEOUT_S = 10.0
+LISTEN_BACKLOG = 4096
+
+
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket that other gateway processes can bind too (SO_REUSEPORT)."""
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(addr)
+        sock.listen(LISTEN_BACKLOG)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def raise_fd_limit() -> int:
+    """Lift the soft open-file limit to the hard one: each client holds a socket."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            return hard
+    return soft
+
+
+def role_name(index: int) -> str:
+    return f"gateway-{index}"
+
+
+async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    fast = asyncio.Event()
+
+    def on_term() -> None:
+        if stop.is_set():
+            fast.set()
+        stop.set()
+
+    def on_int() -> None:
+        fast.set()
+        stop.set()
+
+    loop.add_signal_handler(signal.SIGTERM, on_term)
+    loop.add_signal_handler(signal.SIGINT, on_int)
+
+    g = config.gateway
+    gateway = Gateway(config, layout, index, GatewayMetrics(REGISTRY))
+    await gateway.start()
+    runner = web.AppRunner(
+        build_app(gateway),
+        handle_signals=False,
+        handler_cancellation=True,  # a client that disconnects cancels its handler
+        access_log=logging.getLogger("gateway.access") if g.access_log else None,
+    )
+    await runner.setup()
+    sock = reuseport_socket(g.host, g.port)
+    site = web.SockSite(runner, sock)
+    await site.start()
+    zmq_front: ZmqFrontend | None = None
+    zmq_task: asyncio.Task[None] | None = None
+    if g.zmq_endpoint:
+        zmq_front = ZmqFrontend(gateway, endpoint_for(g.zmq_endpoint, index))
+        zmq_task = asyncio.create_task(zmq_front.run(), name="zmq-frontend")
+
+    orch = zmq.Context.instance().socket(zmq.PUSH)
+    orch.setsockopt(zmq.LINGER, 0)
+    orch.setsockopt(zmq.SNDHWM, 16)
+    orch.connect(layout.orch)
+    pid = os.getpid()
+    role = role_name(index)
+
+    def tell(msg: WorkerReady | Heartbeat) -> None:
+        with contextlib.suppress(zmq.Again):
+            orch.send(control_encoder.encode(msg), zmq.NOBLOCK)
+
+    # Ready means able to serve: wait for the orchestrator's first ClusterStatus (it publishes
+    # one every 0.5 s) so that the first request is not refused for want of it.
+    if not await gateway.cluster.wait_first(FIRST_STATUS_TIMEOUT_S):
+        log.warning("no ClusterStatus after %.0f s; reporting ready anyway", FIRST_STATUS_TIMEOUT_S)
+    tell(WorkerReady(role=role, pid=pid, detail=f"http://{g.host}:{g.port}"))
+    log.info("%s listening on %s:%d (pid %d)", role, g.host, g.port, pid)
+
+    async def heartbeat() -> None:
+        while True:
+            tell(Heartbeat(role=role, pid=pid, active_streams=gateway.active_streams))
+            await asyncio.sleep(HEARTBEAT_S)
+
+    beat = asyncio.create_task(heartbeat(), name="heartbeat")
+    try:
+        await stop.wait()
+        gateway.begin_drain()
+        drain = asyncio.create_task(gateway.drain(config.drain_timeout_s))
+        fast_wait = asyncio.create_task(fast.wait())
+        await asyncio.wait({drain, fast_wait}, return_when=asyncio.FIRST_COMPLETED)
+        fast_wait.cancel()
+        if not drain.done():
+            drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await drain
+    finally:
+        log.info("%s stopping", role)
+        beat.cancel()
+        if zmq_front is not None and zmq_task is not None:
+            await zmq_front.close()
+            zmq_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await zmq_task
+        await gateway.close()
+        await runner.cleanup()
+        orch.close(linger=0)
+
+
+def run(config: ServeConfig, layout: InstanceLayout, index: int) -> None:
+    """Serve until SIGTERM (drain) or SIGINT (stop now)."""
+    raise_fd_limit()
+    uvloop.run(serve(config, layout, index))

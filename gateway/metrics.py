@@ -1,0 +1,129 @@
+"""Prometheus metrics of a gateway process, and the ``/metrics`` exposition.
+
+When ``PROMETHEUS_MULTIPROC_DIR`` is set (the orchestrator sets it for every child before
+they import prometheus_client), each process writes its samples to files there and
+``/metrics`` of any gateway aggregates all of them with ``MultiProcessCollector``: one
+scrape carries every gateway's, the workers' and vLLM's (``vllm:*``) metrics.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+
+OUTCOMES = (
+    "ok",
+    "rejected",
+    "bad_request",
+    "cancelled",
+    "slow_client",
+    "timeout",
+    "worker_restarted",
+    "upstream_error",
+    "shutdown",
+    "internal_error",
+)
+APIS = ("http", "sse", "ws", "zmq")
+
+TTFB_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+RTF_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5, 2.0, 5.0)
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+class GatewayMetrics:
+    """All gateway metrics, registered in ``registry`` (a private one per test)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.ttfb = Histogram(
+            "orpheus_gateway_ttfb_seconds",
+            "Time from request arrival to the first audio byte sent",
+            ["api"],
+            buckets=TTFB_BUCKETS,
+            registry=registry,
+        )
+        self.rtf = Histogram(
+            "orpheus_gateway_rtf",
+            "Real-time factor of a finished stream: wall time / audio duration",
+            ["api"],
+            buckets=RTF_BUCKETS,
+            registry=registry,
+        )
+        self.active = Gauge(
+            "orpheus_gateway_active_streams",
+            "Streams admitted and not yet finished",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.queued = Gauge(
+            "orpheus_gateway_queued_streams",
+            "Requests waiting for an admission slot",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.requests = Counter(
+            "orpheus_gateway_requests",
+            "Speech requests by API and outcome",
+            ["api", "outcome"],
+            registry=registry,
+        )
+        self.bytes_sent = Counter(
+            "orpheus_gateway_audio_bytes_sent",
+            "Audio bytes written to clients (encoded, before transport framing)",
+            ["api"],
+            registry=registry,
+        )
+        self.slow_client_drops = Counter(
+            "orpheus_gateway_slow_client_drops",
+            "Streams dropped because the client did not read its audio",
+            registry=registry,
+        )
+        self.orphan_records = Counter(
+            "orpheus_gateway_orphan_records",
+            "Ring records for streams the gateway no longer holds (cancelled or failed)",
+            registry=registry,
+        )
+        self.sequence_errors = Counter(
+            "orpheus_gateway_pcm_sequence_errors",
+            "Streams failed because a PCM record arrived out of sequence",
+            registry=registry,
+        )
+        self.control_send_failures = Counter(
+            "orpheus_gateway_control_send_failures",
+            "Control messages that could not be queued to the llm_worker",
+            registry=registry,
+        )
+        # Pre-bound children: the per-chunk path does no label lookups.
+        self.bytes_sent_by_api = {api: self.bytes_sent.labels(api) for api in APIS}
+        self.ttfb_by_api = {api: self.ttfb.labels(api) for api in APIS}
+        self.rtf_by_api = {api: self.rtf.labels(api) for api in APIS}
+        self.requests_by = {
+            (api, outcome): self.requests.labels(api, outcome)
+            for api in APIS
+            for outcome in OUTCOMES
+        }
+
+    def count_request(self, api: str, outcome: str) -> None:
+        if outcome not in OUTCOMES:
+            outcome = "upstream_error"
+        self.requests_by[(api, outcome)].inc()
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The text exposition of this process, or of every process in multiprocess mode."""
+        if multiprocess_dir():
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+            return generate_latest(registry), CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,121 @@
+"""``POST /v1/audio/speech``: OpenAI-compatible streaming speech over chunked HTTP or SSE.
+
+The status is decided by what comes first from the workers: the first audio chunk (200,
+then the audio streams) or an error (its status, as a JSON error). Headers are sent only
+then. A failure after the headers cuts the connection for ``stream_format=audio`` (the
+client sees an incomplete chunked body, never a silently short file) and sends an
+``error`` event for ``sse``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from gateway.encoders import CONTENT_TYPES, AudioEncoder, make_encoder
+from gateway.errors import APIError
+from gateway.schemas import decode_speech_request, speech_params
+from gateway.service import Gateway, Session
+from gateway.sse import delta_event, done_event, error_event
+from gateway.streams import StreamFailed
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+SSE_CONTENT_TYPE = "text/event-stream"
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise APIError(
+            413,
+            "request_too_large",
+            f"request body of {request.content_length} bytes exceeds the {limit}-byte limit",
+        )
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise APIError(
+            413, "request_too_large", f"request body exceeds the {limit}-byte limit"
+        ) from None
+
+
+def speech_handler(gateway: Gateway) -> Handler:
+    g = gateway.config.gateway
+
+    async def create_speech(request: web.Request) -> web.StreamResponse:
+        started_at = gateway.loop.time()
+        body = await read_body(request, g.max_body_bytes)
+        params = speech_params(decode_speech_request(body), gateway.voices, g.max_input_chars)
+        api = "sse" if params.stream_format == "sse" else "http"
+        encoder = make_encoder(params.response_format, params.speed)
+        try:
+            async with gateway.open_session(params, api, started_at=started_at) as session:
+                return await _stream(request, session, encoder)
+        finally:
+            encoder.close()
+
+    return create_speech
+
+
+async def _stream(
+    request: web.Request, session: Session, encoder: AudioEncoder
+) -> web.StreamResponse:
+    stream = session.stream
+    sse = session.params.stream_format == "sse"
+    try:
+        chunks = await stream.next_chunks()
+    except StreamFailed as e:
+        raise APIError.from_stream_error(e.error) from None
+
+    content_type = SSE_CONTENT_TYPE if sse else CONTENT_TYPES[session.params.response_format]
+    resp = web.StreamResponse(
+        status=200,
+        headers={
+            "Content-Type": content_type,
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        },
+    )
+    transport = request.transport
+    if transport is not None:
+        stream.on_abort = transport.abort
+    loop = asyncio.get_running_loop()
+    encode = encoder.encode
+
+    async def send(data: bytes) -> None:
+        session.write_started = loop.time()
+        await resp.write(delta_event(data) if sse else data)
+        session.write_started = 0.0
+        session.sent(len(data))
+
+    try:
+        await resp.prepare(request)
+        while chunks:
+            for chunk in chunks:
+                data = encode(chunk)
+                if data:
+                    await send(data)
+            chunks = await stream.next_chunks()
+        tail = encoder.finish()
+        if tail:
+            await send(tail)
+        if sse:
+            end = stream.end
+            await resp.write(done_event(end.tokens if end is not None else 0))
+        await resp.write_eof()
+        session.completed = True
+    except StreamFailed as e:
+        err = APIError.from_stream_error(e.error)
+        log.info("stream %#x failed after audio: %s", stream.stream_id, err.message)
+        if sse and e.error.code != "slow_client":
+            await resp.write(error_event(err))
+            await resp.write_eof()
+        elif transport is not None:
+            transport.abort()  # the client must not mistake a truncated stream for a whole one
+    except ConnectionError:
+        pass  # the client went away; leaving the session cancels the stream upstream
+    return resp

@@ -1,0 +1,290 @@
+"""Per-stream PCM buffers, and the registry that routes ring records into them.
+
+One task (``gateway.pcm_pump``) drains the gateway's PCM ring and hands every batch of
+records to ``StreamRegistry.dispatch``, which copies each payload out of the ring into the
+bounded buffer of its stream and wakes the stream's consumer (an HTTP response, a
+WebSocket, a ZeroMQ client). Nothing here blocks or awaits: a slow consumer only grows its
+own buffer, up to a limit past which that stream alone is dropped.
+
+A stream leaves the registry when it ends (``END``), fails (``ERROR``, a sequence gap, a
+slow client, a timeout, a worker restart) or its consumer lets go. Records that arrive
+for a stream id the registry does not hold are dropped and counted (they belong to a
+stream that was cancelled or failed a moment ago).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+import msgspec
+
+from gateway.metrics import GatewayMetrics
+from gateway.upstream import ControlChannel
+from shm.records import (
+    STREAM_COUNTER_MASK,
+    RecordKind,
+    StreamEnd,
+    StreamError,
+    end_decoder,
+    error_decoder,
+    make_stream_id,
+)
+from shm.ring import Record
+
+log = logging.getLogger(__name__)
+
+_PCM = int(RecordKind.PCM)
+_END = int(RecordKind.END)
+_ERROR = int(RecordKind.ERROR)
+
+
+class StreamFailed(Exception):
+    def __init__(self, error: StreamError) -> None:
+        super().__init__(f"{error.code}: {error.message}")
+        self.error = error
+
+
+class PcmStream:
+    """The PCM of one utterance between the ring and its consumer.
+
+    The consumer calls ``next_chunks`` in a loop: it returns the chunks buffered since the
+    last call (waiting if there are none), ``[]`` once the stream ended, and raises
+    ``StreamFailed`` once it failed (after the audio that arrived before the failure, unless
+    the failure discarded it). The list returned stays valid until the next call.
+    """
+
+    __slots__ = (
+        "_pending",
+        "_spare",
+        "_waiter",
+        "buffered_bytes",
+        "bytes_received",
+        "end",
+        "error",
+        "last_record_at",
+        "next_seq",
+        "on_abort",
+        "stream_id",
+        "text_closed",
+    )
+
+    def __init__(self, stream_id: int, now: float, *, text_closed: bool = True) -> None:
+        self.stream_id = stream_id
+        self._pending: list[bytes] = []
+        self._spare: list[bytes] = []
+        self._waiter: asyncio.Future[None] | None = None
+        self.buffered_bytes = 0
+        self.bytes_received = 0
+        self.next_seq = 0
+        self.end: StreamEnd | None = None
+        self.error: StreamError | None = None
+        self.last_record_at = now
+        """Monotonic time of the last record (or of the text being closed): idle watchdog."""
+        self.text_closed = text_closed
+        self.on_abort: Callable[[], None] | None = None
+        """Set by the front end: tears down the client connection (slow or stalled client)."""
+
+    @property
+    def done(self) -> bool:
+        return self.end is not None or self.error is not None
+
+    # -- producer side (the dispatcher) ----------------------------------------------------
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def push(self, data: bytes) -> None:
+        self._pending.append(data)
+        self.buffered_bytes += len(data)
+        self.bytes_received += len(data)
+        self._wake()
+
+    def finish(self, end: StreamEnd) -> None:
+        self.end = end
+        self._wake()
+
+    def fail(self, error: StreamError, *, discard_pending: bool) -> None:
+        if self.done:
+            return
+        self.error = error
+        if discard_pending:
+            self._pending.clear()
+            self.buffered_bytes = 0
+        self._wake()
+
+    # -- consumer side ---------------------------------------------------------------------
+    async def next_chunks(self) -> list[bytes]:
+        while True:
+            if self._pending:
+                out = self._pending
+                spare = self._spare
+                spare.clear()  # the list handed out by the previous call: its reader is done
+                self._pending, self._spare = spare, out
+                self.buffered_bytes = 0
+                return out
+            if self.error is not None:
+                raise StreamFailed(self.error)
+            if self.end is not None:
+                self._spare.clear()
+                return self._spare  # empty: the stream ended
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+
+class StreamRegistry:
+    """Stream ids of one gateway and the streams they name."""
+
+    def __init__(
+        self,
+        gateway_index: int,
+        control: ControlChannel,
+        metrics: GatewayMetrics,
+        *,
+        max_buffered_bytes: int,
+    ) -> None:
+        self._index = gateway_index
+        self._control = control
+        self._metrics = metrics
+        self._max_buffered = max_buffered_bytes
+        self._streams: dict[int, PcmStream] = {}
+        # Stream ids must stay unique across restarts of this gateway while the workers live
+        # on (a stale record must never land in a new stream). The counter starts from the
+        # wall clock in units of 1/64 ms: a restarted gateway starts past every id its
+        # predecessor could have used unless that one opened more than 64 streams per ms.
+        self._counter = (time.time_ns() // 1_000_000) << 6
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def __contains__(self, stream: PcmStream) -> bool:
+        return self._streams.get(stream.stream_id) is stream
+
+    def streams(self) -> Iterable[PcmStream]:
+        return self._streams.values()
+
+    def open(self, now: float, *, text_closed: bool = True) -> PcmStream:
+        self._counter += 1
+        stream_id = make_stream_id(self._index, self._counter & STREAM_COUNTER_MASK)
+        stream = PcmStream(stream_id, now, text_closed=text_closed)
+        self._streams[stream_id] = stream
+        return stream
+
+    def release(self, stream: PcmStream, reason: str) -> None:
+        """The consumer is done with ``stream``: if upstream still works on it, cancel it."""
+        if self._streams.get(stream.stream_id) is stream:
+            del self._streams[stream.stream_id]
+            self._control.cancel(stream.stream_id, reason)
+
+    def fail(
+        self,
+        stream: PcmStream,
+        error: StreamError,
+        *,
+        cancel_upstream: bool,
+        discard_pending: bool,
+    ) -> None:
+        stream.fail(error, discard_pending=discard_pending)
+        if self._streams.get(stream.stream_id) is stream:
+            del self._streams[stream.stream_id]
+            if cancel_upstream:
+                self._control.cancel(stream.stream_id, error.code)
+
+    def drop_slow_client(self, stream: PcmStream, why: str) -> None:
+        """Fail ``stream`` because its client does not read, and tear the connection down."""
+        self._metrics.slow_client_drops.inc()
+        log.info("stream %#x: dropping slow client (%s)", stream.stream_id, why)
+        error = StreamError("slow_client", why, 408)
+        if stream.done:  # all its audio arrived, but the client does not take it
+            stream.error = stream.error or error
+        else:
+            self.fail(stream, error, cancel_upstream=True, discard_pending=True)
+        if stream.on_abort is not None:
+            stream.on_abort()
+
+    def fail_all(self, error: StreamError, *, cancel_upstream: bool) -> int:
+        streams = list(self._streams.values())
+        for s in streams:
+            self.fail(s, error, cancel_upstream=cancel_upstream, discard_pending=True)
+        return len(streams)
+
+    # -- the hot path ----------------------------------------------------------------------
+    def dispatch(self, records: list[Record], now: float) -> None:
+        """Route one poll's records to their streams. Never raises for a bad record."""
+        streams = self._streams
+        orphans = 0
+        for kind, stream_id, seq, payload in records:
+            stream = streams.get(stream_id)
+            if stream is None:
+                orphans += 1
+                continue
+            stream.last_record_at = now
+            if kind == _PCM:
+                if seq != stream.next_seq:
+                    self._sequence_error(stream, seq)
+                    continue
+                stream.next_seq = seq + 1
+                n = payload.nbytes
+                if n & 1:
+                    self._bad_record(stream, f"PCM record of odd length {n}")
+                elif stream.buffered_bytes + n > self._max_buffered:
+                    self.drop_slow_client(
+                        stream, f"client left more than {self._max_buffered} bytes unread"
+                    )
+                elif n:
+                    stream.push(bytes(payload))
+            elif kind == _END:
+                self._end(stream, payload, seq)
+            elif kind == _ERROR:
+                self._error(stream, payload)
+            else:
+                self._bad_record(stream, f"unexpected record kind {kind}")
+        if orphans:
+            self._metrics.orphan_records.inc(orphans)
+
+    def _end(self, stream: PcmStream, payload: memoryview, seq: int) -> None:
+        try:
+            end = end_decoder.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            self._bad_record(stream, f"undecodable END record: {e}")
+            return
+        if seq != stream.next_seq:
+            self._sequence_error(stream, seq, what="END")
+            return
+        del self._streams[stream.stream_id]
+        stream.finish(end)
+
+    def _error(self, stream: PcmStream, payload: memoryview) -> None:
+        try:
+            err = error_decoder.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            err = StreamError("upstream_error", f"undecodable ERROR record: {e}", 502)
+        # The upstream already dropped the stream: no Cancel.
+        self.fail(stream, err, cancel_upstream=False, discard_pending=False)
+
+    def _sequence_error(self, stream: PcmStream, seq: int, what: str = "PCM") -> None:
+        self._metrics.sequence_errors.inc()
+        msg = f"{what} record out of sequence: expected chunk {stream.next_seq}, got {seq}"
+        log.error("stream %#x: %s", stream.stream_id, msg)
+        self.fail(
+            stream,
+            StreamError("pcm_sequence_error", msg, 502),
+            cancel_upstream=True,
+            discard_pending=False,
+        )
+
+    def _bad_record(self, stream: PcmStream, msg: str) -> None:
+        log.error("stream %#x: %s", stream.stream_id, msg)
+        self.fail(
+            stream,
+            StreamError("bad_record", msg, 502),
+            cancel_upstream=True,
+            discard_pending=False,
+        )

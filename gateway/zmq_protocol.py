@@ -1,0 +1,97 @@
+"""The gateway's ZeroMQ protocol for internal clients (msgpack-encoded msgspec Structs).
+
+Transport: the gateway binds a ROUTER at ``gateway.zmq_endpoint``; a client connects a
+DEALER and sends one-frame messages; the gateway answers with one-frame messages (ROUTER
+adds and strips the identity frame). Every message is a msgpack map whose ``type`` field
+names it. A client chooses ``request_id`` values, unique among its own open requests, and
+may run many requests at once on one socket.
+
+    client -> gateway   Speak, AppendText, Cancel
+    gateway -> client   Started, Audio (in order, seq 0, 1, ...), then Done or Error
+
+``Audio.data`` holds the next bytes of the response format (``pcm``: int16 LE mono 24 kHz).
+Errors carry the HTTP status the same failure has over HTTP. See docs/api.md.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from gateway.schemas import ResponseFormat, SamplingFields, Speed
+
+
+class Speak(SamplingFields, frozen=True, kw_only=True, tag="speak", tag_field="type"):
+    request_id: int
+    input: str
+    voice: str = ""
+    """Model voice or OpenAI alias; empty: the model's default voice."""
+    model: str = ""
+    response_format: ResponseFormat = "pcm"
+    speed: Speed = 1.0
+    text_open: bool = False
+    """True: more text follows in ``AppendText`` messages (the last one has ``final``)."""
+    api_key: str | None = None
+    """Required when the server has API keys configured."""
+
+
+class AppendText(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="append", tag_field="type"
+):
+    request_id: int
+    text: str
+    final: bool = False
+
+
+class Cancel(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="cancel", tag_field="type"
+):
+    request_id: int
+
+
+class Started(msgspec.Struct, frozen=True, tag="started", tag_field="type"):
+    """The request was admitted (it may have waited in the queue)."""
+
+    request_id: int
+    stream_id: int
+    sample_rate: int
+    response_format: str
+
+
+class Audio(msgspec.Struct, frozen=True, tag="audio", tag_field="type"):
+    request_id: int
+    seq: int
+    data: bytes
+
+
+class Done(msgspec.Struct, frozen=True, tag="done", tag_field="type"):
+    request_id: int
+    reason: str
+    """"stop", "length", "cancelled" (after the client's Cancel), ..."""
+    audio_seconds: float
+    frames: int
+
+
+class Error(msgspec.Struct, frozen=True, tag="error", tag_field="type"):
+    request_id: int | None
+    """None when the message that failed could not be decoded."""
+    status: int
+    code: str
+    message: str
+
+
+ClientMessage = Speak | AppendText | Cancel
+ServerMessage = Started | Audio | Done | Error
+
+encoder = msgspec.msgpack.Encoder()
+client_decoder = msgspec.msgpack.Decoder(ClientMessage)
+server_decoder = msgspec.msgpack.Decoder(ServerMessage)
+
+
+def endpoint_for(endpoint: str, index: int) -> str:
+    """The endpoint gateway process ``index`` binds: tcp port + index, or ``path-index``."""
+    if index == 0:
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        host, _, port = endpoint.rpartition(":")
+        return f"{host}:{int(port) + index}"
+    return f"{endpoint}-{index}"

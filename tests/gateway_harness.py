@@ -1,0 +1,114 @@
+"""TEST FIXTURE for the gateway tests: a gateway in the test's event loop, fed by
+``gateway.synthetic_backend`` (a stand-in for the llm_worker + codec_worker that speaks the
+real control socket and writes the real PCM ring). The real end-to-end tests, with vLLM
+and SNAC, are elsewhere (tests/test_e2e_*.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from gateway.app import build_app
+from gateway.config import GatewayConfig
+from gateway.main import reuseport_socket
+from gateway.metrics import GatewayMetrics
+from gateway.service import Gateway
+from gateway.synthetic_backend import SyntheticBackend
+from gateway.zmq_server import ZmqFrontend
+from orchestrator.config import ServeConfig
+from shm.layout import InstanceLayout
+from shm.records import SAMPLE_RATE
+from shm.ring import create_ring, unlink_ring
+
+RING_BYTES = 4 << 20
+BYTES_PER_FRAME = 2048 * 2
+
+
+@dataclass
+class Harness:
+    gateway: Gateway
+    backend: SyntheticBackend
+    config: ServeConfig
+    layout: InstanceLayout
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        value = self.gateway.metrics.registry.get_sample_value(name, labels or {})
+        return 0.0 if value is None else value
+
+
+async def wait_until(cond: Callable[[], bool], timeout_s: float = 5.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or cond}")
+        await asyncio.sleep(0.01)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_config(**gateway: Any) -> ServeConfig:
+    return ServeConfig(device="cpu", gateway=GatewayConfig(**gateway))
+
+
+@asynccontextmanager
+async def running_gateway(
+    layout: InstanceLayout,
+    *,
+    backend: dict[str, Any] | None = None,
+    **gateway_cfg: Any,
+) -> AsyncIterator[Harness]:
+    """A gateway serving HTTP on a free port, with a synthetic backend behind it."""
+    ep = layout.pcm_ring(0)
+    create_ring(ep, RING_BYTES)
+    be = SyntheticBackend(layout, **(backend or {})).start()
+    if gateway_cfg.pop("zmq", False):
+        gateway_cfg["zmq_endpoint"] = f"ipc://{layout.socket_dir}/zmq-clients"
+    config = serve_config(**gateway_cfg)
+    gw = Gateway(config, layout, 0, GatewayMetrics(CollectorRegistry()))
+    runner: web.AppRunner | None = None
+    zmq_front: ZmqFrontend | None = None
+    zmq_task: asyncio.Task[None] | None = None
+    try:
+        await gw.start()
+        if config.gateway.zmq_endpoint:
+            zmq_front = ZmqFrontend(gw, config.gateway.zmq_endpoint)
+            zmq_task = asyncio.create_task(zmq_front.run())
+        runner = web.AppRunner(build_app(gw), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        sock = reuseport_socket("127.0.0.1", 0)
+        port = sock.getsockname()[1]
+        await web.SockSite(runner, sock).start()
+        if be.status is not None and be.status.llm_ready:
+            await wait_until(lambda: gw.readiness().ready, what="gateway ready")
+        yield Harness(gw, be, config, layout, port)
+    finally:
+        if zmq_front is not None and zmq_task is not None:
+            await zmq_front.close()
+            zmq_task.cancel()
+            await asyncio.gather(zmq_task, return_exceptions=True)
+        if runner is not None:
+            await runner.cleanup()
+        await gw.close()
+        be.stop()
+        unlink_ring(ep)
+
+
+def pcm_seconds(n_bytes: int) -> float:
+    return n_bytes / 2 / SAMPLE_RATE
