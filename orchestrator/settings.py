@@ -19,6 +19,9 @@ import msgspec
 from orchestrator.config import ServeConfig
 
 ENV_PREFIX = "ORPHEUS_"
+# Variables under the prefix that are not configuration keys: the child spec and the
+# profiling hooks (docs/gpu.md).
+NON_CONFIG_ENV_PREFIXES = ("ORPHEUS_SERVE_", "ORPHEUS_PROFILE_")
 
 # Defaults that differ on a development CPU machine (the demo and tests use these).
 CPU_PROFILE: dict[str, Any] = {
@@ -66,7 +69,7 @@ def _nest(dotted: str, value: Any, sep: str) -> dict[str, Any]:
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, raw in environ.items():
-        if not name.startswith(ENV_PREFIX) or name.startswith("ORPHEUS_SERVE_CHILD"):
+        if not name.startswith(ENV_PREFIX) or name.startswith(NON_CONFIG_ENV_PREFIXES):
             continue
         key = name[len(ENV_PREFIX) :].lower()
         out = _merge(out, _nest(key, _parse_scalar(raw), "__"))

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Run THERE (the GPU machine, no network), from the repo root, over consecutive device calls.
+#
+#   scripts/gpu/device_install.sh receive .whl/part-3 [...]   # verify + stage the parts this call carried
+#   scripts/gpu/device_install.sh install --partial            # install every wheel already complete
+#   scripts/gpu/device_install.sh install                      # all parts must be there: vLLM too
+#   scripts/gpu/device_install.sh verify                       # imports, versions, GPU
+#                                    (VERIFY_JSON=FILE also writes the report there)
+#   scripts/gpu/device_install.sh status
+#
+# Parts are copied out of the working tree into $GPU_HOME/stage (the tree is replaced by the
+# next call's), chunks are joined with their sha256 checked against MANIFEST.json, and wheels
+# go into the python3 that holds torch (pip --no-index --no-deps; or, with
+# ORPHEUS_GPU_TARGET=DIR, into DIR with --target). $GPU_HOME/env.sh then sets PYTHONPATH so
+# that the repo's live tree (this call's copy) wins over the installed project wheel; every
+# step of scripts/gpu/run_capacity.sh sources it. Nothing here needs the network.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$REPO"
+PY=${PYTHON:-python3}
+GPU_HOME=${GPU_HOME:-/tmp/orpheus-gpu}
+STAGE=$GPU_HOME/stage
+WHEELS=$GPU_HOME/wheels
+HELPER=scripts/gpu/wheels.py
+mkdir -p "$GPU_HOME"
+# A fallback to --target chosen by an earlier call sticks (see pip_install).
+if [[ -z ${ORPHEUS_GPU_TARGET:-} && -f $GPU_HOME/target ]]; then
+  ORPHEUS_GPU_TARGET=$(cat "$GPU_HOME/target")
+fi
+
+write_env() {
+  local target=${ORPHEUS_GPU_TARGET:-}
+  {
+    echo "# written by scripts/gpu/device_install.sh"
+    if [[ -n $target ]]; then
+      echo "export PYTHONPATH=\"\$PWD:$target\${PYTHONPATH:+:\$PYTHONPATH}\""
+      echo "export PATH=\"$target/bin:\$PATH\""
+    else
+      echo "export PYTHONPATH=\"\$PWD\${PYTHONPATH:+:\$PYTHONPATH}\""
+    fi
+    echo "export PYTHONUNBUFFERED=1"
+  } >"$GPU_HOME/env.sh"
+}
+
+cmd_receive() {
+  (( $# )) || { echo "receive: name the part folders (.whl/part-N)" >&2; exit 2; }
+  for part in "$@"; do
+    "$PY" "$HELPER" receive "${part%/}" "$STAGE"
+  done
+  "$PY" "$HELPER" status "$STAGE" || true
+}
+
+cmd_install() {
+  local partial=0
+  [[ ${1:-} == --partial ]] && partial=1
+  if (( partial )); then
+    "$PY" "$HELPER" assemble "$STAGE" "$WHEELS" --only-complete
+  else
+    if ! "$PY" "$HELPER" status "$STAGE"; then
+      echo "ERROR: parts missing (see above); carry them first (docs/gpu.md)" >&2
+      exit 3
+    fi
+    "$PY" "$HELPER" assemble "$STAGE" "$WHEELS"
+  fi
+  local done_list=$GPU_HOME/installed.txt
+  touch "$done_list"
+  mapfile -t ALL < <("$PY" "$HELPER" select "$STAGE" "$WHEELS")
+  local todo=()
+  for w in "${ALL[@]}"; do grep -qxF "$(basename "$w")" "$done_list" || todo+=("$w"); done
+  if (( ${#todo[@]} == 0 )); then
+    echo "nothing new to install"
+  else
+    echo "installing ${#todo[@]} wheels: $(for w in "${todo[@]}"; do basename "$w" | cut -d- -f1; done | tr '\n' ' ')"
+    local t0=$SECONDS
+    if ! pip_install "${todo[@]}"; then
+      if [[ -z ${ORPHEUS_GPU_TARGET:-} ]]; then
+        # e.g. an externally managed interpreter: install beside it and use PYTHONPATH.
+        ORPHEUS_GPU_TARGET=$GPU_HOME/site
+        echo "$ORPHEUS_GPU_TARGET" >"$GPU_HOME/target"
+        echo "retrying with --target $ORPHEUS_GPU_TARGET"
+        pip_install "${todo[@]}" || { echo "ERROR: pip install failed" >&2; exit 1; }
+      else
+        echo "ERROR: pip install failed" >&2; exit 1
+      fi
+    fi
+    for w in "${todo[@]}"; do basename "$w"; done >>"$done_list"
+    echo "installed in $((SECONDS - t0)) s"
+  fi
+  write_env
+}
+
+pip_install() {
+  local where=() rc
+  if [[ -n ${ORPHEUS_GPU_TARGET:-} ]]; then where=(--target "$ORPHEUS_GPU_TARGET"); fi
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --disable-pip-version-check "${where[@]}" "$@" >"$GPU_HOME/pip.log" 2>&1
+  rc=$?
+  # --no-deps: pip's notes about vLLM's unmet optional requirements are expected noise.
+  grep -v "dependency conflicts\|requires .*, which is not installed\|incompatible\|^$" \
+    "$GPU_HOME/pip.log" || true
+  return $rc
+}
+
+cmd_verify() {
+  [[ -f $GPU_HOME/env.sh ]] && source "$GPU_HOME/env.sh"
+  "$PY" - <<'EOF'
+import importlib, importlib.metadata as md, json, os, sys, time
+t0 = time.time()
+out = {"python": sys.version.split()[0], "executable": sys.executable}
+for d in ("torch", "vllm", "transformers", "tokenizers", "triton", "safetensors", "snac",
+          "msgspec", "pyzmq", "av", "aiohttp", "uvloop", "pydantic", "numpy", "orpheus-serve"):
+    try:
+        out[d] = md.version(d)
+    except md.PackageNotFoundError:
+        out[d] = None
+import torch
+out["cuda"] = torch.version.cuda
+out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+bad = []
+mods = ["vllm", "vllm.engine.arg_utils", "vllm.v1.engine.async_llm", "vllm.v1.engine.core",
+        "vllm.v1.worker.gpu_worker", "vllm.v1.worker.gpu_model_runner",
+        "vllm.model_executor.models.llama", "vllm.v1.attention.backends.flash_attn",
+        "vllm.platforms.cuda", "vllm.model_executor.layers.quantization.fp8",
+        "orchestrator.cli", "llm_worker.engine", "codec_worker.engine", "gateway.app",
+        "loadgen.cli", "loadgen.baseline.engine"]
+if os.environ.get("VERIFY_NO_VLLM"):
+    mods = [m for m in mods if not m.startswith(("vllm", "llm_worker", "loadgen.baseline"))]
+for m in mods:
+    try:
+        importlib.import_module(m)
+    except Exception as e:  # noqa: BLE001 - report every failure, then fail
+        bad.append(f"{m}: {type(e).__name__}: {e}")
+if out.get("vllm") and "vllm" not in " ".join(bad):
+    try:
+        from vllm.platforms import current_platform
+        out["vllm_platform"] = type(current_platform).__name__
+        from vllm.vllm_flash_attn.flash_attn_interface import is_fa_version_supported
+        out["flash_attn_3"] = bool(is_fa_version_supported(3))
+    except Exception as e:  # noqa: BLE001
+        out["vllm_platform_error"] = f"{type(e).__name__}: {e}"
+out["import_s"] = round(time.time() - t0, 1)
+out["import_failures"] = bad
+print(json.dumps(out, indent=1))
+if os.environ.get("VERIFY_JSON"):
+    with open(os.environ["VERIFY_JSON"], "w") as f:
+        f.write(json.dumps(out, indent=1) + "\n")
+sys.exit(1 if bad else 0)
+EOF
+}
+
+case ${1:-} in
+  receive) shift; cmd_receive "$@" ;;
+  install) shift; cmd_install "$@" ;;
+  verify) cmd_verify ;;
+  status) "$PY" "$HELPER" status "$STAGE" ;;
+  *) sed -n '2,17p' "$0"; exit 2 ;;
+esac

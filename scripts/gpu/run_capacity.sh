@@ -1,0 +1,457 @@
+#!/usr/bin/env bash
+# The H100 capacity recipe, run THERE (the device machine) from the repo root, one device
+# call per line of the plan in docs/gpu.md. Every call is under 10 minutes; the machine
+# must stay warm between calls (it goes back after 30 s idle: issue the next call at once).
+#
+#   call  carry         command (bash scripts/gpu/run_capacity.sh ...)   what
+#   1     .whl/part-1   first .whl/part-1     install what is complete; facts + measured ceilings;
+#                                             the 3B model on the GPU; codec benchmark on the GPU
+#   2..5  .whl/part-K   part .whl/part-K      stage one part (+ install what became complete)
+#   6     .whl/part-6   last .whl/part-6      install vLLM, verify, start the BF16 server,
+#                                             single-stream TTFB
+#   7     -             capacity bf16         capacity search, then profile at the limit
+#   8     -             baseline              `bench compare --only baseline` on the same GPU
+#   9     -             capacity fp8          FP8 weights + FP8 KV cache (restart, single, search);
+#                                             usually the next session's (time plan: docs/gpu.md)
+#   later               capacity fp8kv | fp8w, compare-both, penalties
+#
+# Prefix each command with GIT_COMMIT=<sha> (the device's copy has no .git): it is written
+# into every result JSON. Stages for reruns by hand: facts, model, codec, serve VARIANT,
+# wait-ready, single, search VARIANT, profile, stop, penalties, status.
+#
+# Results: the files under $OUT come back after each call (at most 8, 16 MiB each); logs,
+# nvidia-smi dmon samples, per-process CPU samples, py-spy and torch-profiler traces and
+# their summaries are packed into $OUT/<call>_extra.tgz (split into .tgz.NN pieces when
+# large). docs/gpu.md says where each goes in the repo.
+set -uo pipefail   # no -e: a failing stage reports and the call still returns its results
+
+T_START=$SECONDS
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$REPO" || exit 1
+PY=${PYTHON:-python3}
+GPU_HOME=${GPU_HOME:-/tmp/orpheus-gpu}
+OUT=${OUT:-$GPU_HOME/out}
+WORK=$GPU_HOME/call            # this call's secondary files, packed into $OUT at the end
+LOGS=$GPU_HOME/logs
+PROF=$GPU_HOME/profile
+STATE=$GPU_HOME/state
+CALL_LIMIT_S=${CALL_LIMIT_S:-575}  # the device kills a command at 600 s
+PORT=${PORT:-8000}
+URL=http://127.0.0.1:$PORT
+# ~10 s of audio per utterance: 7 tokens a frame, 2048 samples a frame at 24 kHz.
+TOKENS=${TOKENS:-$((7 * ((10 * 24000 + 2047) / 2048)))}   # 7 * ceil(117.19) = 826
+LEVEL_S=${LEVEL_S:-20}          # seconds of measured arrivals per load level
+GATEWAYS=${GATEWAYS:-4}
+DEVICE=${DEVICE:-cuda}          # cpu only for a local smoke test of this script (docs/gpu.md)
+CODEC_COMPILE=${CODEC_COMPILE:-$([[ $DEVICE == cuda ]] && echo true || echo false)}
+TOOLS=scripts/gpu/gpu_tools.py
+mkdir -p "$OUT" "$WORK" "$LOGS" "$PROF" "$STATE"
+if [[ -z ${MODEL:-} ]]; then
+  # tmpfs when it has room: writing and re-reading 6.6 GB there takes seconds.
+  shm_free=$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {print int($4 / 1048576)}')
+  if [[ -n $shm_free ]] && (( shm_free >= 20 )); then MODEL=/dev/shm/gpu-orpheus-3b
+  else MODEL=$GPU_HOME/model; fi
+fi
+[[ -f $GPU_HOME/env.sh ]] && source "$GPU_HOME/env.sh"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+OS=("$PY" -m orchestrator.cli)
+
+log() { printf '[%4ds] %s\n' "$((SECONDS - T_START))" "$*"; }
+left() { echo $((CALL_LIMIT_S - (SECONDS - T_START))); }
+# run_for MAX_S RESERVE_S CMD...: CMD under a timeout of at most MAX_S seconds that also
+# leaves RESERVE_S seconds of this call for what follows (the device kills at 600 s).
+run_for() {
+  local max=$1 reserve=$2; shift 2
+  local budget=$(( $(left) - reserve ))
+  (( budget > max )) && budget=$max
+  if (( budget < 15 )); then log "SKIPPED (no time left in this call): $*"; return 124; fi
+  timeout -k 10 "$budget" "$@"
+}
+note() { echo "$*" | tee -a "$WORK/NOTES.txt"; }
+
+# ----------------------------------------------------------------------------- stages
+
+stage_receive() { bash scripts/gpu/device_install.sh receive "$@"; }
+
+stage_install_partial() {
+  bash scripts/gpu/device_install.sh install --partial && source "$GPU_HOME/env.sh"
+}
+
+stage_facts() {
+  log "facts (GPU, versions, measured ceilings)"
+  nvidia-smi >"$WORK/nvidia-smi.txt" 2>&1
+  nvidia-smi -q -d CLOCK,POWER,PERFORMANCE >"$WORK/nvidia-smi-q.txt" 2>&1
+  run_for 90 30 "$PY" "$TOOLS" facts --ceilings --json "$OUT/h100_facts.json" | tail -20
+}
+
+stage_model() {
+  if [[ -f $MODEL/RANDOM_WEIGHTS.txt && -f $MODEL/snac/pytorch_model.bin ]]; then
+    log "model already at $MODEL"; return 0
+  fi
+  log "generating the Orpheus-3B random-weight model on the GPU into $MODEL"
+  run_for 240 30 "$PY" scripts/gpu/make_random_orpheus.py "$MODEL" --device "$DEVICE" ${MODEL_FLAGS:-} \
+    | tee "$WORK/make_model.json" | tail -25
+}
+
+stage_codec() {
+  log "codec benchmark on the GPU (compiled decoder)"
+  local compile=(); [[ $CODEC_COMPILE == true ]] && compile=(--compile)
+  run_for "${CODEC_MAX_S:-180}" 20 "${OS[@]}" bench codec --device "$DEVICE" "${compile[@]}" --model "$MODEL/snac" \
+    --streams "${CODEC_STREAMS:-1,8,32,64,128}" --json "$OUT/h100_codec.json" \
+    2>&1 | tee "$WORK/codec_bench.log" | tail -30
+}
+
+# Whether the configuration loader accepts the profiling variables in the environment
+# (ORPHEUS_* variables are configuration overrides; see docs/gpu.md "Profiling hooks").
+profile_env_ok() {
+  "$PY" - <<'EOF' 2>/dev/null
+import sys
+from orchestrator.settings import ConfigError, load_config
+try:
+    load_config(None, {}, {"ORPHEUS_PROFILE_DIR": "/tmp/x", "ORPHEUS_PROFILE_SECONDS": "3"})
+except ConfigError:
+    sys.exit(1)
+EOF
+}
+
+variant_flags() {
+  case $1 in
+    bf16) echo "--set llm.max_num_seqs=${MAX_SEQS:-512}" ;;
+    fp8kv) echo "--set llm.kv_cache_dtype=fp8 --set llm.max_num_seqs=${MAX_SEQS:-1024}" ;;
+    fp8w) echo "--set llm.quantization=fp8 --set llm.max_num_seqs=${MAX_SEQS:-512}" ;;
+    fp8) echo "--set llm.kv_cache_dtype=fp8 --set llm.quantization=fp8 --set llm.max_num_seqs=${MAX_SEQS:-1024}" ;;
+    *) echo "unknown variant $1 (bf16|fp8kv|fp8w|fp8)" >&2; return 1 ;;
+  esac
+}
+
+server_pid() { [[ -f $STATE/server.pid ]] && cat "$STATE/server.pid"; }
+server_alive() { local p; p=$(server_pid) && [[ -n $p ]] && kill -0 "$p" 2>/dev/null; }
+is_ready() {
+  "$PY" -c "import sys,urllib.request as u; sys.exit(0 if u.urlopen('$URL/ready', timeout=3).status == 200 else 1)" 2>/dev/null
+}
+
+# Stops the server this recipe started (its pid is in $STATE/server.pid), then any of that
+# server's own descendants that outlived it: their ids are taken before the SIGTERM and
+# each is checked against its start time, so no other process is ever signalled.
+stage_stop() {
+  local p
+  p=$(server_pid) || true
+  if [[ -n ${p:-} ]] && kill -0 "$p" 2>/dev/null; then
+    log "stopping the server (pid $p, $(cat "$STATE/server.variant" 2>/dev/null))"
+    "$PY" - "$p" >"$STATE/server.tree" <<'EOF'
+import sys, psutil
+root = psutil.Process(int(sys.argv[1]))
+for c in root.children(recursive=True):
+    try:
+        print(c.pid, c.create_time())
+    except psutil.Error:
+        pass
+EOF
+    kill -TERM "$p"
+    for _ in $(seq 1 60); do kill -0 "$p" 2>/dev/null || break; sleep 1; done
+    kill -0 "$p" 2>/dev/null && { log "still alive after 60 s: SIGKILL"; kill -KILL "$p"; }
+  fi
+  if [[ -s $STATE/server.tree ]]; then
+    sleep 3
+    "$PY" - "$STATE/server.tree" <<'EOF'
+import sys, psutil
+for line in open(sys.argv[1]):
+    pid, created = line.split()
+    try:
+        q = psutil.Process(int(pid))
+        if abs(q.create_time() - float(created)) < 0.01:
+            q.kill()
+            print(f"killed leftover worker {pid} of the stopped server")
+    except psutil.Error:
+        pass
+EOF
+  fi
+  rm -f "$STATE/server.pid" "$STATE/server.variant" "$STATE/server.tree"
+  sleep 2
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null \
+    | sed 's/^/GPU memory in use after stop: /'
+}
+
+stage_serve() {
+  local variant=$1
+  local flags
+  flags=$(variant_flags "$variant") || return 1
+  if server_alive && [[ $(cat "$STATE/server.variant" 2>/dev/null) == "$variant" ]]; then
+    log "server ($variant) already running"; return 0
+  fi
+  stage_stop
+  local envs=(VLLM_CUSTOM_SCOPES_FOR_PROFILING=1)
+  if profile_env_ok; then
+    envs+=(ORPHEUS_PROFILE_DIR="$PROF" ORPHEUS_PROFILE_SECONDS="${PROFILE_S:-3}")
+    rm -f "$PROF"/trigger "$PROF"/*.done
+  else
+    note "profiling hooks: the configuration loader rejects ORPHEUS_PROFILE_* in the environment; not set (docs/gpu.md)"
+  fi
+  log "starting the server: $variant ($flags) with codec.compile=$CODEC_COMPILE, $GATEWAYS gateways"
+  # setsid: the server outlives this call (the device keeps a new session's processes).
+  # shellcheck disable=SC2086
+  setsid env "${envs[@]}" "${OS[@]}" serve --model "$MODEL" --codec-model "$MODEL/snac" \
+    --device "$DEVICE" --port "$PORT" --set codec.compile="$CODEC_COMPILE" \
+    --set gateway.max_active_streams=1024 --set gateway.max_queued_streams=1024 \
+    --set gateway.processes="$GATEWAYS" $flags ${SERVE_EXTRA:-} \
+    >"$LOGS/serve-$variant.log" 2>&1 </dev/null &
+  echo $! >"$STATE/server.pid"
+  echo "$variant" >"$STATE/server.variant"
+  echo "$SECONDS" >"$STATE/server.t0"
+  stage_wait_ready
+}
+
+stage_wait_ready() {
+  local t0=$SECONDS
+  while ! is_ready; do
+    if ! server_alive; then
+      log "the server exited before it was ready; log tail:"
+      tail -40 "$LOGS/serve-$(cat "$STATE/server.variant" 2>/dev/null).log"
+      return 1
+    fi
+    if (( $(left) < 30 )); then
+      log "not ready yet after $((SECONDS - t0)) s; it keeps starting (next call: wait-ready)"
+      return 2
+    fi
+    sleep 2
+  done
+  log "server ready after $((SECONDS - t0)) s of waiting"
+  echo "$((SECONDS - t0))" >"$STATE/ready_wait_s"
+  grep -iE "model weights took|KV cache|GPU KV|Maximum concurrency|graph capturing|compil" \
+    "$LOGS/serve-$(cat "$STATE/server.variant").log" | tail -12
+}
+
+start_samplers() {
+  local tag=$1
+  nvidia-smi dmon -s pucm -d 1 -o T >"$WORK/dmon_$tag.txt" 2>&1 &
+  echo $! >"$STATE/dmon.pid"
+  "$PY" "$TOOLS" procs --out "$WORK/procs_$tag.jsonl" --interval 2 &
+  echo $! >"$STATE/procs.pid"
+}
+
+stop_samplers() {
+  local tag=$1
+  for f in dmon procs; do
+    [[ -f $STATE/$f.pid ]] && kill "$(cat "$STATE/$f.pid")" 2>/dev/null
+    rm -f "$STATE/$f.pid"
+  done
+  [[ -f $WORK/procs_$tag.jsonl ]] && "$PY" "$TOOLS" procs-summary "$WORK/procs_$tag.jsonl" \
+    | tee "$WORK/procs_${tag}_summary.json"
+}
+
+bench_load() { "${OS[@]}" bench load --url "$URL" --fixed-tokens "$TOKENS" --no-progress "$@"; }
+
+stage_single() {
+  local variant=${1:-$(cat "$STATE/server.variant" 2>/dev/null)}
+  is_ready || { log "server not ready: single skipped"; return 1; }
+  # Short utterances: TTFB does not depend on the output length, and 20 s then hold many.
+  log "single stream ($variant): p50 TTFB"
+  run_for 60 20 "${OS[@]}" bench load --url "$URL" \
+    --fixed-tokens "${SINGLE_TOKENS:-140}" --no-progress --concurrency 1 --duration 20 \
+    --warmup 3 --json "$OUT/h100_single_$variant.json" 2>&1 | tail -15
+  [[ -s $OUT/h100_single_$variant.json ]] && touch "$STATE/single_$variant.done"
+}
+
+stage_search() {
+  local variant=$1
+  is_ready || { log "server not ready: search skipped"; return 1; }
+  local start=${SEARCH_START:-64}
+  if [[ $variant != bf16 && -z ${SEARCH_START:-} && -f $STATE/capacity_bf16 ]]; then
+    start=$(cat "$STATE/capacity_bf16")   # FP8 should hold more: start at BF16's capacity
+  fi
+  # BF16 also searches the 500 ms TTFB budget; other variants only 1 s (fewer levels).
+  local reserve=20 report=(--ttfb-report 1.0) res=${SEARCH_RES:-0.15}
+  if [[ $variant == bf16 ]]; then report=(--ttfb-report 0.5); res=${SEARCH_RES:-0.1}; fi
+  [[ $variant == bf16 || -n ${PROFILE:-} ]] && reserve=${RESERVE_AFTER_SEARCH:-80}
+  log "capacity search ($variant) from $start, $LEVEL_S s levels, $TOKENS tokens per utterance"
+  start_samplers "search_$variant"
+  run_for 600 "$reserve" "${OS[@]}" bench load --url "$URL" \
+    --fixed-tokens "$TOKENS" --no-progress --search --search-start "$start" \
+    --search-max "${SEARCH_MAX:-1024}" --search-resolution "$res" "${report[@]}" \
+    --duration "$LEVEL_S" --drain-timeout 30 \
+    --json "$OUT/h100_capacity_$variant.json" --plot "$OUT/h100_capacity_$variant.png" \
+    2>&1 | tee "$WORK/search_$variant.log" | tail -40
+  stop_samplers "search_$variant"
+  local cap
+  if cap=$("$PY" "$TOOLS" capacity "$OUT/h100_capacity_$variant.json"); then
+    echo "$cap" >"$STATE/capacity_$variant"
+    log "capacity ($variant, p99 TTFB < 1 s): $cap streams"
+  else
+    log "no capacity in $OUT/h100_capacity_$variant.json (search cut short?)"
+  fi
+}
+
+# Profile at the capacity limit: a closed-loop level at the found capacity; 20 s in, the
+# torch-profiler hooks are triggered (when wired) and py-spy samples every server process.
+stage_profile() {
+  local variant
+  variant=$(cat "$STATE/server.variant" 2>/dev/null) || { log "no server"; return 1; }
+  local cap=${PROFILE_AT:-$(cat "$STATE/capacity_$variant" 2>/dev/null)}
+  [[ -n $cap && $cap -gt 0 ]] || { log "no capacity known for $variant: profile skipped"; return 1; }
+  (( $(left) > 75 )) || { log "too little time left: profile skipped"; return 1; }
+  log "profiling at $cap streams ($variant)"
+  start_samplers "profile_$variant"
+  bench_load --concurrency "$cap" --duration 35 --drain-timeout 20 \
+    --json "$WORK/profile_load_$variant.json" >"$WORK/profile_load_$variant.log" 2>&1 &
+  local load=$!
+  sleep 20
+  echo "$variant-c$cap" >"$PROF/trigger"   # the armed workers start their captures
+  local spy=() spybin
+  spybin=$(command -v py-spy || echo "$(dirname "$(command -v "$PY")")/py-spy")
+  if [[ -x $spybin ]]; then
+    local pids
+    # Only the processes of the server this recipe started (its descendants).
+    pids=$("$PY" - "$(server_pid)" <<'EOF'
+import psutil, sys
+sys.path.insert(0, "scripts/gpu")
+from gpu_tools import _role
+for p in psutil.Process(int(sys.argv[1])).children(recursive=True):
+    try:
+        r = _role(" ".join(p.cmdline()))
+    except psutil.Error:
+        continue
+    if r in ("engine_core", "mp_child", "llm_worker", "codec_worker", "gateway"):
+        print(p.pid, r)
+EOF
+)
+    while read -r pid role; do
+      [[ -z $pid ]] && continue
+      "$spybin" record --nonblocking --rate 200 --duration 10 --format speedscope \
+        --output "$WORK/pyspy_${variant}_${role}_$pid.json" --pid "$pid" \
+        >"$WORK/pyspy_${role}_$pid.log" 2>&1 &
+      spy+=($!)
+    done <<<"$pids"
+  else
+    note "py-spy not installed: no sampled Python profiles"
+  fi
+  for p in "${spy[@]}"; do wait "$p"; done
+  # The hooks write <role>.done when their capture is on disk (docs/gpu.md).
+  for _ in $(seq 1 30); do
+    [[ $(ls "$PROF"/*.done 2>/dev/null | wc -l) -ge 2 ]] && break
+    sleep 1
+  done
+  wait "$load"
+  stop_samplers "profile_$variant"
+  tail -12 "$WORK/profile_load_$variant.log"
+  local traces
+  traces=$(find "$PROF" -name '*.json*' -newer "$PROF/trigger" -type f 2>/dev/null)
+  if [[ -n $traces ]]; then
+    # shellcheck disable=SC2086
+    "$PY" "$TOOLS" trace-summary $traces --steps "gpu_model_runner: forward|execute_model" \
+      --json "$OUT/h100_profile_summary_$variant.json"
+    mkdir -p "$GPU_HOME/traces_$variant"
+    # shellcheck disable=SC2086
+    cp $traces "$GPU_HOME/traces_$variant/"
+    "$PY" "$TOOLS" pack "$GPU_HOME/traces_$variant" "$OUT" --name "h100_traces_$variant" \
+      --max-mib 30
+  else
+    note "profiling hooks: no torch-profiler traces appeared under $PROF (not wired yet?)"
+  fi
+  ls "$WORK"/pyspy_*.json >/dev/null 2>&1 && log "py-spy profiles: $(ls "$WORK"/pyspy_*.json | wc -l)"
+}
+
+stage_baseline() {
+  stage_stop
+  log "baseline (the reference approach) on the same GPU: bench compare --only baseline"
+  local args=(--model "$MODEL" --codec-model "$MODEL/snac" --device "$DEVICE" --only baseline
+    --concurrency "${BASELINE_LEVELS:-1,24}" --search --search-start "${BASELINE_START:-16}"
+    --duration "$LEVEL_S" --drain-timeout 30 --fixed-tokens "$TOKENS"
+    --log-dir "$WORK/compare-logs" --no-progress
+    --json "$OUT/h100_compare_baseline.json" --plot "$OUT/h100_compare_baseline.png")
+  start_samplers baseline
+  run_for 600 20 "${OS[@]}" bench compare "${args[@]}" 2>&1 | tee "$WORK/compare.log" | tail -40
+  stop_samplers baseline
+}
+
+stage_compare_both() {
+  stage_stop
+  log "bench compare: baseline and orpheus-serve (BF16), alternating"
+  run_for 600 20 "${OS[@]}" bench compare --model "$MODEL" --codec-model "$MODEL/snac" \
+    --device "$DEVICE" --concurrency "${COMPARE_LEVELS:-24,64}" --duration "$LEVEL_S" \
+    --drain-timeout 30 --fixed-tokens "$TOKENS" --log-dir "$WORK/compare-logs" --no-progress \
+    --serve-arg=--set --serve-arg=codec.compile="$CODEC_COMPILE" \
+    --serve-arg=--set --serve-arg=gateway.processes="$GATEWAYS" \
+    --json "$OUT/h100_compare.json" --plot "$OUT/h100_compare.png" 2>&1 \
+    | tee "$WORK/compare.log" | tail -40
+}
+
+stage_penalties() {
+  if ! "$PY" -c "import llm_worker.bench_penalties" 2>/dev/null; then
+    note "llm_worker.bench_penalties is not in this tree: penalties benchmark skipped"; return 0
+  fi
+  stage_stop
+  local dev=()
+  "${OS[@]}" bench penalties --help 2>/dev/null | grep -q -- "--device" && dev=(--device "$DEVICE")
+  local model=()
+  "${OS[@]}" bench penalties --help 2>/dev/null | grep -q -- "--model" && model=(--model "$MODEL")
+  log "penalties benchmark on the GPU"
+  run_for 600 20 "${OS[@]}" bench penalties "${dev[@]}" "${model[@]}" \
+    --json "$OUT/h100_penalties.json" 2>&1 | tee "$WORK/penalties.log" | tail -30
+}
+
+stage_status() {
+  bash scripts/gpu/device_install.sh status || true
+  server_alive && log "server: $(cat "$STATE/server.variant") pid $(server_pid), ready: $(is_ready && echo yes || echo no)"
+  for f in "$STATE"/capacity_*; do [[ -f $f ]] && log "$(basename "$f"): $(cat "$f")"; done
+  nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv,noheader
+}
+
+finish() {
+  local tag=$1
+  log "finishing $tag"
+  [[ -n ${GIT_COMMIT:-} ]] && "$PY" "$TOOLS" stamp "$OUT"/*.json --commit "$GIT_COMMIT" 2>/dev/null
+  for f in "$LOGS"/serve-*.log; do [[ -f $f ]] && tail -c 2000000 "$f" >"$WORK/$(basename "$f")"; done
+  cp "$STATE"/* "$WORK/" 2>/dev/null
+  [[ -f $WORK/NOTES.txt ]] && { echo "== notes"; cat "$WORK/NOTES.txt"; }
+  "$PY" "$TOOLS" pack "$WORK" "$OUT" --name "${tag}_extra" --max-mib 25
+  rm -rf "$WORK"; mkdir -p "$WORK"
+  echo "== $tag: files under \$OUT"
+  ls -la "$OUT" | tail -n +2
+  stage_status
+  log "call done ($((SECONDS - T_START)) s)"
+}
+
+# ----------------------------------------------------------------------------- calls
+
+cmd=${1:-}; shift || true
+case $cmd in
+  first)   # call 1: carry .whl/part-1
+    stage_receive "$@"; stage_install_partial
+    stage_facts; stage_model; stage_codec
+    finish call1 ;;
+  part)    # calls 2..N-1: carry .whl/part-K
+    stage_receive "$@"; stage_install_partial
+    finish "call_$(basename "${1:-part}")" ;;
+  last)    # the call that carries the last part
+    stage_receive "$@"
+    if bash scripts/gpu/device_install.sh install && source "$GPU_HOME/env.sh" \
+      && VERIFY_JSON="$OUT/h100_install.json" bash scripts/gpu/device_install.sh verify; then
+      stage_model && stage_serve bf16 && stage_single bf16
+    else
+      log "install or verify failed: see above (and $OUT/h100_install.json)"
+    fi
+    finish call_last ;;
+  capacity)
+    variant=${1:-bf16}
+    if stage_serve "$variant"; then
+      [[ -f $STATE/single_$variant.done ]] || stage_single "$variant"
+      stage_search "$variant"
+    fi
+    if [[ $variant == bf16 || -n ${PROFILE:-} ]]; then stage_profile; fi
+    finish "call_capacity_$variant" ;;
+  baseline) stage_baseline; finish call_baseline ;;
+  compare-both) stage_compare_both; finish call_compare ;;
+  penalties) stage_penalties; finish call_penalties ;;
+  # single stages (reruns by hand)
+  facts) stage_facts; finish facts ;;
+  model) stage_model; finish model ;;
+  codec) stage_codec; finish codec ;;
+  serve) stage_serve "${1:-bf16}"; finish "serve_${1:-bf16}" ;;
+  wait-ready) stage_wait_ready; finish wait_ready ;;
+  single) stage_single "$@"; finish single ;;
+  search) stage_search "${1:-bf16}"; finish "search_${1:-bf16}" ;;
+  profile) stage_profile; finish profile ;;
+  stop) stage_stop; finish stop ;;
+  status) stage_status ;;
+  *) sed -n '2,26p' "$0"; exit 2 ;;
+esac

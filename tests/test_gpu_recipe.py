@@ -1,0 +1,341 @@
+"""The GPU recipe's parts that need no GPU (scripts/gpu/, docs/gpu.md).
+
+- the Orpheus-3B random-weight generator, at a reduced shape on the CPU: transformers loads
+  what it writes, and unscaled its config is the published checkpoint's (parameter count
+  computed from the config, nothing allocated);
+- the wheel carrier: parts, chunks and checksums survive a round trip, and a broken
+  transfer is caught;
+- the carried-wheel list covers what the server imports on a machine without network;
+- the trace summary's arithmetic, and the shell scripts parse.
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+GPU = REPO / "scripts" / "gpu"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"gpu_{name}", GPU / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+gen = _load("make_random_orpheus")
+wheels = _load("wheels")
+tools = _load("gpu_tools")
+
+
+# ----------------------------------------------------------------------------- generator
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("orpheus-small")
+    # Two shards at this size, so the index and the shard layout are exercised too.
+    gen.write_random_orpheus(out, device="cpu", seed=1, shard_gib=0.05, snac=False, **gen.SMALL)
+    return out
+
+
+def test_unscaled_config_is_orpheus_3b() -> None:
+    base = {"orpheus": {"voices": ["tara"]}, "vocab_size": 1, "bos_token_id": 128000}
+    cfg = gen.orpheus_config(base)
+    for key, value in gen.ORPHEUS_3B.items():
+        assert cfg[key] == value, key
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]) == (
+        3072,
+        28,
+        24,
+    )
+    assert (cfg["num_key_value_heads"], cfg["head_dim"], cfg["intermediate_size"]) == (8, 128, 8192)
+    assert cfg["vocab_size"] == 156_940 and cfg["tie_word_embeddings"] is True
+    assert cfg["rope_theta"] == 500000.0 and cfg["rope_scaling"]["rope_type"] == "llama3"
+    assert cfg["bos_token_id"] == 128000  # the base's token ids are kept
+    assert (
+        cfg["orpheus"]["voices"] == ["tara"] and "random weights" in cfg["orpheus"]["description"]
+    )
+    # ~3.3 B parameters, 6.6 GB in bf16, 112 KiB of KV cache per token (ORPHEUS.md).
+    n = gen.param_count(cfg)
+    assert n == 3_300_867_072
+    assert 2 * n == pytest.approx(6.6e9, rel=0.01)
+    assert gen.kv_bytes_per_token(cfg) == 112 * 1024
+    assert "lm_head.weight" not in gen.weight_shapes(cfg)  # tied embeddings
+
+
+@pytest.mark.slow
+def test_param_count_matches_transformers_without_allocating() -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    # Full width, two layers (the count is linear in the layers; 28 would only be slower).
+    cfg = gen.orpheus_config({"orpheus": {}}, num_hidden_layers=2)
+    hf = transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k != "orpheus"})
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(hf)
+    assert sum(p.numel() for p in model.parameters()) == gen.param_count(cfg)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    assert expected == gen.weight_shapes(cfg)
+    per_layer = gen.param_count(cfg) - gen.param_count(gen.orpheus_config({}, num_hidden_layers=1))
+    assert gen.param_count(gen.orpheus_config({})) == gen.param_count(cfg) + 26 * per_layer
+
+
+def test_shape_overrides_are_checked() -> None:
+    with pytest.raises(ValueError):
+        gen.orpheus_config({}, vocab_size=10)
+    small = gen.orpheus_config({}, **gen.SMALL)
+    assert "reduced shape" in small["orpheus"]["description"]
+    assert gen.param_count(small) < gen.param_count(gen.orpheus_config({}))
+
+
+@pytest.mark.slow
+def test_small_model_loads_in_transformers(small_model: Path) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from safetensors import safe_open
+
+    cfg = transformers.LlamaConfig.from_pretrained(small_model)
+    assert cfg.num_hidden_layers == gen.SMALL["num_hidden_layers"]
+    assert cfg.hidden_size == gen.SMALL["hidden_size"] and cfg.head_dim == 64
+    assert cfg.vocab_size == 156_940 and cfg.tie_word_embeddings
+
+    index = json.loads((small_model / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) == 2 and all((small_model / s).exists() for s in shards)
+    raw = json.loads((small_model / "config.json").read_text())
+    shapes = gen.weight_shapes(raw)
+    seen = {}
+    for s in shards:
+        with safe_open(str(small_model / s), "pt") as f:
+            for name in f.keys():  # safe_open has no __iter__
+                t = f.get_tensor(name)
+                assert t.dtype == torch.bfloat16
+                seen[name] = tuple(t.shape)
+                if name.endswith("proj.weight"):
+                    assert 0.015 < t.float().std().item() < 0.025  # normal(0, 0.02)
+    assert seen == shapes
+    assert index["metadata"]["total_size"] == 2 * gen.param_count(raw)
+
+    model, info = transformers.LlamaForCausalLM.from_pretrained(
+        small_model, output_loading_info=True, dtype=torch.bfloat16
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert sum(p.numel() for p in model.parameters()) == gen.param_count(raw)
+
+    tok = transformers.AutoTokenizer.from_pretrained(small_model)
+    assert tok("tara: hello").input_ids[0] == 128000
+    assert tok.convert_tokens_to_ids("<custom_token_2>") == 128258
+    assert raw["orpheus"]["voices"][0] == "tara"  # voices stored like the tiny model's
+
+
+def test_generator_dry_run_prints_the_3b_numbers() -> None:
+    out = subprocess.run(
+        [sys.executable, str(GPU / "make_random_orpheus.py"), "--dry-run"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    numbers = json.loads(out.stdout)
+    assert numbers["params"] == 3_300_867_072
+    assert numbers["kv_bytes_per_token_bf16"] == 114_688
+
+
+# ----------------------------------------------------------------------------- wheels
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_parts_round_trip(tmp_path: Path) -> None:
+    staging, out, stage, dest = (tmp_path / d for d in ("staging", "out", "stage", "dest"))
+    staging.mkdir()
+    big = os.urandom(5 * 1024 * 1024 + 123)
+    (tmp_path / "big-1.0-py3-none-any.whl").write_bytes(big)
+    # What prepare_wheels.sh does: split -b into .chunk-NN and record the whole file's hash.
+    piece = 2 * 1024 * 1024
+    for i in range(0, len(big), piece):
+        (staging / f"big-1.0-py3-none-any.whl.chunk-{i // piece:02d}").write_bytes(
+            big[i : i + piece]
+        )
+    digest = _sha(tmp_path / "big-1.0-py3-none-any.whl")
+    (staging / "big-1.0-py3-none-any.whl.full-sha256").write_text(f"{digest} {len(big)}\n")
+    for name in ("small_a-1.0-py3-none-any.whl", "small_b-2.0-py3-none-any.whl"):
+        (staging / name).write_bytes(os.urandom(300_000))
+    listing = tmp_path / "wheels.txt"
+    listing.write_text("small-b==2.0 small-b>=1\nsmall_a==1.0 always\nbig==1.0 always\n")
+
+    assert wheels.main(["layout", str(staging), str(out), "--part-mib", "2.5",
+                        "--when-file", str(listing)]) == 0  # fmt: skip
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    parts = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert parts == [p["name"] for p in manifest["parts"]]
+    for p in manifest["parts"]:
+        assert p["bytes"] <= 2.5 * 1024 * 1024
+        assert (out / p["name"] / "MANIFEST.json").exists()
+    # Listed order decides the packing: small-b, then small_a, lead part-1.
+    assert manifest["parts"][0]["files"][:2] == [
+        "small_b-2.0-py3-none-any.whl", "small_a-1.0-py3-none-any.whl"
+    ]  # fmt: skip
+    whens = {w["name"]: w["when"] for w in manifest["wheels"]}
+    assert whens == {"big": "always", "small-a": "always", "small-b": "small-b>=1"}
+
+    # The device: parts arrive one call at a time; the big wheel is whole only at the end.
+    for p in parts[:-1]:
+        assert wheels.main(["receive", str(out / p), str(stage)]) == 0
+    assert wheels.main(["status", str(stage)]) == 3
+    assert wheels.main(["assemble", str(stage), str(dest)]) == 3
+    assert wheels.main(["assemble", str(stage), str(dest), "--only-complete"]) == 0
+    assert wheels.main(["receive", str(out / parts[-1]), str(stage)]) == 0
+    assert wheels.main(["status", str(stage)]) == 0
+    assert wheels.main(["assemble", str(stage), str(dest)]) == 0
+    assert (dest / "big-1.0-py3-none-any.whl").read_bytes() == big
+    for name in ("small_a-1.0-py3-none-any.whl", "small_b-2.0-py3-none-any.whl"):
+        assert _sha(dest / name) == _sha(staging / name)
+
+
+def test_broken_transfer_is_caught(tmp_path: Path) -> None:
+    staging, out, stage = tmp_path / "staging", tmp_path / "out", tmp_path / "stage"
+    staging.mkdir()
+    (staging / "a-1.0-py3-none-any.whl").write_bytes(os.urandom(1000))
+    wheels.main(["layout", str(staging), str(out), "--part-mib", "1"])
+    victim = out / "part-1" / "a-1.0-py3-none-any.whl"
+    victim.write_bytes(b"x" + victim.read_bytes()[1:])
+    with pytest.raises(SystemExit, match="sha256 mismatch"):
+        wheels.main(["receive", str(out / "part-1"), str(stage)])
+
+
+def test_wheel_list_is_well_formed() -> None:
+    from packaging.requirements import Requirement
+
+    entries = wheels.read_list(GPU / "wheels.txt")
+    names = [wheels.norm(Requirement(r).name) for r, _ in entries]
+    assert len(names) == len(set(names)), "one version of each: two stop the install"
+    pins = {wheels.norm(Requirement(r).name): str(Requirement(r).specifier) for r, _ in entries}
+    assert pins["vllm"] == "==0.25.1"  # pins torch==2.11.0, the device's torch
+    assert all(spec.startswith("==") for spec in pins.values()), "pin every carried wheel"
+    device = _device_packages()
+    for req, when in entries:
+        name = wheels.norm(Requirement(req).name)
+        if when == "always":
+            assert name not in device, f"{name} is on the device: carry it as a fallback"
+        else:
+            assert wheels.norm(Requirement(when).name) == name
+            assert name in device, f"{name} is not on the device: install it always"
+
+
+def _device_packages() -> set[str]:
+    lines = (GPU / "device_packages.txt").read_text().splitlines()
+    return {wheels.norm(x.strip()) for x in lines if x.strip() and not x.startswith("#")}
+
+
+IMPORT_TO_DIST = {
+    "zmq": "pyzmq",
+    "yaml": "pyyaml",
+    "PIL": "pillow",
+    "cv2": "opencv-python-headless",
+    "sklearn": "scikit-learn",
+    "google": "protobuf",
+    "cpuinfo": "py-cpuinfo",
+    "dateutil": "python-dateutil",
+}
+RUNTIME_PACKAGES = ("orchestrator", "llm_worker", "codec_worker", "gateway", "shm", "loadgen")
+
+
+def test_server_imports_are_on_the_device_or_carried() -> None:
+    """Every third-party module the server and the load generator import exists on the GPU
+    machine (KINDS.md's list) or travels as a wheel (scripts/gpu/wheels.txt). A new
+    dependency fails here until it is added to wheels.txt (docs/gpu.md)."""
+    available = _device_packages() | {
+        wheels.norm(re.split(r"[=<>!~ ]", r, maxsplit=1)[0])
+        for r, _ in wheels.read_list(GPU / "wheels.txt")
+    }
+    missing = {}
+    for pkg in RUNTIME_PACKAGES:
+        for f in (REPO / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(f.read_text(), str(f))):
+                if isinstance(node, ast.Import):
+                    mods = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    mods = [node.module]
+                else:
+                    continue
+                for m in mods:
+                    top = m.split(".")[0]
+                    if top in sys.stdlib_module_names or top in RUNTIME_PACKAGES:
+                        continue
+                    dist = wheels.norm(IMPORT_TO_DIST.get(top, top))
+                    if dist not in available:
+                        missing.setdefault(dist, str(f.relative_to(REPO)))
+    assert not missing, f"neither on the GPU machine nor in scripts/gpu/wheels.txt: {missing}"
+
+
+# ----------------------------------------------------------------------------- tools
+
+
+def test_trace_summary_arithmetic(tmp_path: Path) -> None:
+    events = [
+        # kernels: [0,10) [5,20) [30,40) [1040,1050) -> busy 20+10+10 = 40 us over 1050 us
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 0, "dur": 10},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 5, "dur": 15},
+        {"ph": "X", "cat": "kernel", "name": "attn", "ts": 30, "dur": 10},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 1040, "dur": 10},
+        {"ph": "X", "cat": "user_annotation", "name": "execute_model", "ts": 0, "dur": 45},
+        {"ph": "X", "cat": "user_annotation", "name": "execute_model", "ts": 1000, "dur": 55},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 3},
+    ]
+    path = tmp_path / "t.pt.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    s = tools.summarize_trace(path, step_re="execute_model")
+    g = s["gpu"]
+    assert g["span_ms"] == pytest.approx(1.05)
+    assert g["busy_ms"] == pytest.approx(0.04)
+    assert g["idle_gaps"]["count_over_20us"] == 1  # 1000 us; the 10 us gap is under 20
+    assert g["idle_gaps"]["ms_in_gaps_over_20us"] == pytest.approx(1.0)
+    assert g["idle_gaps"]["count_over_1ms"] == 0
+    assert s["top_kernels"][0] == {"name": "gemm", "count": 2, "total_ms": 0.03, "mean_us": 12.5}
+    assert s["steps"]["count"] == 2 and s["steps"]["mean_period_ms"] == pytest.approx(1.0)
+
+
+def test_capacity_is_read_from_the_search_report() -> None:
+    report = {"search": {"capacities": [
+        {"ttfb_budget_s": 1.0, "concurrency": 320},
+        {"ttfb_budget_s": 0.5, "concurrency": 256},
+    ]}}  # fmt: skip
+    assert tools.capacity_of(report, 1.0) == 320
+    assert tools.capacity_of(report, 0.5) == 256
+    assert tools.capacity_of({}, 1.0) is None
+
+
+def test_fixed_length_is_ten_seconds_of_audio() -> None:
+    text = (GPU / "run_capacity.sh").read_text()
+    expr = re.search(r"TOKENS=\$\{TOKENS:-\$\(\((.+?)\)\)\}", text).group(1)
+    value = int(subprocess.run(["bash", "-c", f"echo $(({expr}))"], capture_output=True,
+                               text=True, check=True).stdout)  # fmt: skip
+    assert value == 7 * math.ceil(10 * 24000 / 2048) == 826
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in GPU.glob("*.sh")))
+def test_shell_scripts_parse(script: str) -> None:
+    subprocess.run(["bash", "-n", str(GPU / script)], check=True, timeout=30)
+
+
+def test_run_capacity_without_a_call_prints_its_plan(tmp_path: Path) -> None:
+    env = {**os.environ, "GPU_HOME": str(tmp_path / "gpu"), "OUT": str(tmp_path / "out")}
+    p = subprocess.run(["bash", str(GPU / "run_capacity.sh")], capture_output=True, text=True,
+                       env=env, timeout=60)  # fmt: skip
+    assert p.returncode == 2
+    assert "capacity bf16" in p.stdout and "part .whl/part-K" in p.stdout
