@@ -20,6 +20,10 @@ class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     """Always set: the checkpoint declares 131k and vLLM would reserve KV cache for it."""
     max_num_seqs: int = 384
     gpu_memory_utilization: float = 0.85
+    kv_cache_memory_bytes: int | None = None
+    """Explicit KV cache size. None: from gpu_memory_utilization on CUDA; on CPU (where that
+    fraction would be of host memory) what max_num_seqs full-length streams need, at most
+    4 GiB."""
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
     """"auto" or "fp8" (roughly doubles the streams the KV cache can hold)."""
@@ -46,3 +50,6 @@ class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     repetition_guard_frames: int = 48
     """End a generation whose last N frames repeat a short cycle (runaway loop)."""
     seed: int = 0
+    ring_full_timeout_s: float = 10.0
+    """How long the worker waits for space in a full code ring before it fails the stream
+    it is writing (ERROR "backpressure")."""

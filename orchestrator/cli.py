@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 BENCHES = {
     "codec": "codec_worker.bench",
     "penalties": "llm_worker.bench_penalties",
+    "codes": "llm_worker.bench_codes",
     "gateway": "gateway.bench",
     "load": "loadgen.cli",
     "compare": "loadgen.compare",

@@ -192,22 +192,29 @@ class _Bell:
             return True
         loop = asyncio.get_running_loop()
         fd = sock.getsockopt(zmq.FD)
-        deadline = loop.time() + timeout_s
         pending: list[asyncio.Future[None]] = [loop.create_future()]
+        expired = False
 
         def wake() -> None:
             if not pending[0].done():
                 pending[0].set_result(None)
 
+        def expire() -> None:
+            # A flag, not a clock comparison: uvloop may fire a timer slightly before its
+            # deadline by loop.time(), and a re-armed wait would then never time out.
+            nonlocal expired
+            expired = True
+            wake()
+
         loop.add_reader(fd, wake)
-        timer = loop.call_at(deadline, wake)
+        timer = loop.call_later(max(0.0, timeout_s), expire)
         try:
             while True:
                 await pending[0]
                 if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                     _drain(sock)
                     return True
-                if loop.time() >= deadline:
+                if expired:
                     return False
                 pending[0] = loop.create_future()  # a spurious edge: wait for the next one
         finally:

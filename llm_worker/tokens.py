@@ -1,0 +1,28 @@
+"""Orpheus token ids (see ORPHEUS.md). The single source of these numbers in llm_worker."""
+
+from __future__ import annotations
+
+BOS = 128000
+"""Llama-3 ``<|begin_of_text|>``; the tokenizer prepends it."""
+END_OF_TEXT = 128009
+"""Llama-3 ``<|eot_id|>``: ends the text part of the prompt."""
+CUSTOM_TOKEN_BASE = 128256
+"""``<custom_token_N>`` is id ``CUSTOM_TOKEN_BASE + N``."""
+START_OF_SPEECH = 128257
+END_OF_SPEECH = 128258
+"""The model's stop token: generation ends here."""
+START_OF_HUMAN = 128259
+END_OF_HUMAN = 128260
+START_OF_AI = 128261
+END_OF_AI = 128262
+PAD = 128263
+
+AUDIO_TOKEN_BASE = 128266
+"""First audio token; slot ``s`` of a frame uses ids ``AUDIO_TOKEN_BASE + s*4096 + code``."""
+CODEBOOK_SIZE = 4096
+FRAME_TOKENS = 7
+AUDIO_TOKEN_END = AUDIO_TOKEN_BASE + FRAME_TOKENS * CODEBOOK_SIZE
+"""One past the last audio token id (156938)."""
+
+PROMPT_PREFIX = (START_OF_HUMAN,)
+PROMPT_SUFFIX = (END_OF_TEXT, END_OF_HUMAN, START_OF_AI, START_OF_SPEECH)

@@ -1,0 +1,470 @@
+"""The llm_worker's core: streams, their vLLM requests, and one code-ring publish per step.
+
+Life of a stream::
+
+    Submit ──validate──► pieces of text ──► segment 0 (vLLM request) ──► segment 1 ──► ... END
+      │ bad input: ERROR 400, no engine work          each engine step: CODES records
+      └ Cancel at any time: abort the request, END(reason="cancelled")
+
+Frame ``seq`` counts the stream's frames across all of its segments, so long text comes
+out as one continuous stream.
+
+One task, the *pump*, is the only writer of the code ring. It wakes when the engine has
+delivered a step's outputs (:class:`llm_worker.engine.StepHook`), takes every live
+stream's new tokens, maps them all to frames in one vectorised call, stages one CODES
+record per stream that completed frames, and publishes them with one head update.
+Control handlers never write the ring: their END/ERROR records go through an outbox the
+pump flushes after the step's CODES, so a stream's records stay in order.
+
+A full ring is backpressure: the pump waits (the whole ring is shared, so every stream
+waits with it) and, past ``ring_full_timeout_s``, fails the stream it was writing with
+ERROR "backpressure" and aborts its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import msgspec
+import numpy as np
+from vllm.inputs.engine import tokens_input
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.engine.output_processor import RequestOutputCollector
+
+from llm_worker import metrics as M
+from llm_worker import tokens as T
+from llm_worker.codes import CODE_DTYPE, FrameAssembler
+from llm_worker.config import LLMConfig
+from llm_worker.model_info import ModelInfo
+from llm_worker.prompt import PromptBuilder
+from llm_worker.repetition import RepetitionGuard
+from llm_worker.requests import BadRequest, RequestPlan, plan_request, segment_params, split_budget
+from llm_worker.text import TextStream, normalise_tags, split_text
+from shm.messages import AppendText, Cancel, ControlMessage, Submit
+from shm.records import RecordKind, StreamEnd, StreamError, end_encoder
+from shm.ring import RingFull, RingWriter
+
+log = logging.getLogger(__name__)
+
+# How bad a segment's ending was: a stream reports the worst of its segments.
+_SEVERITY = {"stop": 0, "length": 1, "repetition": 2}
+_FRAME_BYTES = T.FRAME_TOKENS * CODE_DTYPE.itemsize
+_OUTBOX_RETRY_S = 0.05
+
+
+@dataclass(slots=True, eq=False)
+class Stream:
+    stream_id: int
+    plan: RequestPlan
+    row: int
+    pieces: deque[str]
+    """Text not yet started, in order."""
+    budgets: deque[int] | None
+    """Exact tokens of each piece (fixed-length requests), else None."""
+    text: TextStream | None
+    """Open text (``text_open``): more may arrive. None once the text is complete."""
+    sampling_kwargs: dict[str, Any] | None = None
+    counter: Any = None
+    """The stream's slot on the prevented-token board (sampling package), if any."""
+    segment: int = -1
+    request_id: str | None = None
+    collector: RequestOutputCollector | None = None
+    frames: int = 0
+    tokens: int = 0
+    reason: str = "stop"
+    done: bool = False
+
+
+class SamplingHooks:
+    """The sampling package's per-stream side (tensor penalty and audio constraint), as the
+    worker needs it. The default uses vLLM's own repetition penalty and no constraint."""
+
+    def acquire(self) -> Any:
+        return None
+
+    def kwargs(self, repetition_penalty: float, counter: Any) -> dict[str, Any] | None:
+        return None
+
+    def release(self, counter: Any) -> int:
+        return 0
+
+
+class LLMWorker:
+    def __init__(
+        self,
+        config: LLMConfig,
+        engine: AsyncLLM,
+        writer: RingWriter,
+        prompts: PromptBuilder,
+        info: ModelInfo,
+        sampling: SamplingHooks | None = None,
+    ) -> None:
+        self._config = config
+        self._engine = engine
+        self._writer = writer
+        self._prompts = prompts
+        self._info = info
+        self._tags = frozenset(info.emotion_tags)
+        self._sampling = sampling or SamplingHooks()
+        self._streams: dict[int, Stream] = {}
+        self._live: dict[int, Stream] = {}
+        """Streams with a request in the engine."""
+        self._assembler = FrameAssembler(capacity=64)
+        self._guard = RepetitionGuard(config.repetition_guard_frames, capacity=64)
+        self._wake = asyncio.Event()
+        self._outbox: deque[tuple[Stream | _Orphan, StreamEnd | StreamError]] = deque()
+        """END/ERROR records the pump writes after the step's CODES (see the module doc)."""
+        self._max_frames_per_record = max(1, (writer.max_payload // _FRAME_BYTES))
+
+    # -- public -------------------------------------------------------------------------
+
+    @property
+    def active_streams(self) -> int:
+        return len(self._streams)
+
+    def on_step(self) -> None:
+        """Called by the engine's step hook once a step's outputs are all delivered."""
+        self._wake.set()
+
+    async def handle(self, msg: ControlMessage) -> None:
+        """Apply one control message. A bug while handling it fails that stream only."""
+        try:
+            if isinstance(msg, Submit):
+                await self._submit(msg)
+            elif isinstance(msg, AppendText):
+                await self._append(msg)
+            elif isinstance(msg, Cancel):
+                await self._cancel(msg)
+        except EngineDeadError:
+            raise
+        except Exception as e:
+            log.exception("stream %#x: %s failed", msg.stream_id, type(msg).__name__)
+            s = self._streams.get(msg.stream_id)
+            message = f"internal error: {type(e).__name__}: {e}"
+            if s is not None:
+                await self._fail(s, "internal_error", message, 500)
+            elif isinstance(msg, Submit):
+                self._reject(msg.stream_id, message, "internal_error", 500)
+
+    async def run(self) -> None:
+        """The pump: runs until cancelled; raises EngineDeadError if the engine dies."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self._pump_once()
+
+    async def shutdown(self, code: str = "shutdown", message: str = "the worker stopped") -> None:
+        """Fail every stream (ERROR 503) and publish; the engine may already be gone."""
+        for s in list(self._streams.values()):
+            await self._fail(s, code, message, 503, abort=False)
+        await self._flush_outbox()
+        self._writer.publish()
+
+    # -- control messages ---------------------------------------------------------------
+
+    async def _submit(self, msg: Submit) -> None:
+        if msg.stream_id in self._streams:
+            log.error("duplicate stream id %#x ignored (a gateway bug)", msg.stream_id)
+            return
+        try:
+            plan = plan_request(msg, self._config, self._info)
+            if msg.text_open and plan.total_tokens is not None:
+                raise BadRequest(
+                    "max_tokens fixes the length of a complete text: not with text_open"
+                )
+        except BadRequest as e:
+            self._reject(msg.stream_id, str(e))
+            return
+        row = self._assembler.open()
+        self._guard.ensure_capacity(self._assembler.capacity)
+        text = TextStream(self._config.max_chars_per_segment) if msg.text_open else None
+        if text is not None:
+            pieces = deque(text.feed(msg.text))
+            budgets = None
+        else:
+            parts = split_text(msg.text, self._config.max_chars_per_segment)
+            pieces = deque(parts)
+            budgets = (
+                None
+                if plan.total_tokens is None
+                else deque(split_budget(plan.total_tokens, [len(p) for p in parts]))
+            )
+        s = Stream(msg.stream_id, plan, row, pieces, budgets, text)
+        s.counter = self._sampling.acquire()
+        s.sampling_kwargs = self._sampling.kwargs(plan.repetition_penalty, s.counter)
+        self._streams[s.stream_id] = s
+        M.ACTIVE_STREAMS.inc()
+        await self._advance(s)
+
+    async def _append(self, msg: AppendText) -> None:
+        s = self._streams.get(msg.stream_id)
+        if s is None or s.done:
+            return  # finished or cancelled already: nothing to do
+        if s.text is None:
+            log.warning("AppendText for stream %#x whose text is closed: ignored", s.stream_id)
+            return
+        s.pieces.extend(s.text.feed(msg.text))
+        if msg.final:
+            s.pieces.extend(s.text.close())
+            s.text = None
+        await self._advance(s)
+
+    async def _cancel(self, msg: Cancel) -> None:
+        s = self._streams.get(msg.stream_id)
+        if s is None or s.done:
+            return
+        await self._stop_request(s, "cancelled")
+        s.reason = "cancelled"
+        self._finish(s)
+        log.debug("stream %#x cancelled: %s", s.stream_id, msg.reason)
+
+    def _reject(
+        self, stream_id: int, message: str, code: str = "bad_request", status: int = 400
+    ) -> None:
+        """An ERROR for a request that never became a stream (no engine work was done)."""
+        M.STREAMS.labels("bad_request" if status == 400 else "error").inc()
+        err = StreamError(code=code, message=message, status=status)
+        self._outbox.append((_Orphan(stream_id), err))
+        self._wake.set()
+
+    # -- segments -----------------------------------------------------------------------
+
+    async def _advance(self, s: Stream) -> None:
+        """Start the stream's next piece of text, or end it when all text is spoken."""
+        while not s.done and s.request_id is None:
+            if s.pieces:
+                text = s.pieces.popleft()
+                budget = s.budgets.popleft() if s.budgets else None
+                if budget == 0:
+                    continue  # a fixed length too small to share with this piece
+                await self._start_segment(s, text, budget)
+                return
+            if s.text is not None:
+                return  # open text: wait for more
+            if s.segment < 0:
+                await self._fail(s, "bad_request", "empty text: there is nothing to say", 400)
+            else:
+                self._finish(s)
+            return
+
+    async def _start_segment(self, s: Stream, text: str, budget: int | None) -> None:
+        s.segment += 1
+        prompt = self._prompts.build(s.plan.voice, normalise_tags(text, self._tags))
+        try:
+            params = segment_params(
+                self._config, s.plan, s.segment, len(text), len(prompt), budget, s.sampling_kwargs
+            )
+        except BadRequest as e:
+            await self._fail(s, "bad_request", str(e), 400)
+            return
+        rid = f"{s.stream_id:x}-{s.segment}"
+        self._assembler.reset(s.row)
+        self._guard.reset(s.row)
+        try:
+            s.collector = await self._engine.add_request(rid, tokens_input(prompt), params)
+        except EngineDeadError:
+            raise
+        except ValueError as e:  # vLLM's validation errors are ValueErrors
+            await self._fail(s, "bad_request", f"rejected by the engine: {e}", 400)
+            return
+        except Exception as e:
+            log.exception("stream %#x: add_request failed", s.stream_id)
+            await self._fail(s, "engine_error", f"{type(e).__name__}: {e}", 500)
+            return
+        M.SEGMENTS.inc()
+        if s.done:  # cancelled or failed while the request was being added
+            await self._engine.abort(rid)
+            return
+        s.request_id = rid
+        self._live[s.stream_id] = s
+
+    def _end_segment(self, s: Stream, reason: str) -> None:
+        if self._assembler.pending_tokens(s.row):
+            M.FRAMES_DROPPED.labels("incomplete").inc()
+        if _SEVERITY.get(reason, 0) > _SEVERITY.get(s.reason, 0):
+            s.reason = reason
+        s.request_id = None
+        s.collector = None
+        self._live.pop(s.stream_id, None)
+
+    async def _stop_request(self, s: Stream, reason: str) -> None:
+        """End the current segment early (cancel, repetition, failure) and abort it in vLLM."""
+        rid = s.request_id
+        if rid is None:
+            return
+        self._end_segment(s, reason)
+        try:
+            await self._engine.abort(rid)
+        except EngineDeadError:
+            pass  # nothing left to abort
+
+    # -- endings ------------------------------------------------------------------------
+
+    def _close(self, s: Stream, outcome: str) -> int:
+        """Drop the stream's state; returns its prevented-token count."""
+        s.done = True
+        self._streams.pop(s.stream_id, None)
+        self._live.pop(s.stream_id, None)
+        self._assembler.close(s.row)
+        prevented = self._sampling.release(s.counter) if s.counter is not None else 0
+        M.ACTIVE_STREAMS.dec()
+        M.STREAMS.labels(outcome).inc()
+        return prevented
+
+    def _finish(self, s: Stream) -> None:
+        prevented = self._close(s, s.reason)
+        end = StreamEnd(
+            reason=s.reason, frames=s.frames, tokens=s.tokens, invalid_tokens_prevented=prevented
+        )
+        self._outbox.append((s, end))
+        self._wake.set()
+
+    async def _fail(
+        self, s: Stream, code: str, message: str, status: int, abort: bool = True
+    ) -> None:
+        if s.done:
+            return
+        if abort:
+            await self._stop_request(s, s.reason)
+        self._close(s, "bad_request" if status == 400 else "error")
+        err = StreamError(code=code, message=message, status=status)
+        self._outbox.append((s, err))
+        self._wake.set()
+        if status >= 500:
+            log.warning("stream %#x failed: %s: %s", s.stream_id, code, message)
+
+    # -- the pump -----------------------------------------------------------------------
+
+    async def _pump_once(self) -> None:
+        t0 = time.perf_counter()
+        streams: list[Stream] = []
+        token_lists: list[Any] = []
+        finished: list[str | None] = []
+        broken: list[tuple[Stream, Exception]] = []
+        for s in self._live.values():
+            try:
+                out = s.collector.get_nowait() if s.collector is not None else None
+            except EngineDeadError:
+                raise
+            except Exception as e:
+                broken.append((s, e))
+                continue
+            if out is None:
+                continue
+            comp = out.outputs[0]
+            ids = comp.token_ids
+            reason = comp.finish_reason if out.finished else None
+            if reason == "stop" and ids and ids[-1] == T.END_OF_SPEECH:
+                ids = ids[:-1]  # the stop token is not audio
+            streams.append(s)
+            token_lists.append(ids)
+            finished.append(reason)
+
+        if streams:
+            await self._publish_step(streams, token_lists, finished)
+        for s, e in broken:
+            await self._fail(s, "engine_error", f"{type(e).__name__}: {e}", 500)
+        await self._flush_outbox()
+        self._writer.publish()
+        if streams:
+            M.STEP_SECONDS.observe(time.perf_counter() - t0)
+
+    async def _publish_step(
+        self, streams: list[Stream], token_lists: list[Any], finished: list[str | None]
+    ) -> None:
+        lens = np.fromiter((len(t) for t in token_lists), dtype=np.int64, count=len(token_lists))
+        total = int(lens.sum())
+        tokens = np.fromiter(chain.from_iterable(token_lists), dtype=np.int64, count=total)
+        rows = np.fromiter((s.row for s in streams), dtype=np.int64, count=len(streams))
+        step = self._assembler.map(rows, lens, tokens)
+        looping = self._guard.observe(rows, step.frames, step.counts)
+        offsets = step.offsets()
+        M.TOKENS_PER_STEP.observe(total)
+        M.FRAMES_WRITTEN.inc(int(offsets[-1]))
+        if n_invalid := int(step.invalid_tokens.sum()):
+            M.INVALID_TOKENS.inc(n_invalid)
+            M.FRAMES_DROPPED.labels("invalid").inc(int(step.dropped.sum()))
+
+        counts = step.counts.tolist()
+        for i, s in enumerate(streams):
+            s.tokens += int(lens[i])
+            if counts[i] and not s.done:
+                await self._write_frames(s, step.frames[offsets[i] : offsets[i + 1]])
+        self._writer.publish()  # one head update for every stream's frames of this step
+        for i, s in enumerate(streams):
+            if s.done:
+                continue
+            reason = finished[i]
+            if reason is None and looping[i]:
+                M.REPETITION_STOPS.inc()
+                log.info("stream %#x: repetition guard ended segment %d", s.stream_id, s.segment)
+                await self._stop_request(s, "repetition")
+                await self._advance(s)
+            elif reason in ("stop", "length"):
+                self._end_segment(s, reason)
+                await self._advance(s)
+            elif reason is not None:
+                await self._fail(s, "engine_error", f"generation ended with {reason!r}", 500)
+
+    async def _write_frames(self, s: Stream, frames: np.ndarray) -> None:
+        step = self._max_frames_per_record
+        for a in range(0, len(frames), step):
+            if s.done:  # cancelled or failed while this step's records were waiting
+                return
+            chunk = frames[a : a + step]
+            if not await self._put(s, RecordKind.CODES, s.frames, chunk):
+                return
+            s.frames += len(chunk)
+
+    async def _flush_outbox(self) -> None:
+        """Write the queued END/ERROR records, in order. If the ring stays full they stay
+        queued and the pump retries shortly: an END or ERROR is never dropped."""
+        while self._outbox:
+            s, msg = self._outbox[0]
+            if isinstance(msg, StreamEnd):
+                # A CODES record in flight when the stream ended still counts.
+                msg = msgspec.structs.replace(msg, frames=s.frames)
+                kind = RecordKind.END
+            else:
+                kind = RecordKind.ERROR
+            if not await self._put(s, kind, s.frames, end_encoder.encode(msg), final=True):
+                asyncio.get_running_loop().call_later(_OUTBOX_RETRY_S, self._wake.set)
+                return
+            self._outbox.popleft()
+
+    async def _put(
+        self, s: Stream | _Orphan, kind: RecordKind, seq: int, payload: Any, final: bool = False
+    ) -> bool:
+        """Stage one record; wait while the ring is full. Past the timeout a CODES record
+        fails its stream (ERROR "backpressure"); a ``final`` record (END/ERROR) stays queued."""
+        if self._writer.try_append(kind, s.stream_id, seq, payload):
+            return True
+        t0 = time.perf_counter()
+        try:
+            await self._writer.append_async(
+                kind, s.stream_id, seq, payload, self._config.ring_full_timeout_s
+            )
+            return True
+        except RingFull:
+            if final:
+                log.warning("code ring full: %s of stream %#x waits", kind.name, s.stream_id)
+            elif isinstance(s, Stream):
+                await self._fail(s, "backpressure", "the codec worker fell behind", 503)
+            return False
+        finally:
+            M.RING_WAIT_SECONDS.observe(time.perf_counter() - t0)
+
+
+@dataclass(slots=True, frozen=True)
+class _Orphan:
+    """The addressee of a record for a request that never became a stream."""
+
+    stream_id: int
+    frames: int = 0

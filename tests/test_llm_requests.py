@@ -1,0 +1,109 @@
+"""Request validation and sampling: voices, per-voice defaults, overrides, length caps."""
+
+from __future__ import annotations
+
+import pytest
+from vllm.sampling_params import RequestOutputKind
+
+from llm_worker import tokens as T
+from llm_worker.config import LLMConfig, VoiceSampling
+from llm_worker.model_info import ModelInfo
+from llm_worker.requests import (
+    BadRequest,
+    length_cap,
+    plan_request,
+    segment_params,
+    split_budget,
+)
+from shm.messages import SamplingOverrides, Submit
+
+INFO = ModelInfo(voices=("tara", "leo"), emotion_tags=("laugh",), source="test")
+CONFIG = LLMConfig(
+    model="unused",
+    sampling=VoiceSampling(temperature=0.6, top_p=0.8, repetition_penalty=1.1),
+    voice_sampling={"leo": VoiceSampling(temperature=0.4, top_p=0.9, repetition_penalty=1.2)},
+    max_model_len=1024,
+)
+
+
+def test_voice_defaults_and_overrides() -> None:
+    tara = plan_request(Submit(1, "Hi.", "Tara"), CONFIG, INFO)
+    assert (tara.voice, tara.temperature, tara.top_p, tara.repetition_penalty) == (
+        "tara",
+        0.6,
+        0.8,
+        1.1,
+    )
+    leo = plan_request(Submit(2, "Hi.", "leo"), CONFIG, INFO)
+    assert (leo.temperature, leo.top_p, leo.repetition_penalty) == (0.4, 0.9, 1.2)
+    o = SamplingOverrides(temperature=0.9, repetition_penalty=1.3, seed=5, max_tokens=70)
+    custom = plan_request(Submit(3, "Hi.", "leo", o), CONFIG, INFO)
+    assert (custom.temperature, custom.top_p, custom.repetition_penalty) == (0.9, 0.9, 1.3)
+    assert (custom.seed, custom.total_tokens) == (5, 70)
+
+
+@pytest.mark.parametrize(
+    ("submit", "fragment"),
+    [
+        (Submit(1, "Hi.", "nobody"), "unknown voice"),
+        (Submit(1, "  \n ", "tara"), "empty text"),
+        (Submit(1, "Hi.", "tara", SamplingOverrides(temperature=-1.0)), "temperature"),
+        (Submit(1, "Hi.", "tara", SamplingOverrides(temperature=float("nan"))), "temperature"),
+        (Submit(1, "Hi.", "tara", SamplingOverrides(top_p=0.0)), "top_p"),
+        (Submit(1, "Hi.", "tara", SamplingOverrides(repetition_penalty=9.0)), "repetition_penalty"),
+        (Submit(1, "Hi.", "tara", SamplingOverrides(max_tokens=3)), "max_tokens"),
+        (Submit(1, "Hi.", "tara", SamplingOverrides(max_tokens=10**6)), "max_tokens"),
+        (Submit(1, "Hi.", "tara", SamplingOverrides(seed=-1)), "seed"),
+    ],
+)
+def test_bad_requests(submit: Submit, fragment: str) -> None:
+    with pytest.raises(BadRequest, match=fragment):
+        plan_request(submit, CONFIG, INFO)
+
+
+def test_open_text_may_start_empty() -> None:
+    assert plan_request(Submit(1, "", "tara", text_open=True), CONFIG, INFO).voice == "tara"
+
+
+def test_length_cap_grows_with_text_within_bounds() -> None:
+    cfg = LLMConfig(model="x", max_tokens_per_char=7.0, min_max_tokens=350, max_tokens_cap=4096)
+    assert length_cap(cfg, 1) == 350  # the floor, rounded up to whole frames
+    assert length_cap(cfg, 100) == 700
+    assert length_cap(cfg, 10_000) == 4095  # the cap, in whole frames
+    assert all(length_cap(cfg, n) % 7 == 0 for n in range(0, 1000, 37))
+
+
+def test_split_budget() -> None:
+    assert split_budget(70, [10, 10]) == [35, 35]
+    assert split_budget(84, [30, 10, 20]) == [42, 14, 28]
+    assert split_budget(50, [1, 1, 1]) == [14, 14, 22]
+    for total in (7, 70, 333):
+        parts = split_budget(total, [5, 17, 3, 40])
+        assert sum(parts) == total and all(p % 7 == 0 for p in parts[:-1])
+
+
+def test_segment_params_natural_end() -> None:
+    plan = plan_request(Submit(1, "Hi.", "tara", SamplingOverrides(seed=9)), CONFIG, INFO)
+    p = segment_params(CONFIG, plan, index=2, chars=100, prompt_len=20)
+    assert p.max_tokens == 700 and p.min_tokens == 0
+    assert p.stop_token_ids == [T.END_OF_SPEECH] and not p.ignore_eos
+    assert p.seed == 11, "each segment gets its own reproducible seed"
+    assert p.detokenize is False and p.output_kind == RequestOutputKind.DELTA
+    assert (p.temperature, p.top_p, p.repetition_penalty) == (0.6, 0.8, 1.1)
+
+
+def test_segment_params_fixed_length_ignores_end_of_speech() -> None:
+    plan = plan_request(Submit(1, "Hi.", "tara", SamplingOverrides(max_tokens=84)), CONFIG, INFO)
+    p = segment_params(CONFIG, plan, index=0, chars=3, prompt_len=20, budget=84)
+    assert p.max_tokens == 84 and p.min_tokens == 84, "stop ids masked until the budget is spent"
+
+
+def test_segment_params_respect_max_model_len_and_sampling_kwargs() -> None:
+    plan = plan_request(Submit(1, "Hi.", "tara"), CONFIG, INFO)
+    p = segment_params(CONFIG, plan, 0, chars=500, prompt_len=1000)
+    assert p.max_tokens == 21  # what fits in max_model_len, whole frames
+    with pytest.raises(BadRequest, match="max_model_len"):
+        segment_params(CONFIG, plan, 0, chars=5, prompt_len=1020)
+    ours = {"repetition_penalty": 1.0, "extra_args": {"orpheus": {"repetition_penalty": 1.1}}}
+    p = segment_params(CONFIG, plan, 0, chars=5, prompt_len=20, sampling_kwargs=ours)
+    assert p.repetition_penalty == 1.0 and p.extra_args == ours["extra_args"]
