@@ -25,7 +25,9 @@ NON_CONFIG_ENV_PREFIXES = ("ORPHEUS_SERVE_", "ORPHEUS_PROFILE_")
 
 # Defaults that differ on a development CPU machine (the demo and tests use these).
 CPU_PROFILE: dict[str, Any] = {
-    "llm": {"max_num_seqs": 64, "max_model_len": 2048, "enforce_eager": True},
+    # float32: this class of CPU has no native bf16 (no AVX-512), and emulated bf16 made the
+    # tiny model's 156,940-row LM head 3x slower than float32 (docs/performance.md).
+    "llm": {"max_num_seqs": 64, "max_model_len": 2048, "enforce_eager": True, "dtype": "float32"},
     "codec": {"compile": False, "max_batch": 32, "threads": 1},
     "gateway": {"max_active_streams": 64, "max_queued_streams": 64},
     "shm": {"code_ring_bytes": 1 << 20, "pcm_ring_bytes": 16 << 20},
