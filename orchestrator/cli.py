@@ -131,7 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-tokens", type=int, default=None)
     c.add_argument("--seed", type=int, default=None)
 
-    b = sub.add_parser("bench", help="benchmarks (each prints a table and writes JSON)")
+    # add_help=False: `bench load --help` reaches the benchmark's own parser.
+    b = sub.add_parser(
+        "bench", help="benchmarks (each prints a table and writes JSON)", add_help=False
+    )
     b.add_argument("which", choices=sorted(BENCHES))
     return p
 

@@ -26,3 +26,6 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     shm: ShmConfig = ShmConfig()
     drain_timeout_s: float = 30.0
     ready_timeout_s: float = 900.0
+    """How long the workers may take to become warm before the orchestrator gives up."""
+    heartbeat_timeout_s: float = 30.0
+    """A ready worker silent this long is deemed hung: killed and restarted."""

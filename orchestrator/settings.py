@@ -25,6 +25,9 @@ NON_CONFIG_ENV_PREFIXES = ("ORPHEUS_SERVE_", "ORPHEUS_PROFILE_")
 
 # Defaults that differ on a development CPU machine (the demo and tests use these).
 CPU_PROFILE: dict[str, Any] = {
+    # An overloaded 2-core machine can hold one codec batch for tens of seconds: a hung
+    # worker is still caught, just later (a heartbeat kill there loses every stream).
+    "heartbeat_timeout_s": 300.0,
     # float32: this class of CPU has no native bf16 (no AVX-512), and emulated bf16 made the
     # tiny model's 156,940-row LM head 3x slower than float32 (docs/performance.md).
     "llm": {"max_num_seqs": 64, "max_model_len": 2048, "enforce_eager": True, "dtype": "float32"},
@@ -137,6 +140,8 @@ def validate(cfg: ServeConfig) -> None:
         problems.append("llm.max_num_seqs must be >= 1")
     if llm.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"):
         problems.append(f"llm.kv_cache_dtype {llm.kv_cache_dtype!r} is not auto|fp8|bfloat16")
+    if cfg.heartbeat_timeout_s <= 1:
+        problems.append("heartbeat_timeout_s must be > 1")
     g = cfg.gateway
     if not 0 < g.port < 65536:
         problems.append(f"gateway.port {g.port} is not a TCP port")

@@ -35,7 +35,6 @@ from shm.segments import create_instance, destroy_instance, remove_stale_instanc
 log = logging.getLogger(__name__)
 
 STATUS_PERIOD_S = 0.5
-HEARTBEAT_TIMEOUT_S = 30.0
 MAX_BACKOFF_S = 30.0
 STOP_GRACE_S = 15.0
 
@@ -195,10 +194,9 @@ class Supervisor:
             if child.proc is None:
                 continue
             code = child.proc.poll()
-            if code is None and child.ready and now - child.last_seen > HEARTBEAT_TIMEOUT_S:
-                log.error(
-                    "%s sent no heartbeat for %.0fs: killing it", child.name, now - child.last_seen
-                )
+            silent = now - child.last_seen
+            if code is None and child.ready and silent > self.config.heartbeat_timeout_s:
+                log.error("%s sent no heartbeat for %.0fs: killing it", child.name, silent)
                 child.proc.kill()
                 code = child.proc.wait()
             if code is not None and child.restart_at is None:
