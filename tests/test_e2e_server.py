@@ -99,7 +99,9 @@ def server(tiny_model: Path) -> Iterator[Server]:
     assert left == [], f"shared-memory segments left behind: {left}"
 
 
-async def _speech(url: str, body: dict, read_first_only: bool = False) -> tuple[int, bytes, list[float]]:
+async def _speech(
+    url: str, body: dict, read_first_only: bool = False
+) -> tuple[int, bytes, list[float]]:
     arrivals: list[float] = []
     data = bytearray()
     async with aiohttp.ClientSession() as session:
@@ -171,7 +173,9 @@ def test_zmq_chunks_in_order_and_bytes_match_frames(server: Server) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(server.zmq_endpoint)
     try:
-        sock.send(msgspec.msgpack.encode(Speak(request_id=1, input="In order, please.", voice="tara")))
+        sock.send(
+            msgspec.msgpack.encode(Speak(request_id=1, input="In order, please.", voice="tara"))
+        )
         seqs: list[int] = []
         total = 0
         done: Done | None = None

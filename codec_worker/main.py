@@ -1,0 +1,117 @@
+"""The codec_worker process: code ring in, PCM rings out.
+
+``run(config, layout)`` loads SNAC, compiles and warms the decoder, attaches to the code ring
+(consumer) and to every gateway's PCM ring (producer), tells the orchestrator it is ready,
+then serves until SIGTERM/SIGINT: poll the code ring, apply its records, finish the batch in
+flight, dispatch the next, sleep on the ring's doorbell when there is nothing to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from types import FrameType
+
+import torch
+import zmq
+
+from codec_worker import metrics
+from codec_worker.decoder import WindowDecoder
+from codec_worker.engine import DecodeEngine
+from codec_worker.host_memory import retain_freed_memory
+from codec_worker.output import RingSink
+from codec_worker.service import CodecService
+from codec_worker.snac_model import load_snac
+from orchestrator.config import ServeConfig
+from shm.layout import InstanceLayout
+from shm.messages import Heartbeat, WorkerReady, control_encoder
+from shm.ring import RingReader, RingWriter
+
+log = logging.getLogger(__name__)
+
+ROLE = "codec"
+HEARTBEAT_S = 1.0
+MAX_SLEEP_S = 0.25
+
+
+def build_engine(config: ServeConfig) -> tuple[DecodeEngine, float]:
+    """Load the codec and warm it on every hot window shape. Returns (engine, warm-up s)."""
+    cfg = config.codec
+    device = torch.device(config.device)
+    if device.type == "cuda":
+        # The decoder stays FP32: no TF32 rounding in its convolutions (this process only).
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+    else:
+        retain_freed_memory()
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+    engine = DecodeEngine.for_config(WindowDecoder(load_snac(cfg.model, "cpu")), cfg, device)
+    return engine, engine.warmup()
+
+
+def run(config: ServeConfig, layout: InstanceLayout) -> None:
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    cfg = config.codec
+    t0 = time.monotonic()
+    engine, warm_s = build_engine(config)
+    reader = RingReader(
+        layout.code_ring, spin_us=config.shm.spin_us, recheck_ms=config.shm.recheck_ms
+    )
+    writers = [
+        RingWriter(layout.pcm_ring(i), recheck_ms=config.shm.recheck_ms)
+        for i in range(layout.gateways)
+    ]
+    sink = RingSink(writers, cfg.pcm_stall_timeout_s)
+    service = CodecService(cfg, engine, sink, layout.gateways)
+    orch = zmq.Context.instance().socket(zmq.PUSH)
+    orch.setsockopt(zmq.LINGER, 0)
+    orch.connect(layout.orch)
+    pid = os.getpid()
+    detail = (
+        f"SNAC on {config.device}, compile={cfg.compile}, warm-up {warm_s:.1f}s, "
+        f"loaded in {time.monotonic() - t0:.1f}s"
+    )
+    orch.send(control_encoder.encode(WorkerReady(ROLE, pid, detail)))
+    log.info("codec worker ready: %s", detail)
+    try:
+        next_beat = 0.0
+        while not stop.is_set():
+            records = reader.poll()
+            if records:
+                service.ingest(records)
+                reader.release()
+            service.pump()
+            now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + HEARTBEAT_S
+                orch.send(control_encoder.encode(Heartbeat(ROLE, pid, len(service.streams))))
+                _observe_rings(reader, sink, layout)
+            if service.busy or reader.has_data():
+                continue
+            sleep = min(service.next_wakeup_s(now), next_beat - now, MAX_SLEEP_S)
+            if sleep > 0:
+                reader.wait(sleep)
+        service.drain()
+    finally:
+        orch.close(linger=0)
+        reader.close()
+        for w in writers:
+            w.close()
+        log.info("codec worker stopped")
+
+
+def _observe_rings(reader: RingReader, sink: RingSink, layout: InstanceLayout) -> None:
+    metrics.RING_OCCUPANCY.labels("codes").set(reader.used_bytes() / reader.capacity)
+    for i, occupancy in enumerate(sink.occupancy()):
+        metrics.RING_OCCUPANCY.labels(f"pcm-{i}").set(occupancy)

@@ -1,0 +1,39 @@
+"""Audio quality check that needs no trained weights: streamed chunks against one offline
+decode of the same codes (DESIGN.md). Clicks and disagreements at seams show up as error
+energy; the result is the error's energy relative to the signal's, in dB (lower is better)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def error_db(streamed: np.ndarray, offline: np.ndarray) -> float:
+    """``10 log10(|streamed - offline|^2 / |offline|^2)`` over equal-length sample arrays."""
+    a = np.asarray(streamed, dtype=np.float64)
+    b = np.asarray(offline, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"streamed {a.shape} and offline {b.shape} audio differ in length")
+    signal = float(np.sum(b * b))
+    error = float(np.sum((a - b) ** 2))
+    if signal == 0.0:
+        return -math.inf if error == 0.0 else math.inf
+    return -math.inf if error == 0.0 else 10.0 * math.log10(error / signal)
+
+
+def seam_error_db(
+    streamed: np.ndarray, offline: np.ndarray, seams: list[int], radius: int = 256
+) -> float:
+    """``error_db`` restricted to ``radius`` samples either side of each seam (sample index)."""
+    n = len(offline)
+    idx = (
+        np.unique(
+            np.concatenate([np.arange(max(0, s - radius), min(n, s + radius)) for s in seams])
+        )
+        if seams
+        else np.arange(0)
+    )
+    if idx.size == 0:
+        return math.nan
+    return error_db(np.asarray(streamed)[idx], np.asarray(offline)[idx])
