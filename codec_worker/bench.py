@@ -40,7 +40,7 @@ from codec_worker.decoder import WindowDecoder, WindowKey
 from codec_worker.engine import PCM_SCALE, DecodeEngine
 from codec_worker.host_memory import retain_freed_memory
 from codec_worker.levels import frames_to_levels
-from codec_worker.noise import stream_seed
+from codec_worker.noise import decode_seed
 from codec_worker.output import CollectingSink
 from codec_worker.policy import WindowPolicy
 from codec_worker.quality import error_db
@@ -152,7 +152,8 @@ def seam_quality(
     """Each approach's streamed audio against one offline decode of the same codes, in dB."""
     n_streams, n, _ = codes.shape
     frames = torch.from_numpy(codes.astype(np.int64)).to(device)
-    seeds = torch.tensor([stream_seed(noise_seed, s + 1) for s in range(n_streams)], device=device)
+    # The worker gives every stream the same position-keyed noise (noise.decode_seed).
+    seeds = torch.full((n_streams,), decode_seed(noise_seed), dtype=torch.int64, device=device)
     with torch.inference_mode():
         offline = _to_pcm(decoder.decode_offline(frames, seeds))
         emitted = reference_emitted_frames(n)
@@ -206,7 +207,7 @@ def policy_sweep(
     one-frame hop: the worst case for seams and for redundant compute)."""
     n_streams, n, _ = codes.shape
     frames = torch.from_numpy(codes.astype(np.int64)).to(device)
-    seeds = torch.tensor([stream_seed(cfg.noise_seed, s + 1) for s in range(n_streams)])
+    seeds = torch.full((n_streams,), decode_seed(cfg.noise_seed), dtype=torch.int64)
     with torch.inference_mode():
         offline = _to_pcm(decoder.decode_offline(frames, seeds.to(device)))
     rows = []

@@ -10,12 +10,15 @@ constraint, and says so.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from llm_worker.config import LLMConfig
 from llm_worker.worker import SamplingHooks
+from shm.ring import segment_path
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +87,10 @@ def setup_sampling(config: LLMConfig, board_name: str) -> SamplingSetup:
     board = None
     slots = None
     if config.constrain_audio_tokens:
+        # This worker is the board's only owner: a predecessor killed with -9 (which the
+        # orchestrator then restarted) could not unlink it.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(segment_path(board_name))
         board = PreventedBoard.create(board_name, slots=config.max_num_seqs + BOARD_SPARE_SLOTS)
         slots = CounterSlots(board)
     plan = SamplingPlan.for_config(config, runner, board=board.name if board else None)

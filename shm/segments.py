@@ -6,6 +6,7 @@ and at start removes those of instances whose orchestrator is dead (``orpheus-<p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -37,9 +38,13 @@ def create_instance(layout: InstanceLayout, cfg: ShmConfig) -> None:
 
 
 def destroy_instance(layout: InstanceLayout) -> None:
-    """Unlink every segment and remove the socket directory. Idempotent."""
+    """Unlink every segment of the instance (the rings, and any other segment a worker made
+    under the instance prefix) and remove the socket directory. Idempotent."""
     for ep in layout.all_rings():
         unlink_ring(ep)
+    for name in instance_segments(layout.instance):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(SHM_DIR, name))
     shutil.rmtree(layout.socket_dir, ignore_errors=True)
 
 

@@ -64,3 +64,16 @@ def test_live_instances_are_kept() -> None:
         assert os.path.exists(segment_path(lay.code_ring.segment))
     finally:
         destroy_instance(lay)
+
+
+def test_destroy_removes_every_segment_of_the_instance() -> None:
+    """A worker's own segment under the instance prefix (e.g. the llm_worker's counter board,
+    left behind when it was killed with -9) goes with the instance."""
+    run_dir = tempfile.mkdtemp()
+    lay = InstanceLayout.for_pid(os.getpid(), run_dir, gateways=1)
+    create_instance(lay, SMALL)
+    extra = segment_path(f"{lay.instance}-prevented")
+    with open(extra, "wb") as f:
+        f.write(b"\0" * 64)
+    destroy_instance(lay)
+    assert not os.path.exists(extra)
