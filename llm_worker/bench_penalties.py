@@ -1,25 +1,27 @@
 """``orpheus-serve bench penalties [--json FILE]``: engine step time with each sampling path.
 
-One in-process vLLM engine (the tiny Orpheus model on the CPU build) with our logits
-processors registered serves every variant, so the variants differ only in their
-requests' sampling arguments. Each round runs, for each concurrency level, the variants
-one after another in a rotated order, each on the same prompts and seeds:
+Variants, each on the same prompts and seeds (tiny Orpheus model, CPU build):
 
 - ``none``: repetition penalty 1.0, no constraint (the baseline);
 - ``upstream``: repetition penalty 1.1 through vLLM's own (list-based, V1) path;
 - ``ours``: repetition penalty 1.1 through :class:`~llm_worker.sampling.penalty.TensorRepetitionPenalty`;
 - ``constraint``: no penalty, the audio-token constraint with prevented-token counting on.
 
-A batch is ``streams`` requests decoding ``--tokens`` tokens each (ignore_eos). The step
+Each variant has its own in-process vLLM engine (identical configuration, our processors
+registered in all, so the variants differ only in their requests' sampling arguments),
+and the engines are stepped in lockstep: one decode step of each variant, in an order
+rotated every step, then the next. Alternating at step granularity puts every variant
+under the same load from the machine's other tenants, which on a shared machine moves a
+single run's time by ±20% within minutes.
+
+A batch is ``streams`` requests decoding ``--tokens`` tokens each (ignore_eos). A step's
 cost is the process CPU time of ``LLMEngine.step()`` (schedule, forward, sample, output
-processing: all of it runs on this process's CPU in the CPU build), over the decode steps
-after ``--skip`` warm steps; wall time is recorded too, but on a shared machine it mostly
-measures the neighbours. Reported: per variant, the minimum over rounds of each run's
-median step (interference only adds time), and ratios to ``none``; every run's median is
-in the JSON. The sampler defaults to
-temperature 0.6 with top_p 1.0: the CPU build's top-p sorts the whole vocabulary, a cost
-the GPU sampler does not have, which would hide the penalty's cost (``--top-p 0.8`` runs
-the voices' default).
+processing; in the CPU build all of it runs on this process's CPU). Steps after the
+``--skip`` first decode steps count. Reported per variant: the median step, and the
+median over lockstep cycles of the paired ratio to ``none`` (each ratio compares steps
+taken back to back). The sampler defaults to temperature 0.6 with top_p 1.0: the CPU
+build's top-p sorts the whole vocabulary, a cost the GPU sampler does not have, which
+would hide the penalty's cost (``--top-p 0.8`` runs the voices' default).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ TEXTS = (
     "Voice assistants read messages, answer questions and tell stories.",
     "The river flows quietly through the valley, past farms and small villages.",
 )
+KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 64 * 4  # tiny model: layers * (K, V) * kv heads * dim * fp32
 
 
 def _machine() -> dict[str, Any]:
@@ -71,7 +74,7 @@ def _commit() -> str | None:
 
 class Bench:
     def __init__(self, args: argparse.Namespace, model: str) -> None:
-        # In-process engine core: step() then runs one whole engine step on this thread.
+        # In-process engine cores: step() runs one whole engine step on this thread.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import EngineArgs, LLMEngine
 
@@ -81,21 +84,21 @@ class Bench:
 
         self.args = args
         self.board = PreventedBoard.create(f"orpheus-{os.getpid()}-bench-prevented", 1)
-        runner = detect_model_runner()
-        self.plan = SamplingPlan.for_config(LLMConfig(), runner, board=self.board.name)
-        max_streams = max(args.streams)
-        self.engine = LLMEngine.from_engine_args(
-            EngineArgs(
-                model=model,
-                dtype=args.dtype,
-                max_model_len=512,
-                max_num_seqs=max_streams,
-                kv_cache_memory_bytes=max_streams * 512 * 2 * 2 * 2 * 64 * 4,
-                enforce_eager=True,
-                seed=0,
-                logits_processors=self.plan.logits_processors(),
-            )
+        self.plan = SamplingPlan.for_config(
+            LLMConfig(), detect_model_runner(), board=self.board.name
         )
+        n = max(args.streams)
+        engine_args = EngineArgs(
+            model=model,
+            dtype=args.dtype,
+            max_model_len=512,
+            max_num_seqs=n,
+            kv_cache_memory_bytes=n * 512 * KV_BYTES_PER_TOKEN,
+            enforce_eager=True,
+            seed=0,
+            logits_processors=self.plan.logits_processors(),
+        )
+        self.engines = {v: LLMEngine.from_engine_args(engine_args) for v in VARIANTS}
         builder = PromptBuilder.from_pretrained(model)
         self.prompts = builder.build_many("tara", [TEXTS[i % len(TEXTS)] for i in range(256)])
         self._next_id = 0
@@ -123,22 +126,25 @@ class Bench:
             **kw,
         )
 
-    def run(self, variant: str, streams: int, tokens: int | None = None) -> tuple[float, float]:
-        """One batch: median (CPU ms, wall ms) per decode step after the warm ones."""
-        tokens = tokens or self.args.tokens
-        for i in range(streams):
-            self._next_id += 1
-            prompt = {"prompt_token_ids": self.prompts[i % len(self.prompts)]}
-            self.engine.add_request(str(self._next_id), prompt, self.params(variant, i, tokens))
-        cpu: list[float] = []
-        wall: list[float] = []
-        while self.engine.has_unfinished_requests():
-            c0, w0 = time.process_time(), time.perf_counter()
-            self.engine.step()
-            cpu.append(time.process_time() - c0)
-            wall.append(time.perf_counter() - w0)
-        window = slice(min(1 + self.args.skip, tokens - 1), tokens)
-        return statistics.median(cpu[window]) * 1e3, statistics.median(wall[window]) * 1e3
+    def run(self, streams: int, tokens: int) -> dict[str, list[float]]:
+        """One batch per variant, stepped in lockstep: CPU ms of each counted step."""
+        for v, engine in self.engines.items():
+            for i in range(streams):
+                self._next_id += 1
+                prompt = {"prompt_token_ids": self.prompts[i % len(self.prompts)]}
+                engine.add_request(str(self._next_id), prompt, self.params(v, i, tokens))
+        cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        for step in range(tokens):  # the prefill step samples the first token
+            k = step % len(VARIANTS)
+            for v in VARIANTS[k:] + VARIANTS[:k]:
+                c0 = time.process_time()
+                self.engines[v].step()
+                cpu[v].append((time.process_time() - c0) * 1e3)
+        for engine in self.engines.values():
+            while engine.has_unfinished_requests():  # nothing left in steady state
+                engine.step()
+        first = min(1 + self.args.skip, tokens - 1)
+        return {v: times[first:] for v, times in cpu.items()}
 
     def close(self) -> None:
         self.board.close()
@@ -147,16 +153,15 @@ class Bench:
 def bench(args: argparse.Namespace, model: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     b = Bench(args, model)
     try:
-        for n in args.streams:  # warm-up: one short batch per level and variant, not measured
-            for v in VARIANTS:
-                b.run(v, n, tokens=4)
-        runs: dict[tuple[int, str], list[tuple[float, float]]] = {}
-        for r in range(args.rounds):
+        for n in args.streams:  # warm-up: one short batch per level, not counted
+            b.run(n, 4)
+        steps: dict[int, dict[str, list[float]]] = {
+            n: {v: [] for v in VARIANTS} for n in args.streams
+        }
+        for _ in range(args.rounds):
             for n in args.streams:
-                k = r % len(VARIANTS)
-                for v in VARIANTS[k:] + VARIANTS[:k]:
-                    runs.setdefault((n, v), []).append(b.run(v, n))
-        prevented = b.board.total()
+                for v, times in b.run(n, args.tokens).items():
+                    steps[n][v].extend(times)
         config = {
             "model": "tiny Orpheus-vocabulary Llama (llm_worker.tiny_model), random weights",
             "runner": b.plan.runner.value,
@@ -169,30 +174,32 @@ def bench(args: argparse.Namespace, model: str) -> tuple[list[dict[str, Any]], d
             "skipped_steps": args.skip,
             "rounds": args.rounds,
             "prompt_tokens": [len(p) for p in b.prompts[:8]],
-            "step_time": "process CPU ms per engine step: min over rounds of the run medians",
-            "prevented_tokens_in_constraint_runs": prevented,
+            "step_time": "process CPU ms of LLMEngine.step(); variants stepped in lockstep",
+            "prevented_tokens_in_constraint_runs": b.board.total(),
         }
     finally:
         b.close()
     results = []
     for n in args.streams:
-        # Interference from other processes only ever adds time: the least disturbed run
-        # is the best estimate of a variant's own cost.
-        cpu = {v: min(c for c, _ in runs[n, v]) for v in VARIANTS}
-        wall = {v: min(w for _, w in runs[n, v]) for v in VARIANTS}
+        s = steps[n]
+        med = {v: statistics.median(s[v]) for v in VARIANTS}
+
+        def paired(v: str, s: dict[str, list[float]] = s) -> float:
+            return statistics.median(x / y for x, y in zip(s[v], s["none"], strict=True))
+
         results.append(
             {
                 "streams": n,
-                "step_ms_no_penalty": cpu["none"],
-                "step_ms_upstream_penalty": cpu["upstream"],
-                "step_ms_our_penalty": cpu["ours"],
-                "upstream_penalty_overhead_ratio": cpu["upstream"] / cpu["none"],
-                "our_penalty_overhead_ratio": cpu["ours"] / cpu["none"],
-                "step_ms_no_constraint": cpu["none"],
-                "step_ms_constraint": cpu["constraint"],
-                "constraint_overhead_ratio": cpu["constraint"] / cpu["none"],
-                **{f"step_wall_ms_{v}": wall[v] for v in VARIANTS},
-                "runs_cpu_ms": {v: [c for c, _ in runs[n, v]] for v in VARIANTS},
+                "steps_counted": len(s["none"]),
+                "step_ms_no_penalty": med["none"],
+                "step_ms_upstream_penalty": med["upstream"],
+                "step_ms_our_penalty": med["ours"],
+                "upstream_penalty_overhead_ratio": paired("upstream"),
+                "our_penalty_overhead_ratio": paired("ours"),
+                "step_ms_no_constraint": med["none"],
+                "step_ms_constraint": med["constraint"],
+                "constraint_overhead_ratio": paired("constraint"),
+                "step_ms_p90": {v: statistics.quantiles(s[v], n=10)[-1] for v in VARIANTS},
             }
         )
     return results, config
@@ -202,7 +209,7 @@ def _print_table(results: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="engine step, CPU ms (best run's median), and ratio to no penalty")
+    table = Table(title="engine step, CPU ms (median), and paired ratio to no penalty")
     cols = ("streams", "none", "upstream", "ours", "upstream/none", "ours/none")
     for col in (*cols, "constraint", "constraint/none"):
         table.add_column(col, justify="right", no_wrap=True)
@@ -229,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         "--model", help="model directory (default: the tiny model, written to a temp dir)"
     )
     p.add_argument("--streams", type=int, nargs="+", default=list(STREAMS))
-    p.add_argument("--tokens", type=int, default=40, help="tokens per stream per batch")
-    p.add_argument("--skip", type=int, default=4, help="decode steps not measured per batch")
-    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=32, help="tokens per stream per batch")
+    p.add_argument("--skip", type=int, default=2, help="decode steps not counted per batch")
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--penalty", type=float, default=1.1)
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--top-p", type=float, default=1.0)

@@ -102,17 +102,19 @@ async def _stream(url: str, max_tokens: int, seed: int, out: Outcome, first: asy
         out.error = f"{type(exc).__name__}: {exc}"
     finally:
         out.finished_at = time.monotonic()
-        first.set()
 
 
 async def _kill_mid_stream(srv: Server, role: str) -> tuple[list[Outcome], float]:
     outs = [Outcome() for _ in range(3)]
     firsts = [asyncio.Event() for _ in outs]
     tasks = [
-        asyncio.create_task(_stream(srv.url, 7 * 600, i, o, f))
+        # 250 frames (21 s of audio) fit the CPU profile's 2048-token context.
+        asyncio.create_task(_stream(srv.url, 7 * 250, i, o, f))
         for i, (o, f) in enumerate(zip(outs, firsts, strict=True))
     ]
-    await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), 120)
+    # Kill only once every stream is really streaming (has audio).
+    await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), 180)
+    assert all(o.status == 200 and o.audio > 0 for o in outs), [o.status for o in outs]
     os.kill(_child_pid(srv.proc.pid, role), signal.SIGKILL)
     killed_at = time.monotonic()
     await asyncio.wait_for(asyncio.gather(*tasks), 180)
@@ -126,9 +128,9 @@ def test_kill_worker_mid_stream_fails_streams_then_recovers(server: Server, role
     for o in outs:
         # The streams had started (200 and audio) and then ended early instead of hanging:
         # the gateway ends the chunked body without its terminating chunk (an error the
-        # client sees), well before the 600-frame utterance could have finished.
+        # client sees), well before the 250-frame utterance could have finished.
         assert o.status == 200 and o.audio > 0
-        assert o.audio < 600 * 2048 * 2, "a killed worker cannot have produced every frame"
+        assert o.audio < 250 * 2048 * 2, "a killed worker cannot have produced every frame"
         assert o.finished_at is not None and o.finished_at - killed_at < 30, (
             f"streams held by the killed {role} worker ended within 30 s, not hung"
         )
@@ -166,7 +168,7 @@ def test_sigterm_under_load_drains_active_streams(server: Server) -> None:
             asyncio.create_task(_stream(server.url, 7 * 24, i, o, f))
             for i, (o, f) in enumerate(zip(outs, firsts, strict=True))
         ]
-        await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), 120)
+        await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), 180)
         server.proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.5)
         late = Outcome()

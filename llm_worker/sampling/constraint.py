@@ -57,10 +57,10 @@ def counter_index(args: RequestArgs, tally: DeviceTally) -> int:
     if not tally.attach(args.board):
         log.warning("request names board %s, another is attached: counted in its sink", args.board)
         return SINK
+    if not tally.attached:
+        return SINK  # a tensor-parallel rank that does not count
     if args.slot > tally.slots:
-        log.warning(
-            "counter slot %d beyond the board's %d: counted in the sink", args.slot, tally.slots
-        )
+        log.warning("counter slot %d beyond the board's %d: in the sink", args.slot, tally.slots)
         return SINK
     return args.slot
 
@@ -121,8 +121,12 @@ class AudioTokenConstraint(LogitsProcessor):
             self.eos_stops.np[row] = False
             self.counter.np[row] = SINK
             return False
-        if prompt is not None and prompt[-1] != T.START_OF_SPEECH:
-            raise ValueError("a constrained request's prompt must end with start-of-speech")
+        if not prompt or prompt[-1] != T.START_OF_SPEECH:
+            # Raising here would fail the whole engine step: leave this request alone.
+            log.error("constrained request's prompt does not end with start-of-speech: ignored")
+            self.eos_stops.np[row] = False
+            self.counter.np[row] = SINK
+            return False
         self.eos_stops.np[row] = end_of_speech_stops(params)
         self.counter.np[row] = counter_index(args, self.tally)
         return True

@@ -14,8 +14,7 @@ segment, the *board*: a header and ``1 + slots`` cumulative int64 counters.
   is handed out again only after every other free slot has been.
 
 The engine side (:class:`DeviceTally`) adds each step's flags with one ``index_add_``.
-One engine writes a board (with tensor parallelism every rank samples the same tokens;
-on the CPU build each would add its counts, so give such a deployment one board per rank).
+Under tensor parallelism every rank samples the same tokens; only the first rank writes.
 On the CPU build the tally *is* the board (zero copies, exact at the moment the step's
 tokens leave the sampler). On CUDA the tally lives on the device and is mirrored to the
 board through a pinned buffer without blocking the host, so the board lags the device by
@@ -160,9 +159,15 @@ class DeviceTally:
         return self.board.slots if self.board is not None else 0
 
     def attach(self, name: str) -> bool:
-        """Attach to the named board; False if a different board is already attached."""
+        """Attach to the named board; False if a different board is already attached.
+
+        On any tensor-parallel rank but the first this does nothing and returns True: the
+        first rank counts the same tokens.
+        """
         if self.board is not None:
             return self.board.name == name
+        if not _first_tp_rank():
+            return True
         board = PreventedBoard.attach(name)
         self.board = board
         host = torch.from_numpy(board.counts)
@@ -201,3 +206,11 @@ class DeviceTally:
             self._cum = None
             self.board.close()
             self.board = None
+
+
+def _first_tp_rank() -> bool:
+    from vllm.distributed import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return True
+    return parallel_state.get_tensor_model_parallel_rank() == 0

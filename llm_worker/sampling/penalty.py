@@ -26,6 +26,7 @@ vLLM's own ``repetition_penalty=1.0``, so vLLM skips its list path.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,6 +40,8 @@ from llm_worker.sampling.staging import Staged
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+
+log = logging.getLogger(__name__)
 
 
 class TensorRepetitionPenalty(LogitsProcessor):
@@ -102,12 +105,14 @@ class TensorRepetitionPenalty(LogitsProcessor):
         self, row: int, params: SamplingParams, prompt: list[int] | None, out: list[int]
     ) -> bool:
         args = RequestArgs.of(params)
+        if args is not None and args.penalised and not prompt:
+            # Raising here would fail the whole engine step: leave this request alone.
+            log.error("tensor repetition penalty needs the prompt's token ids: not applied")
+            args = None
         if args is None or not args.penalised:
             self.penalty.np[row] = 1.0
             self.recip.np[row] = 1.0
             return False
-        if not prompt:
-            raise ValueError("the tensor repetition penalty needs the prompt's token ids")
         p = np.float32(args.repetition_penalty)
         self.penalty.np[row] = p
         self.recip.np[row] = np.float32(1.0) / p
