@@ -87,7 +87,8 @@ ls "$DL"/orpheus_serve-*.whl >/dev/null
 echo "== checking requirements: every carried wheel's needs are carried or on the device"
 # The device's package list (KINDS.md, 'Python packages already there'), one name a line.
 DEVLIST=$WHL/device_packages.txt
-KINDS=/work/.library/device/KINDS.md
+# The device tool's KINDS.md, next to the checkout (override with KINDS_MD=...).
+KINDS=${KINDS_MD:-../.library/device/KINDS.md}
 if [[ -r $KINDS ]]; then
   sed -n 's/.*Packages: //p' "$KINDS" | head -1 | sed 's/\.$//' | tr ',' '\n' \
     | sed 's/^ *//; /^$/d' >"$DEVLIST"
