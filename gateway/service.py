@@ -37,6 +37,7 @@ from shm.records import SAMPLE_RATE, StreamError
 from shm.ring import RingReader
 
 log = logging.getLogger(__name__)
+stream_log = logging.getLogger("orpheus.streams")
 
 WATCHDOG_PERIOD_S = 0.25
 BYTES_PER_SECOND = SAMPLE_RATE * 2
@@ -385,11 +386,24 @@ class Gateway:
         self.registry.release(
             stream, "client_disconnected" if outcome in ("cancelled", "ok") else outcome
         )
-        if outcome == "ok" and stream.bytes_received:
-            self.metrics.rtf_by_api[session.api].observe(
-                (self.loop.time() - session.started_at) / session.audio_seconds
-            )
+        elapsed = self.loop.time() - session.started_at
+        audio_s = session.audio_seconds
+        rtf = elapsed / audio_s if audio_s else None
+        if outcome == "ok" and rtf is not None:
+            self.metrics.rtf_by_api[session.api].observe(rtf)
         self.metrics.count_request(session.api, outcome)
+        ttfb = session.first_byte_at - session.started_at if session.first_byte_at else None
+        # One line per stream at its end (JSON lines carry the fields as keys).
+        fields = {
+            "stream_id": f"{stream.stream_id:#x}", "api": session.api, "outcome": outcome,
+            "ttfb_s": None if ttfb is None else round(ttfb, 4),
+            "rtf": None if rtf is None else round(rtf, 4), "audio_s": round(audio_s, 3),
+            "bytes_sent": session.bytes_sent, "text_chars": session.text_chars,
+        }  # fmt: skip
+        stream_log.info(
+            "stream %s %s: ttfb %s s, rtf %s, audio %.2f s", fields["stream_id"], outcome,
+            fields["ttfb_s"], fields["rtf"], audio_s, extra={"fields": fields},
+        )  # fmt: skip
         self._sessions.discard(session)
         self.metrics.active.dec()
         self.admission.release()

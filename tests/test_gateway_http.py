@@ -7,6 +7,7 @@ import asyncio
 import base64
 import io
 import json
+import logging
 import socket
 
 import aiohttp
@@ -424,3 +425,19 @@ async def test_stalled_client_is_dropped_by_the_watchdog(layout: InstanceLayout)
 def test_pcm_fixture_is_a_tone() -> None:
     x = np.frombuffer(expected_pcm(2), dtype="<i2")
     assert x.max() > 7000 and len(x) == 4096
+
+
+async def test_one_log_line_per_stream_at_its_end(
+    layout: InstanceLayout, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="orpheus.streams")
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        async with s.post(f"{h.url}/v1/audio/speech", json=body(response_format="pcm")) as r:
+            assert r.status == 200
+            await r.read()
+        await asyncio.sleep(0.05)
+    (line,) = [rec for rec in caplog.records if rec.name == "orpheus.streams"]
+    f = line.fields  # type: ignore[attr-defined]
+    assert f["outcome"] == "ok" and f["api"] == "http"
+    assert f["audio_s"] == round(FRAMES * 2048 / 24000, 3)
+    assert f["ttfb_s"] is not None and f["ttfb_s"] >= 0 and f["rtf"] is not None
