@@ -26,6 +26,7 @@ from codec_worker.output import RingSink
 from codec_worker.service import CodecService
 from codec_worker.snac_model import load_snac
 from orchestrator.config import ServeConfig
+from orchestrator.heap import settle as settle_heap
 from shm.layout import InstanceLayout
 from shm.messages import Heartbeat, WorkerReady, control_encoder
 from shm.ring import RingReader, RingWriter
@@ -82,6 +83,7 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
         f"SNAC on {config.device}, compile={cfg.compile}, warm-up {warm_s:.1f}s, "
         f"loaded in {time.monotonic() - t0:.1f}s"
     )
+    settle_heap()  # start-up is over: keep the collector off the model and the imports
     orch.send(control_encoder.encode(WorkerReady(ROLE, pid, detail)))
     log.info("codec worker ready: %s", detail)
     try:

@@ -114,6 +114,43 @@ def _versions() -> dict[str, str]:
             "pyzmq": zmq.__version__, "git_commit": commit}  # fmt: skip
 
 
+def _steal_ticks() -> dict[int, tuple[int, int]]:
+    """Per CPU: (all ticks, steal ticks) from /proc/stat. Steal is time the hypervisor gave
+    this virtual CPU to someone else: the process that had it simply stood still."""
+    out: dict[int, tuple[int, int]] = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *fields = line.split()
+            if name.startswith("cpu") and name != "cpu":
+                ticks = [int(x) for x in fields]
+                out[int(name[3:])] = (sum(ticks[:8]), ticks[7] if len(ticks) > 7 else 0)
+    return out
+
+
+def _steal_pct(
+    before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]], cores: set[int] | None
+) -> float:
+    cpus = sorted(cores) if cores else sorted(after)
+    total = sum(after[c][0] - before[c][0] for c in cpus if c in before)
+    steal = sum(after[c][1] - before[c][1] for c in cpus if c in before)
+    return round(100 * steal / total, 1) if total else 0.0
+
+
+def _pin(pid: int, cores: set[int] | None) -> None:
+    """Restrict ``pid`` to ``cores`` (None: leave it where the kernel puts it)."""
+    if cores:
+        os.sched_setaffinity(pid, cores)
+
+
+def _split_cores(gateway_cores: int) -> tuple[set[int] | None, set[int] | None]:
+    """The gateway's cores and everyone else's: the gateway gets ``gateway_cores`` of its own,
+    as in production, where the load generator does not share its core."""
+    cores = sorted(os.sched_getaffinity(0))
+    if gateway_cores <= 0 or gateway_cores >= len(cores):
+        return None, None
+    return set(cores[-gateway_cores:]), set(cores[:-gateway_cores])
+
+
 def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if values.size else float("nan")
 
@@ -126,6 +163,8 @@ def _run_level(
     args: argparse.Namespace,
     gw_pid: int,
     src_pid: int,
+    gateway_cores: set[int] | None,
+    others_cores: set[int] | None,
 ) -> dict[str, Any]:
     body = json.dumps({
         "model": "tts-1", "input": "bench", "voice": "tara", "response_format": "pcm",
@@ -137,6 +176,8 @@ def _run_level(
         parent, child = ctx.Pipe()
         p = ctx.Process(target=client_main, args=(child,), daemon=True)
         p.start()
+        assert p.pid is not None
+        _pin(p.pid, others_cores)
         pipes.append(parent)
         clients.append(p)
     for c in pipes:
@@ -155,7 +196,9 @@ def _run_level(
     t0 = time.monotonic()
     gw0, src0 = _cpu_s(gw_pid), _cpu_s(src_pid)
     cl0 = sum(_cpu_s(p.pid) for p in clients if p.pid)
+    steal0 = _steal_ticks()
     time.sleep(max(0.0, (end - time.monotonic_ns()) / 1e9))
+    steal1 = _steal_ticks()
     window = time.monotonic() - t0
     gw_cpu, src_cpu = _cpu_s(gw_pid) - gw0, _cpu_s(src_pid) - src0
     cl_cpu = sum(_cpu_s(p.pid) for p in clients if p.pid) - cl0
@@ -187,6 +230,8 @@ def _run_level(
         "gateway_cpu_pct": round(100 * gw_cpu / window, 1),
         "source_cpu_pct": round(100 * src_cpu / window, 1),
         "clients_cpu_pct": round(100 * cl_cpu / window, 1),
+        "steal_pct_gateway_cores": _steal_pct(steal0, steal1, gateway_cores),
+        "steal_pct_all_cores": _steal_pct(steal0, steal1, None),
         "ttfb_p50_ms": round(_pct(ttfb, 50), 2),
         "ttfb_p99_ms": round(_pct(ttfb, 99), 2),
         "requests_completed": sum(r.requests for r in results),
@@ -204,7 +249,7 @@ def _print_table(levels: list[dict[str, Any]]) -> None:
 
     t = Table(title="bench gateway: one gateway process, synthetic real-time PCM, loopback HTTP")
     for col in ("streams", "audio s/s", "p50 lag ms", "p99 lag ms", "max lag ms",
-                "gw CPU ms / stream-s", "gw CPU %", "source %", "clients %", "errors",
+                "gw CPU ms / stream-s", "gw CPU %", "source %", "clients %", "steal %", "errors",
                 f"p99 < {TARGET_P99_LAG_MS:g} ms"):  # fmt: skip
         t.add_column(col, justify="right")
     for lv in levels:
@@ -213,7 +258,8 @@ def _print_table(levels: list[dict[str, Any]]) -> None:
             f"{lv['p99_lag_ms']:.2f}", f"{lv['max_lag_ms']:.1f}",
             f"{lv['cpu_ms_per_stream_s']:.3f}" if lv["cpu_ms_per_stream_s"] is not None else "-",
             f"{lv['gateway_cpu_pct']:.0f}", f"{lv['source_cpu_pct']:.0f}",
-            f"{lv['clients_cpu_pct']:.0f}", str(lv["errors"]),
+            f"{lv['clients_cpu_pct']:.0f}", f"{lv['steal_pct_gateway_cores']:.1f}",
+            str(lv["errors"]),
             "yes" if lv["meets_target"] else "NO",
         )  # fmt: skip
     Console(width=max(132, shutil.get_terminal_size().columns)).print(t)
@@ -228,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=2.0, help="seconds after the ramp, unmeasured")
     ap.add_argument("--audio-seconds", type=float, default=5.0, help="audio per request")
     ap.add_argument("--client-procs", type=int, default=2, help="client processes")
+    ap.add_argument(
+        "--gateway-cores", type=int, default=1,
+        help="cores reserved for the gateway process, the source and clients run on the others "
+        "(0: no pinning; ignored when the machine has too few cores)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
 
@@ -265,10 +316,25 @@ def main(argv: list[str] | None = None) -> int:
             if orch.poll(200) and isinstance(orchestrator_decoder.decode(orch.recv()), WorkerReady):
                 break
         assert gateway.pid is not None and source.pid is not None
+        gateway_cores, others_cores = _split_cores(args.gateway_cores)
+        _pin(gateway.pid, gateway_cores)
+        _pin(source.pid, others_cores)
+        machine["gateway_cores"] = sorted(gateway_cores) if gateway_cores else "any"
+        machine["load_generator_cores"] = sorted(others_cores) if others_cores else "any"
         for n in levels:
             print(f"level {n} streams ...", file=sys.stderr, flush=True)
             results.append(
-                _run_level(ctx, port, n, args.client_procs, args, gateway.pid, source.pid)
+                _run_level(
+                    ctx,
+                    port,
+                    n,
+                    args.client_procs,
+                    args,
+                    gateway.pid,
+                    source.pid,
+                    gateway_cores,
+                    others_cores,
+                )
             )
     finally:
         if gateway.pid is not None and gateway.is_alive():
@@ -299,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             "warmup_s": args.warmup,
             "audio_seconds_per_request": args.audio_seconds,
             "client_procs": args.client_procs,
+            "gateway_cores": args.gateway_cores,
             "chunk_bytes": CHUNK_BYTES,
         },
         "target": {"streams": 1000, "p99_lag_ms": TARGET_P99_LAG_MS},
@@ -307,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
             "of the run (gateway, source or clients) did not get the CPU it needed",
             "projected_streams_per_core = 1 / (gateway CPU seconds per stream-second): how many "
             "real-time streams one dedicated core could carry at the measured cost",
+            "steal_pct_*: share of the window the hypervisor took the (virtual) cores away; on a "
+            "VM it comes in bursts of tens of ms that stall the event loop and show up as lag",
         ],
         "levels": results,
     }

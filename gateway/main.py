@@ -28,6 +28,7 @@ from gateway.service import Gateway
 from gateway.zmq_protocol import endpoint_for
 from gateway.zmq_server import ZmqFrontend
 from orchestrator.config import ServeConfig
+from orchestrator.heap import settle as settle_heap
 from shm.layout import InstanceLayout
 from shm.messages import Heartbeat, WorkerReady, control_encoder
 
@@ -123,6 +124,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None
     # one every 0.5 s) so that the first request is not refused for want of it.
     if not await gateway.cluster.wait_first(FIRST_STATUS_TIMEOUT_S):
         log.warning("no ClusterStatus after %.0f s; reporting ready anyway", FIRST_STATUS_TIMEOUT_S)
+    settle_heap()  # start-up is over: keep the collector off the app and the imports
     tell(WorkerReady(role=role, pid=pid, detail=f"http://{g.host}:{g.port}"))
     log.info("%s listening on %s:%d (pid %d)", role, g.host, g.port, pid)
 

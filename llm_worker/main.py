@@ -42,6 +42,7 @@ from llm_worker.prompt import PromptBuilder
 from llm_worker.sampling_setup import SamplingSetup, setup_sampling
 from llm_worker.worker import LLMWorker
 from orchestrator.config import ServeConfig
+from orchestrator.heap import settle as settle_heap
 from shm.layout import InstanceLayout
 from shm.messages import Heartbeat, WorkerReady, control_decoder, control_encoder
 from shm.ring import RingWriter
@@ -133,6 +134,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
             f"{engine_info.describe()}; warm-up {warm_s:.1f}s; "
             f"ready in {time.monotonic() - t0:.1f}s"
         )
+        settle_heap()  # start-up is over: keep the collector off the engine and the imports
         await orch.send(control_encoder.encode(WorkerReady(ROLE, os.getpid(), detail)))
         log.info("llm worker ready: %s", detail)
 
