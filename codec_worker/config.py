@@ -10,7 +10,7 @@ class CodecConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """HF name or local directory (config.json + pytorch_model.bin) of the SNAC 24 kHz codec."""
     context_frames: int = 2
     """Frames before the emitted ones in a window. Chosen by measurement (``orpheus-serve bench
-    codec --sweep``, docs/perf_codec.md): with cropping, context costs almost no compute, and
+    codec --sweep``, docs/performance.md): with cropping, context costs almost no compute, and
     context 2 with lookahead 2 joins chunks at -53 dB against -40 dB for the reference's 1/2."""
     hop_frames: int = 1
     """Smallest hop of a steady window; hops are hop_frames * 2**k up to max_hop_frames."""

@@ -57,11 +57,15 @@ class PcmDecoder(nn.Module):
 
 
 @contextlib.contextmanager
-def nvtx_range(name: str, enabled: bool) -> Iterator[None]:
+def nvtx_range(name: str, enabled: bool, profiled: bool = False) -> Iterator[None]:
+    """An NVTX range (for Nsight) when ``enabled``; also a torch-profiler range while a
+    capture runs (``profiled``: the torch profiler does not record NVTX)."""
     if enabled:
         torch.cuda.nvtx.range_push(name)
+    scope = torch.profiler.record_function(name) if profiled else contextlib.nullcontext()
     try:
-        yield
+        with scope:
+            yield
     finally:
         if enabled:
             torch.cuda.nvtx.range_pop()
@@ -102,6 +106,8 @@ class DecodeEngine:
         self.cfg = cfg
         self.device = device
         self.cuda = device.type == "cuda"
+        self.profiling = False
+        """Set while a torch-profiler capture runs (codec_worker.profiling): ranges are recorded."""
         self.decoder = decoder.to(device).eval()
         self.model = PcmDecoder(self.decoder).eval()
         self.buckets = sorted(set(cfg.batch_buckets))
@@ -195,10 +201,10 @@ class DecodeEngine:
     def submit(self, groups: Sequence[tuple[WindowKey, Sequence[DecodeRequest]]]) -> PendingBatch:
         """Stage and launch one batch (asynchronous on CUDA, synchronous on CPU)."""
         t0 = time.perf_counter()
-        nvtx = self.cuda
+        nvtx, prof = self.cuda, self.profiling
         staged: list[tuple[WindowKey, int, int, int, int, int]] = []
         el = row = 0
-        with nvtx_range("codec.gather", nvtx):
+        with nvtx_range("codec.gather", nvtx, prof):
             for key, reqs in groups:
                 n = len(reqs)
                 rows = self._rows_for(key, n)
@@ -226,7 +232,7 @@ class DecodeEngine:
         stream = torch.cuda.stream(self._stream) if self._stream is not None else None
         with torch.inference_mode(), stream or contextlib.nullcontext():
             if self.cuda:
-                with nvtx_range("codec.h2d", nvtx):
+                with nvtx_range("codec.h2d", nvtx, prof):
                     self._codes_dev[:el].copy_(self._codes_host[:el], non_blocking=True)
                     self._meta_dev.copy_(self._meta_host, non_blocking=True)  # 2 x rows int64
                 codes_src, meta_src = self._codes_dev, self._meta_dev
@@ -236,11 +242,11 @@ class DecodeEngine:
                 frames = codes_src[el0 : el0 + size].view(rows, key.frames, FRAME_CODES)
                 seeds = meta_src[0, row0 : row0 + rows]
                 starts = meta_src[1, row0 : row0 + rows]
-                with nvtx_range(f"codec.decode[{rows}x{key.hop}]", nvtx):
+                with nvtx_range(f"codec.decode[{rows}x{key.hop}]", nvtx, prof):
                     pcm = self._run(key, frames, seeds, starts)
                 samples = pcm.shape[1]
                 host = self._pcm_host[pcm_off : pcm_off + n * samples].view(n, samples)
-                with nvtx_range("codec.d2h", nvtx):
+                with nvtx_range("codec.d2h", nvtx, prof):
                     host.copy_(pcm[:n], non_blocking=self.cuda)
                 pcm_out.append(self._pcm_np[pcm_off : pcm_off + n * samples].reshape(n, samples))
                 pcm_off += n * samples

@@ -23,10 +23,12 @@ from codec_worker.decoder import WindowDecoder
 from codec_worker.engine import DecodeEngine
 from codec_worker.host_memory import retain_freed_memory
 from codec_worker.output import RingSink
+from codec_worker.profiling import CodecProfiler
 from codec_worker.service import CodecService
 from codec_worker.snac_model import load_snac
 from orchestrator.config import ServeConfig
 from orchestrator.heap import settle as settle_heap
+from orchestrator.profiling import ProfileTrigger
 from shm.layout import InstanceLayout
 from shm.messages import Heartbeat, WorkerReady, control_encoder
 from shm.ring import RingReader, RingWriter
@@ -83,6 +85,11 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
         f"SNAC on {config.device}, compile={cfg.compile}, warm-up {warm_s:.1f}s, "
         f"loaded in {time.monotonic() - t0:.1f}s"
     )
+    profiler: CodecProfiler | None = None
+    trigger = ProfileTrigger.from_env("codec")
+    if trigger is not None:
+        profiler = CodecProfiler(trigger, engine)
+        log.info("profiling hooks armed: %s", trigger.directory)
     settle_heap()  # start-up is over: keep the collector off the model and the imports
     orch.send(control_encoder.encode(WorkerReady(ROLE, pid, detail)))
     log.info("codec worker ready: %s", detail)
@@ -99,6 +106,10 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
                 next_beat = now + HEARTBEAT_S
                 orch.send(control_encoder.encode(Heartbeat(ROLE, pid, len(service.streams))))
                 _observe_rings(reader, sink, layout)
+                if profiler is not None:
+                    profiler.check_trigger()
+            if profiler is not None and now >= profiler.until:
+                profiler.finish()
             if service.busy or reader.has_data():
                 continue
             sleep = min(service.next_wakeup_s(now), next_beat - now, MAX_SLEEP_S)
@@ -106,6 +117,8 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
                 reader.wait(sleep)
         service.drain()
     finally:
+        if profiler is not None:
+            profiler.finish()
         orch.close(linger=0)
         reader.close()
         for w in writers:

@@ -7,7 +7,9 @@ time-stamped PCM records into the real ring), the gateway (``gateway.main.run``,
 served), and client processes (``gateway.bench_client``) holding N streaming HTTP
 requests on loopback in a closed loop. Per level it reports the delivery lag of every
 chunk (ring write -> last byte at the client; p50/p90/p99/max) and the gateway's CPU time
-per second of streamed audio, measured from /proc over a window after the ramp.
+per second of streamed audio, measured from /proc over a window after the ramp. The gateway
+runs on a core of its own (``--gateway-cores``), the source and the clients on the others,
+and the hypervisor's steal time over the window is reported next to the lag.
 Bounded: each level runs ramp + warm-up + ``--duration`` seconds, then stops.
 """
 
@@ -35,6 +37,7 @@ import numpy as np
 from gateway.bench_client import CHUNK_BYTES, LevelResult, LevelSpec, client_main
 from gateway.config import GatewayConfig
 from orchestrator.config import ServeConfig
+from orchestrator.local_server import free_port
 from shm.config import ShmConfig
 from shm.layout import InstanceLayout
 from shm.messages import WorkerReady, orchestrator_decoder
@@ -70,14 +73,6 @@ def _run_gateway(config: ServeConfig, layout: InstanceLayout) -> None:
     from gateway.main import run
 
     run(config, layout, 0)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _active_streams(port: int) -> int:
@@ -137,7 +132,8 @@ def _steal_pct(
 
 
 def _pin(pid: int, cores: set[int] | None) -> None:
-    """Restrict ``pid`` to ``cores`` (None: leave it where the kernel puts it)."""
+    """Restrict ``pid``'s main thread (the event loop) to ``cores`` (None: leave it be).
+    Threads the process started already (ZeroMQ's I/O thread) keep their affinity."""
     if cores:
         os.sched_setaffinity(pid, cores)
 
@@ -288,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(layout.socket_dir)
     shm = ShmConfig(run_dir=run_dir)
     create_ring(layout.pcm_ring(0), shm.pcm_ring_bytes)
-    port = _free_port()
+    port = free_port()
     config = ServeConfig(
         device="cpu", log_level="WARNING", shm=shm,
         gateway=GatewayConfig(port=port, max_active_streams=max(levels) + 64,

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 
 import msgspec
-from vllm.config import VllmConfig
+from vllm.config import ProfilerConfig, VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
@@ -95,7 +95,12 @@ def cpu_kv_cache_bytes(config: LLMConfig) -> int:
     return max(CPU_KV_CACHE_MIN_BYTES, min(need, CPU_KV_CACHE_MAX_BYTES))
 
 
-def engine_args(config: LLMConfig, device: str, logits_processors: list[type]) -> AsyncEngineArgs:
+def engine_args(
+    config: LLMConfig,
+    device: str,
+    logits_processors: list[type],
+    profiler: ProfilerConfig | None = None,
+) -> AsyncEngineArgs:
     kv_bytes = config.kv_cache_memory_bytes
     if kv_bytes is None and device == "cpu":
         kv_bytes = cpu_kv_cache_bytes(config)
@@ -118,6 +123,7 @@ def engine_args(config: LLMConfig, device: str, logits_processors: list[type]) -
         logits_processors=logits_processors or None,
         disable_log_stats=False,
         enable_log_requests=False,
+        **({"profiler_config": profiler} if profiler is not None else {}),
     )
 
 
@@ -143,11 +149,15 @@ class StepHook(StatLoggerBase):
 
 
 def start_engine(
-    config: LLMConfig, device: str, logits_processors: list[type], on_step: Callable[[], None]
+    config: LLMConfig,
+    device: str,
+    logits_processors: list[type],
+    on_step: Callable[[], None],
+    profiler: ProfilerConfig | None = None,
 ) -> AsyncLLM:
     """Build the engine (blocking: loads the model). Call from the event loop's thread."""
     check_device(device)
-    args = engine_args(config, device, logits_processors)
+    args = engine_args(config, device, logits_processors, profiler)
 
     def hook(vllm_config: VllmConfig, engine_index: int) -> StepHook:
         return StepHook(vllm_config, engine_index, on_step=on_step)

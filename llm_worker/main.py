@@ -38,11 +38,13 @@ from llm_worker import metrics as M
 from llm_worker import tokens as T
 from llm_worker.engine import describe_engine, start_engine
 from llm_worker.model_info import ModelInfo, load_model_info
+from llm_worker.profiling import engine_profiler_config, profile_on_trigger
 from llm_worker.prompt import PromptBuilder
 from llm_worker.sampling_setup import SamplingSetup, setup_sampling
 from llm_worker.worker import LLMWorker
 from orchestrator.config import ServeConfig
 from orchestrator.heap import settle as settle_heap
+from orchestrator.profiling import ProfileTrigger
 from shm.layout import InstanceLayout
 from shm.messages import Heartbeat, WorkerReady, control_decoder, control_encoder
 from shm.ring import RingWriter
@@ -120,7 +122,9 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
             worker.on_step()
 
     try:
-        engine = start_engine(cfg, config.device, sampling.logits_processors, on_step)
+        trigger = ProfileTrigger.from_env("llm")
+        profiler = engine_profiler_config(trigger) if trigger is not None else None
+        engine = start_engine(cfg, config.device, sampling.logits_processors, on_step, profiler)
         sampling.check_runner(engine.vllm_config)
         engine_info = describe_engine(engine, config.device)
         log.info("engine: %s", engine_info.describe())
@@ -143,6 +147,9 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
             asyncio.create_task(_control_loop(control, worker), name="control"),
             asyncio.create_task(_heartbeat_loop(orch, worker, engine, sampling), name="heartbeat"),
         ]
+        if trigger is not None:
+            log.info("profiling hooks armed: %s", trigger.directory)
+            tasks.append(asyncio.create_task(profile_on_trigger(engine, trigger), name="profile"))
         stopped = asyncio.create_task(stop.wait(), name="stop")
         done, _ = await asyncio.wait([*tasks, stopped], return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()

@@ -45,16 +45,11 @@ from loadgen.plot import plot_levels
 from loadgen.report import levels_table, now_iso, write_json
 from loadgen.runner import LevelPlan
 from loadgen.search import SearchResult
-from loadgen.servers import (
-    ServerFailed,
-    ServerProcess,
-    baseline_argv,
-    free_port,
-    orpheus_serve_argv,
-)
+from loadgen.servers import ServerFailed, ServerProcess, baseline_argv, orpheus_serve_argv
 from loadgen.session import LevelSpec, Target, run_levels, search_capacity
 from loadgen.summary import LevelResult, Slo
 from loadgen.texts import Corpus, load_corpus
+from orchestrator.local_server import free_port
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from orchestrator.local_server import NotReady, wait_ready
 
 
 class ServerFailed(RuntimeError):
@@ -54,22 +46,12 @@ class ServerProcess:
 
     def wait_ready(self, timeout_s: float) -> None:
         assert self._proc is not None, "start() first"
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout_s:
-            if self._proc.poll() is not None:
-                raise ServerFailed(
-                    f"{self.name} exited with {self._proc.returncode} before it was ready; "
-                    f"see {self.log_path}:\n{self.log_tail()}"
-                )
-            try:
-                with urllib.request.urlopen(f"{self.url}/ready", timeout=2) as r:
-                    if r.status == 200:
-                        self.ready_after_s = time.monotonic() - t0
-                        return
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.5)
-        raise ServerFailed(f"{self.name} was not ready after {timeout_s:.0f}s; see {self.log_path}")
+        try:
+            self.ready_after_s = wait_ready(self.url, self._proc.poll, timeout_s)
+        except NotReady as e:
+            raise ServerFailed(
+                f"{self.name}: {e}; see {self.log_path}:\n{self.log_tail()}"
+            ) from None
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM (a clean drain), then SIGKILL of the whole group past the timeout."""

@@ -5,45 +5,23 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
+from orchestrator.local_server import free_port, wait_ready
 from shm.ring import SHM_DIR
 
 TEXT = "Hello from orpheus-serve! This sentence travelled through vLLM, SNAC and shared memory."
 MODEL_DIR = Path("tiny-model")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(f"{url}/ready", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server was not ready after {timeout_s:.0f}s")
-
-
 def main() -> int:
     exe = Path(sys.executable).parent / "orpheus-serve"
     if not (MODEL_DIR / "config.json").exists():
         subprocess.run([exe, "tiny-model", str(MODEL_DIR)], check=True)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [
         exe, "serve", "--model", str(MODEL_DIR), "--codec-model", str(MODEL_DIR / "snac"),
@@ -54,7 +32,7 @@ def main() -> int:
     server = subprocess.Popen(cmd)
     code = 1
     try:
-        _wait_ready(url, server, timeout_s=600)
+        wait_ready(url, server.poll, timeout_s=600)
         print(f"server ready after {time.monotonic() - t0:.1f}s", flush=True)
         say = [exe, "say", TEXT, "--voice", "tara", "-o", "demo.wav", "--url", url, "--seed", "7"]
         code = subprocess.run(say).returncode

@@ -6,7 +6,6 @@ and SNAC, are elsewhere (tests/test_e2e_*.py)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -55,12 +54,6 @@ async def wait_until(cond: Callable[[], bool], timeout_s: float = 5.0, what: str
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or cond}")
         await asyncio.sleep(0.01)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_config(**gateway: Any) -> ServeConfig:

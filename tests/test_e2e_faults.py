@@ -12,35 +12,22 @@ import os
 import signal
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
+from e2e_harness import Server, make_tiny_model, start_server, stop_server
 
-from shm.ring import SHM_DIR
-from tests.test_e2e_server import EXE, Server, _free_port
+from orchestrator.local_server import wait_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def _wait_ready(srv: Server, timeout_s: float) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        assert srv.proc.poll() is None, "the orchestrator itself must survive worker faults"
-        if _ready(srv.url):
-            return time.monotonic() - t0
-        time.sleep(0.25)
-    raise AssertionError(f"not ready again within {timeout_s:.0f}s")
+    """Seconds until ready again; fails at once if the orchestrator itself exited (it must
+    survive worker faults)."""
+    return wait_ready(srv.url, srv.proc.poll, timeout_s, interval_s=0.25)
 
 
 def _child_pid(orchestrator_pid: int, role: str) -> int:
@@ -57,26 +44,15 @@ def _child_pid(orchestrator_pid: int, role: str) -> int:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    subprocess.run([EXE, "tiny-model", str(out)], check=True)
-    return out
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model: Path) -> Iterator[Server]:
-    port = _free_port()
-    cmd = [
-        EXE, "serve", "--model", str(tiny_model), "--codec-model", str(tiny_model / "snac"),
-        "--device", "cpu", "--port", str(port), "--set", "drain_timeout_s=60",
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd)
-    srv = Server(proc, f"http://127.0.0.1:{port}", "")
-    _wait_ready(srv, 600)
+    srv = start_server(tiny_model, "--set", "drain_timeout_s=60")
     yield srv
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(120)
-    assert [n for n in os.listdir(SHM_DIR) if n.startswith(srv.instance)] == []
+    stop_server(srv)
+    assert srv.segments_left() == []
 
 
 class Outcome:

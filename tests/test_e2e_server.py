@@ -7,12 +7,6 @@ One server is shared by the module (vLLM's CPU start-up dominates the cost).
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -20,83 +14,22 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-
-from shm.records import SAMPLES_PER_FRAME
-from shm.ring import SHM_DIR
+from e2e_harness import BYTES_PER_FRAME, Server, make_tiny_model, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
-EXE = str(Path(sys.executable).parent / "orpheus-serve")
-BYTES_PER_FRAME = SAMPLES_PER_FRAME * 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    def __init__(self, proc: subprocess.Popen[bytes], url: str, zmq_endpoint: str) -> None:
-        self.proc = proc
-        self.url = url
-        self.zmq_endpoint = zmq_endpoint
-
-    @property
-    def instance(self) -> str:
-        return f"orpheus-{self.proc.pid}"
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as r:
-            return r.read().decode()
-
-    def metric(self, name: str, **labels: str) -> float:
-        """Sum of the samples of `name` whose labels include `labels`."""
-        total = 0.0
-        for line in self.metrics().splitlines():
-            if not line.startswith(name) or line.startswith("#"):
-                continue
-            m = re.match(r"^([^{\s]+)(\{[^}]*\})?\s+(\S+)", line)
-            if not m or m.group(1) != name:
-                continue
-            text = m.group(2) or ""
-            if all(f'{k}="{v}"' in text for k, v in labels.items()):
-                total += float(m.group(3))
-        return total
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    subprocess.run([EXE, "tiny-model", str(out)], check=True)
-    return out
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model: Path) -> Iterator[Server]:
-    port = _free_port()
-    zmq_endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    cmd = [
-        EXE, "serve", "--model", str(tiny_model), "--codec-model", str(tiny_model / "snac"),
-        "--device", "cpu", "--port", str(port), "--set", f"gateway.zmq_endpoint={zmq_endpoint}",
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd)
-    srv = Server(proc, f"http://127.0.0.1:{port}", zmq_endpoint)
-    deadline = time.monotonic() + 600
-    while True:
-        assert proc.poll() is None, f"server exited with {proc.returncode} during start-up"
-        assert time.monotonic() < deadline, "server not ready in 600 s"
-        try:
-            with urllib.request.urlopen(f"{srv.url}/ready", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        time.sleep(0.5)
+    srv = start_server(tiny_model, zmq=True)
     yield srv
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(120) == 0, "SIGTERM stops the server cleanly"
-    left = [n for n in os.listdir(SHM_DIR) if n.startswith(srv.instance)]
-    assert left == [], f"shared-memory segments left behind: {left}"
+    assert stop_server(srv) == 0, "SIGTERM stops the server cleanly"
+    assert srv.segments_left() == [], "shared-memory segments left behind"
 
 
 async def _speech(

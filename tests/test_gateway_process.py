@@ -14,9 +14,10 @@ import aiohttp
 import msgspec
 import pytest
 import zmq
-from gateway_harness import free_port, serve_config, wait_until
+from gateway_harness import serve_config, wait_until
 
 from gateway.synthetic_backend import SyntheticBackend, synthetic_pcm
+from orchestrator.local_server import free_port
 from shm.layout import InstanceLayout
 from shm.messages import Heartbeat, WorkerReady, orchestrator_decoder
 from shm.ring import create_ring, unlink_ring

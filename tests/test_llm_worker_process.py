@@ -28,6 +28,7 @@ from llm_worker.config import LLMConfig
 from llm_worker.tiny_model import write_tiny_model
 from orchestrator.child import SPEC_ENV, ChildSpec
 from orchestrator.config import ServeConfig
+from orchestrator.profiling import ProfileDone
 from shm.layout import InstanceLayout
 from shm.messages import (
     AppendText,
@@ -68,9 +69,11 @@ class Received:
 
 class Harness:
     def __init__(self, proc: subprocess.Popen[bytes], reader: RingReader, ctl: zmq.Socket,
-                 orch: zmq.Socket, ready: WorkerReady, metrics_dir: Path) -> None:  # fmt: skip
+                 orch: zmq.Socket, ready: WorkerReady, metrics_dir: Path,
+                 profile_dir: Path) -> None:  # fmt: skip
         self.proc = proc
         self.metrics_dir = metrics_dir
+        self.profile_dir = profile_dir
         self.reader = reader
         self.ctl = ctl
         self.orch = orch
@@ -147,6 +150,9 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     metrics_dir = root / "metrics"
     metrics_dir.mkdir()
     env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    profile_dir = root / "profile"  # the profiling hooks are armed (docs/gpu.md)
+    env["ORPHEUS_PROFILE_DIR"] = str(profile_dir)
+    env["ORPHEUS_PROFILE_SECONDS"] = "1"
     env[SPEC_ENV] = msgspec.json.encode(ChildSpec(config, layout, os.getpid())).decode()
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.child", "llm"], env=env)
     ctl = zctx.socket(zmq.PUSH)
@@ -161,7 +167,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
                 msg = orchestrator_decoder.decode(orch.recv())
                 if isinstance(msg, WorkerReady):
                     ready = msg
-        yield Harness(proc, reader, ctl, orch, ready, metrics_dir)
+        yield Harness(proc, reader, ctl, orch, ready, metrics_dir, profile_dir)
     finally:
         children = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
         proc.send_signal(signal.SIGTERM)
@@ -330,3 +336,21 @@ def test_metrics_reach_the_shared_directory(harness: Harness) -> None:
     assert values.get("orpheus_llm_tokens_per_step_count", 0) > 0
     assert "orpheus_llm_invalid_tokens_prevented_total" in values
     assert values.get("vllm:generation_tokens_total", 0) >= 28
+
+
+def test_profile_trigger_captures_engine_traces(harness: Harness) -> None:
+    """Writing DIR/trigger makes the armed worker capture vLLM's torch profile for
+    ORPHEUS_PROFILE_SECONDS and report it in DIR/llm-<pid>.done."""
+    done_path = harness.profile_dir / f"llm-{harness.proc.pid}.done"
+    (harness.profile_dir / "trigger").write_text("unit-test")
+    sid = harness.new_id()  # engine steps to trace while the capture runs
+    harness.send(Submit(sid, "Profile me.", "tara", SamplingOverrides(max_tokens=7 * 30, seed=2)))
+    harness.wait_for(sid)
+    deadline = time.monotonic() + 120
+    while not done_path.exists():
+        assert time.monotonic() < deadline, "no .done file within 120 s of the trigger"
+        time.sleep(0.25)
+    done = msgspec.json.decode(done_path.read_bytes(), type=ProfileDone)
+    assert done.error == "" and done.label == "unit-test" and done.role == "llm"
+    assert done.files and all(Path(f).stat().st_size > 0 for f in done.files)
+    assert all(Path(f).is_relative_to(harness.profile_dir / "engine") for f in done.files)

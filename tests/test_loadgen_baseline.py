@@ -17,7 +17,8 @@ from codec_worker.snac_model import CONFIG_FILE, SNAC_24KHZ_SMALL, WEIGHTS_FILE,
 from llm_worker import tokens as T
 from loadgen.baseline.constraint import UNCONSTRAINED, blocked_table
 from loadgen.baseline.decoder import ReferenceStreamDecoder, window_to_levels
-from loadgen.servers import ServerProcess, baseline_argv, free_port
+from loadgen.servers import ServerProcess, baseline_argv
+from orchestrator.local_server import free_port
 
 CPU = torch.device("cpu")
 

@@ -345,7 +345,7 @@ EOF
     "$PY" "$TOOLS" pack "$GPU_HOME/traces_$variant" "$OUT" --name "h100_traces_$variant" \
       --max-mib 30
   else
-    note "profiling hooks: no torch-profiler traces appeared under $PROF (not wired yet?)"
+    note "profiling hooks: no torch-profiler traces appeared under $PROF (see the .done files and the worker logs)"
   fi
   ls "$WORK"/pyspy_*.json >/dev/null 2>&1 && log "py-spy profiles: $(ls "$WORK"/pyspy_*.json | wc -l)"
 }

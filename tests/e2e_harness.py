@@ -1,0 +1,85 @@
+"""The real server for end-to-end tests: `orpheus-serve serve` on CPU with the tiny model and
+SNAC's real architecture (random weights), started as a subprocess and stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from orchestrator.local_server import free_port, wait_ready
+from shm.records import SAMPLES_PER_FRAME
+from shm.ring import SHM_DIR
+
+EXE = str(Path(sys.executable).parent / "orpheus-serve")
+BYTES_PER_FRAME = SAMPLES_PER_FRAME * 2
+START_TIMEOUT_S = 600.0  # vLLM's CPU start-up on a busy 2-core machine
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, zmq_endpoint: str) -> None:
+        self.proc = proc
+        self.url = url
+        self.zmq_endpoint = zmq_endpoint
+
+    @property
+    def instance(self) -> str:
+        return f"orpheus-{self.proc.pid}"
+
+    def segments_left(self) -> list[str]:
+        return [n for n in os.listdir(SHM_DIR) if n.startswith(self.instance)]
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of `name` whose labels include `labels`."""
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if not line.startswith(name) or line.startswith("#"):
+                continue
+            m = re.match(r"^([^{\s]+)(\{[^}]*\})?\s+(\S+)", line)
+            if not m or m.group(1) != name:
+                continue
+            text = m.group(2) or ""
+            if all(f'{k}="{v}"' in text for k, v in labels.items()):
+                total += float(m.group(3))
+        return total
+
+
+def make_tiny_model(out: Path) -> Path:
+    subprocess.run([EXE, "tiny-model", str(out)], check=True)
+    return out
+
+
+def start_server(model: Path, *extra: str, zmq: bool = False) -> Server:
+    """Start the server on free loopback ports and wait until ``/ready``."""
+    port = free_port()
+    zmq_endpoint = f"tcp://127.0.0.1:{free_port()}" if zmq else ""
+    cmd = [
+        EXE, "serve", "--model", str(model), "--codec-model", str(model / "snac"),
+        "--device", "cpu", "--port", str(port), *extra,
+    ]  # fmt: skip
+    if zmq:
+        cmd += ["--set", f"gateway.zmq_endpoint={zmq_endpoint}"]
+    proc = subprocess.Popen(cmd)
+    srv = Server(proc, f"http://127.0.0.1:{port}", zmq_endpoint)
+    try:
+        wait_ready(srv.url, proc.poll, START_TIMEOUT_S)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return srv
+
+
+def stop_server(srv: Server) -> int:
+    """SIGTERM (a drain); returns the exit code. The caller checks it and the segments."""
+    if srv.proc.poll() is None:
+        srv.proc.send_signal(signal.SIGTERM)
+    return srv.proc.wait(120)
