@@ -23,7 +23,6 @@ import os
 import platform
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -94,19 +93,15 @@ def _machine() -> dict[str, Any]:
             "loadavg_before": os.getloadavg()}  # fmt: skip
 
 
-def _versions() -> dict[str, str]:
+def _versions() -> dict[str, Any]:
     import aiohttp
     import uvloop
     import zmq
 
-    commit = "none"
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, check=True, text=True,
-            cwd=os.path.dirname(os.path.abspath(__file__)),
-        ).stdout.strip()  # fmt: skip
+    from loadgen.environment import versions
+
     return {"aiohttp": aiohttp.__version__, "uvloop": uvloop.__version__,
-            "pyzmq": zmq.__version__, "git_commit": commit}  # fmt: skip
+            "pyzmq": zmq.__version__, **msgspec.structs.asdict(versions())}  # fmt: skip
 
 
 def _steal_ticks() -> dict[int, tuple[int, int]]:

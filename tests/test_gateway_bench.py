@@ -25,4 +25,19 @@ def test_bench_gateway_smoke(tmp_path: Path) -> None:
         assert lv["chunks"] > 0 and lv["requests_completed"] > 0
         assert lv["p99_lag_ms"] >= lv["p50_lag_ms"] > 0
         assert lv["cpu_ms_per_stream_s"] > 0
+        assert 0 <= lv["steal_pct_gateway_cores"] <= 100 and 0 <= lv["steal_pct_all_cores"] <= 100
     assert report["machine"]["cores"] and report["config"]["chunk_bytes"] == 4096
+    assert report["versions"]["git_dirty"] in (True, False, None)
+    if report["machine"]["cores"] >= 2:  # the gateway has a core to itself, the load the rest
+        gw, others = report["machine"]["gateway_cores"], report["machine"]["load_generator_cores"]
+        assert len(gw) == 1 and not set(gw) & set(others)
+
+
+def test_steal_share_is_per_core_set() -> None:
+    from gateway.bench import _steal_pct
+
+    before = {0: (1000, 10), 1: (1000, 0)}
+    after = {0: (1100, 30), 1: (1100, 0)}  # core 0: 20 of 100 ticks stolen; core 1: none
+    assert _steal_pct(before, after, {0}) == 20.0
+    assert _steal_pct(before, after, {1}) == 0.0
+    assert _steal_pct(before, after, None) == 10.0
