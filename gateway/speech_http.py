@@ -95,10 +95,11 @@ async def _stream(
     try:
         await resp.prepare(request)
         while chunks:
-            for chunk in chunks:
-                data = encode(chunk)
-                if data:
-                    await send(data)
+            # Everything buffered since the last write goes out in one write: a client (or
+            # this process) that fell behind catches up with one syscall, not one per chunk.
+            data = encode(chunks[0]) if len(chunks) == 1 else b"".join(map(encode, chunks))
+            if data:
+                await send(data)
             chunks = await stream.next_chunks()
         tail = encoder.finish()
         if tail:
