@@ -62,9 +62,11 @@ def nvtx_range(name: str, enabled: bool, profiled: bool = False) -> Iterator[Non
     capture runs (``profiled``: the torch profiler does not record NVTX)."""
     if enabled:
         torch.cuda.nvtx.range_push(name)
-    scope = torch.profiler.record_function(name) if profiled else contextlib.nullcontext()
     try:
-        with scope:
+        if profiled:
+            with torch.profiler.record_function(name):
+                yield
+        else:
             yield
     finally:
         if enabled:

@@ -70,5 +70,5 @@ class CodecProfiler:
         except Exception as e:  # a failed capture must not stop the worker
             log.exception("profiling capture failed")
             error = f"{type(e).__name__}: {e}"
-        done = self.trigger.write_done(self.trigger.done(self._label, self._started, files, error))
+        done = self.trigger.write_done(self._label, self._started, files, error)
         log.info("profile written: %s", done)

@@ -50,6 +50,5 @@ async def profile_on_trigger(engine: AsyncLLM, trigger: ProfileTrigger) -> None:
         except Exception as e:  # a failed capture must not stop the worker
             log.exception("profiling capture failed")
             error = f"{type(e).__name__}: {e}"
-        files = trigger.files_since(started, traces) if traces.exists() else []
-        done = trigger.write_done(trigger.done(label, started, files, error))
+        done = trigger.write_done(label, started, trigger.files_since(started, traces), error)
         log.info("profile written: %s", done)

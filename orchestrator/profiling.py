@@ -85,8 +85,9 @@ class ProfileTrigger:
             label = ""
         return label or f"trigger-{int(mtime)}"
 
-    def trace_path(self, suffix: str = ".pt.trace.json.gz") -> Path:
-        return self.directory / f"{self.role}-{os.getpid()}{suffix}"
+    def trace_path(self) -> Path:
+        """Where a worker that writes its own trace puts it (gzipped Chrome trace JSON)."""
+        return self.directory / f"{self.role}-{os.getpid()}.pt.trace.json.gz"
 
     def files_since(self, started: float, under: Path | None = None) -> list[str]:
         """Files under ``under`` (default: the directory) modified since ``started``."""
@@ -100,13 +101,12 @@ class ProfileTrigger:
                 continue
         return sorted(found)
 
-    def write_done(self, done: ProfileDone) -> Path:
-        """Write the ``.done`` file atomically (the benchmark polls for it)."""
+    def write_done(self, label: str, started: float, files: list[str], error: str = "") -> Path:
+        """Report a capture that ended now: write the ``.done`` file atomically (the benchmark
+        polls for it)."""
+        done = ProfileDone(self.role, os.getpid(), label, started, time.time(), files, error)
         path = self.directory / f"{self.role}-{os.getpid()}.done"
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(msgspec.json.encode(done))
         os.replace(tmp, path)
         return path
-
-    def done(self, label: str, started: float, files: list[str], error: str = "") -> ProfileDone:
-        return ProfileDone(self.role, os.getpid(), label, started, time.time(), files, error)

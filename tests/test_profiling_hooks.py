@@ -48,7 +48,7 @@ def test_each_new_trigger_fires_once_and_an_old_one_never(tmp_path: Path) -> Non
 def test_done_file_is_json_profile_done(tmp_path: Path) -> None:
     t = ProfileTrigger(tmp_path, 1.0, "codec")
     (tmp_path / "x.pt.trace.json.gz").write_bytes(b"x")
-    path = t.write_done(t.done("lbl", 0.0, t.files_since(0.0)))
+    path = t.write_done("lbl", 0.0, t.files_since(0.0))
     assert path.name == f"codec-{os.getpid()}.done"
     done = msgspec.json.decode(path.read_bytes(), type=ProfileDone)
     assert done.label == "lbl" and done.error == "" and done.role == "codec"
