@@ -80,13 +80,20 @@ class Bench:
 
         from llm_worker.config import LLMConfig
         from llm_worker.prompt import PromptBuilder
-        from llm_worker.sampling import PreventedBoard, SamplingPlan, detect_model_runner
+        from llm_worker.sampling import (
+            ModelRunner,
+            PreventedBoard,
+            SamplingPlan,
+            pin_model_runner,
+            prepare_sampler_environment,
+        )
 
         self.args = args
         self.board = PreventedBoard.create(f"orpheus-{os.getpid()}-bench-prevented", 1)
-        self.plan = SamplingPlan.for_config(
-            LLMConfig(), detect_model_runner(), board=self.board.name
-        )
+        # The variants compared here are V1's (vLLM's list penalty vs ours).
+        pin_model_runner(ModelRunner.V1)
+        prepare_sampler_environment()
+        self.plan = SamplingPlan.for_config(LLMConfig(), ModelRunner.V1, board=self.board.name)
         n = max(args.streams)
         engine_args = EngineArgs(
             model=model,

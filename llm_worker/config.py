@@ -32,6 +32,11 @@ class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     async_scheduling: bool = True
     """Used wherever the installed vLLM supports it (never on the CPU build)."""
     enforce_eager: bool = False
+    model_runner: str = "auto"
+    """vLLM model runner: "v1" (legacy runner, orpheus tensor penalty and audio-token
+    constraint), "v2" (GPU only: vLLM's device-resident penalty; the constraint only where the
+    installed vLLM's V2 runner takes custom processors, 0.32+), or "auto" (v1; docs/performance.md
+    has the H100 measurement behind the choice)."""
     tensor_penalties: bool = True
     """Repetition penalty kept in preallocated tensors (ours) instead of vLLM's list path."""
     constrain_audio_tokens: bool = True

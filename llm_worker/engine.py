@@ -69,6 +69,14 @@ def check_device(device: str) -> None:
         )
 
 
+def prepare_engine_environment() -> None:
+    """Environment vLLM reads while it builds the engine (inherited by the engine core)."""
+    from llm_worker.sampling.runner import prepare_sampler_environment
+
+    if note := prepare_sampler_environment():
+        log.info("%s", note)
+
+
 def kv_bytes_per_token(model: str, kv_cache_dtype: str = "auto") -> int | None:
     """KV cache bytes one token takes, from the checkpoint's config.json (None if unknown)."""
     path = find_model_file(model, "config.json")
@@ -157,6 +165,7 @@ def start_engine(
 ) -> AsyncLLM:
     """Build the engine (blocking: loads the model). Call from the event loop's thread."""
     check_device(device)
+    prepare_engine_environment()
     args = engine_args(config, device, logits_processors, profiler)
 
     def hook(vllm_config: VllmConfig, engine_index: int) -> StepHook:

@@ -112,7 +112,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
     control.setsockopt(zmq.LINGER, 0)
     control.bind(layout.control)
     writer = RingWriter(layout.code_ring, recheck_ms=config.shm.recheck_ms)
-    sampling = setup_sampling(cfg, f"{layout.instance}-prevented")
+    sampling = setup_sampling(cfg, f"{layout.instance}-prevented", config.device)
     engine: AsyncLLM | None = None
     worker: LLMWorker | None = None
     tasks: list[asyncio.Task[None]] = []

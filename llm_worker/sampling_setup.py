@@ -2,10 +2,9 @@
 
 The package supplies the logits processors (tensor repetition penalty on the legacy model
 runner, audio-token constraint) and the per-request arguments that switch them on. This
-module creates the prevented-token board, picks the processors for the model runner vLLM
-will use, and adapts the per-stream side to :class:`llm_worker.worker.SamplingHooks`.
-Without the package (an install that lacks it) the worker runs vLLM's own penalty and no
-constraint, and says so.
+module pins the model runner that ``llm.model_runner`` chooses, creates the prevented-token
+board, picks the processors for that runner, and adapts the per-stream side to
+:class:`llm_worker.worker.SamplingHooks`.
 """
 
 from __future__ import annotations
@@ -61,7 +60,8 @@ class SamplingSetup:
         actual = detect_model_runner(vllm_config)
         if actual != self.runner:
             raise RuntimeError(
-                f"sampling was set up for model runner {self.runner} but vLLM runs {actual}"
+                f"sampling was set up for model runner {self.runner} but vLLM runs {actual} "
+                "(VLLM_USE_V2_MODEL_RUNNER was pinned: an unsupported combination?)"
             )
 
     def close(self) -> None:
@@ -70,20 +70,24 @@ class SamplingSetup:
             self.board = None
 
 
-def setup_sampling(config: LLMConfig, board_name: str) -> SamplingSetup:
-    try:
-        from llm_worker.sampling import (
-            CounterSlots,
-            PreventedBoard,
-            SamplingPlan,
-            detect_model_runner,
-        )
-    except ImportError as e:
-        log.warning("sampling package unavailable (%s): vLLM's own penalty, no constraint", e)
-        return SamplingSetup(
-            SamplingHooks(), [], "vLLM built-in repetition penalty; audio-token constraint off"
-        )
-    runner = detect_model_runner()
+def setup_sampling(config: LLMConfig, board_name: str, device: str) -> SamplingSetup:
+    """Choose and pin the model runner (``llm.model_runner``), then build what it needs.
+
+    Raises ValueError for a configuration this vLLM cannot run (one line, no traceback
+    needed), and ImportError if a processor module the plan needs does not import: both
+    are permanent, so they are not hidden behind a fallback.
+    """
+    from llm_worker.sampling import (
+        CounterSlots,
+        PreventedBoard,
+        SamplingPlan,
+        choose_model_runner,
+        pin_model_runner,
+    )
+
+    choice = choose_model_runner(config.model_runner, device)
+    pin_model_runner(choice.runner)
+    runner = choice.runner
     board = None
     slots = None
     if config.constrain_audio_tokens:
@@ -93,11 +97,13 @@ def setup_sampling(config: LLMConfig, board_name: str) -> SamplingSetup:
             os.unlink(segment_path(board_name))
         board = PreventedBoard.create(board_name, slots=config.max_num_seqs + BOARD_SPARE_SLOTS)
         slots = CounterSlots(board)
-    plan = SamplingPlan.for_config(config, runner, board=board.name if board else None)
+    plan = SamplingPlan.for_config(
+        config, runner, board=board.name if board else None, v2_processors=choice.v2_processors
+    )
     return SamplingSetup(
         hooks=_PlanHooks(plan, slots),
         logits_processors=plan.logits_processors(),
-        description=plan.describe(),
+        description=f"{plan.describe()} [runner: {choice.reason}]",
         runner=runner,
         board=board,
     )

@@ -140,6 +140,10 @@ def validate(cfg: ServeConfig) -> None:
         problems.append("llm.max_num_seqs must be >= 1")
     if llm.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"):
         problems.append(f"llm.kv_cache_dtype {llm.kv_cache_dtype!r} is not auto|fp8|bfloat16")
+    if llm.model_runner not in ("auto", "v1", "v2"):
+        problems.append(f"llm.model_runner {llm.model_runner!r} is not auto|v1|v2")
+    elif llm.model_runner == "v2" and cfg.device == "cpu":
+        problems.append("llm.model_runner v2 needs the GPU build of vLLM (--device cuda)")
     if cfg.heartbeat_timeout_s <= 1:
         problems.append("heartbeat_timeout_s must be > 1")
     g = cfg.gateway

@@ -339,3 +339,16 @@ def test_run_capacity_without_a_call_prints_its_plan(tmp_path: Path) -> None:
                        env=env, timeout=60)  # fmt: skip
     assert p.returncode == 2
     assert "capacity bf16" in p.stdout and "part .whl/part-K" in p.stdout
+
+
+def test_speaks_codes_model_emits_valid_codes_unconstrained(tmp_path: Path) -> None:
+    """The V2 runner on vLLM 0.25 runs no constraint: the benchmark model must still emit
+    valid codes, or that path would produce no audio to measure."""
+    mro = gen
+    plain, speaks = tmp_path / "plain", tmp_path / "speaks"
+    mro.write_random_orpheus(plain, device="cpu", snac=False, **mro.SMALL)
+    mro.write_random_orpheus(speaks, device="cpu", snac=False, speaks_codes=True, **mro.SMALL)
+    cfg = json.loads((speaks / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is False and cfg["orpheus"]["speaks_codes"] is True
+    assert mro.check_codes(speaks, "cpu", tokens=21)["valid"] == 21
+    assert mro.check_codes(plain, "cpu", tokens=21)["valid"] <= 3

@@ -14,8 +14,14 @@ from vllm import LLM, SamplingParams
 
 from llm_worker import tokens as T
 from llm_worker.config import LLMConfig
-from llm_worker.sampling import CounterSlots, ModelRunner, PreventedBoard, SamplingPlan
-from llm_worker.sampling.plan import detect_model_runner
+from llm_worker.sampling import (
+    CounterSlots,
+    ModelRunner,
+    PreventedBoard,
+    SamplingPlan,
+    choose_model_runner,
+    pin_model_runner,
+)
 from llm_worker.tiny_model import write_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -34,9 +40,10 @@ def board() -> Iterator[PreventedBoard]:
 
 @pytest.fixture(scope="module")
 def plan(board: PreventedBoard) -> SamplingPlan:
-    runner = detect_model_runner()
-    assert runner is ModelRunner.V1  # the CPU build
-    return SamplingPlan.for_config(LLMConfig(), runner, board=board.name)
+    choice = choose_model_runner("auto", "cpu")
+    assert choice.runner is ModelRunner.V1  # the CPU build
+    pin_model_runner(choice.runner)
+    return SamplingPlan.for_config(LLMConfig(), choice.runner, board=board.name)
 
 
 @pytest.fixture(scope="module")

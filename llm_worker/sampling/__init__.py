@@ -6,7 +6,14 @@ Prevented-token counts reach the worker through a :class:`PreventedBoard`.
 
 from llm_worker.sampling.args import EXTRA_ARGS_KEY, RequestArgs
 from llm_worker.sampling.counters import Counter, CounterSlots, PreventedBoard
-from llm_worker.sampling.plan import ModelRunner, SamplingPlan, detect_model_runner
+from llm_worker.sampling.plan import SamplingPlan, detect_model_runner
+from llm_worker.sampling.runner import (
+    ModelRunner,
+    RunnerChoice,
+    choose_model_runner,
+    pin_model_runner,
+    prepare_sampler_environment,
+)
 
 __all__ = [
     "EXTRA_ARGS_KEY",
@@ -15,6 +22,10 @@ __all__ = [
     "ModelRunner",
     "PreventedBoard",
     "RequestArgs",
+    "RunnerChoice",
     "SamplingPlan",
+    "choose_model_runner",
     "detect_model_runner",
+    "pin_model_runner",
+    "prepare_sampler_environment",
 ]

@@ -9,14 +9,19 @@ vLLM 0.32 has two model runners with different sampling internals:
   tokens with :class:`~llm_worker.sampling.constraint.AudioTokenConstraint`. Note that
   with *any* custom logits processor and async scheduling the V1 runner waits each step
   for the previous step's sampled tokens; async scheduling is off on the CPU build anyway.
-- **V2** (the GPU default when Triton is present): penalty state already lives on the
-  device per request slot, so requests use vLLM's own ``repetition_penalty``; the
-  constraint is :class:`~llm_worker.sampling.constraint_v2.AudioTokenConstraintV2`.
+- **V2** (GPU builds with Triton): penalty state already lives on the device per request
+  slot, so requests use vLLM's own ``repetition_penalty``; the constraint is
+  :class:`~llm_worker.sampling.constraint_v2.AudioTokenConstraintV2` where the installed
+  vLLM's V2 runner takes custom processors (0.32+), and off otherwise (0.25).
+
+Which one runs is ``llm.model_runner`` (:mod:`.runner`), pinned before the engine starts.
 
 Usage in the worker::
 
-    runner = detect_model_runner(vllm_config)        # or detect_model_runner() before it exists
-    plan = SamplingPlan.for_config(cfg.llm, runner, board=board.name)
+    choice = choose_model_runner(cfg.llm.model_runner, device)
+    pin_model_runner(choice.runner)
+    plan = SamplingPlan.for_config(cfg.llm, choice.runner, board=board.name,
+                                   v2_processors=choice.v2_processors)
     engine_args = AsyncEngineArgs(..., logits_processors=plan.logits_processors())
     log.info("sampling: %s", plan.describe())
     params = SamplingParams(temperature=..., top_p=..., stop_token_ids=[T.END_OF_SPEECH],
@@ -25,40 +30,21 @@ Usage in the worker::
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llm_worker.config import LLMConfig
 from llm_worker.sampling.args import RequestArgs
 from llm_worker.sampling.counters import SINK, Counter
+from llm_worker.sampling.runner import ModelRunner, actual_model_runner
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 
-class ModelRunner(enum.StrEnum):
-    V1 = "v1"
-    V2 = "v2"
-
-
-def detect_model_runner(vllm_config: VllmConfig | None = None) -> ModelRunner:
-    """The model runner vLLM uses (or will use).
-
-    With the engine's ``VllmConfig`` this is vLLM's own decision
-    (``VllmConfig.use_v2_model_runner``). Without it, the same rule for a deployment
-    like ours (no speculative decoding, no pipeline parallelism): the
-    ``VLLM_USE_V2_MODEL_RUNNER`` environment variable if set, else V2 iff Triton works.
-    """
-    if vllm_config is not None:
-        return ModelRunner.V2 if vllm_config.use_v2_model_runner else ModelRunner.V1
-    from vllm import envs
-    from vllm.triton_utils import HAS_TRITON
-
-    forced = envs.VLLM_USE_V2_MODEL_RUNNER
-    if forced is not None:
-        return ModelRunner.V2 if forced else ModelRunner.V1
-    return ModelRunner.V2 if HAS_TRITON else ModelRunner.V1
+def detect_model_runner(vllm_config: VllmConfig) -> ModelRunner:
+    """The model runner vLLM decided on (``VllmConfig.use_v2_model_runner``)."""
+    return actual_model_runner(vllm_config)
 
 
 @dataclass(frozen=True)
@@ -72,12 +58,20 @@ class SamplingPlan:
 
     @classmethod
     def for_config(
-        cls, config: LLMConfig, runner: ModelRunner, board: str | None = None
+        cls,
+        config: LLMConfig,
+        runner: ModelRunner,
+        board: str | None = None,
+        *,
+        v2_processors: bool = True,
     ) -> SamplingPlan:
+        """``v2_processors``: the installed vLLM's V2 runner takes custom logits processors
+        (False on vLLM 0.25: the constraint is then off on V2)."""
+        v2 = runner is ModelRunner.V2
         return cls(
             runner=runner,
-            tensor_penalty=config.tensor_penalties and runner is ModelRunner.V1,
-            constrain_audio=config.constrain_audio_tokens,
+            tensor_penalty=config.tensor_penalties and not v2,
+            constrain_audio=config.constrain_audio_tokens and (v2_processors or not v2),
             board=board,
         )
 
@@ -87,9 +81,11 @@ class SamplingPlan:
         On V1 the penalty comes first, so the constraint counts on penalised logits.
         """
         if self.runner is ModelRunner.V2:
+            if not self.constrain_audio:  # vLLM 0.25: its V2 runner takes no custom processor
+                return []
             from llm_worker.sampling.constraint_v2 import AudioTokenConstraintV2
 
-            return [AudioTokenConstraintV2] if self.constrain_audio else []
+            return [AudioTokenConstraintV2]
         from llm_worker.sampling.constraint import AudioTokenConstraint
         from llm_worker.sampling.penalty import TensorRepetitionPenalty
 

@@ -25,10 +25,11 @@ def build_engine(config: LLMConfig, device: str) -> AsyncLLM:
     """vLLM's async engine (V1 ``AsyncLLM``; the package's ``AsyncLLMEngine`` is its alias)."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from llm_worker.engine import check_device, engine_args
+    from llm_worker.engine import check_device, engine_args, prepare_engine_environment
     from loadgen.baseline.constraint import AudioSlotConstraint
 
     check_device(device)
+    prepare_engine_environment()
     args = engine_args(config, device, [AudioSlotConstraint])
     args.disable_log_stats = True  # the baseline exports no vllm:* metrics
     return AsyncLLM.from_engine_args(args)

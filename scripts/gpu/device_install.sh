@@ -141,10 +141,20 @@ if out.get("vllm") and "vllm" not in " ".join(bad):
         out["vllm_platform_error"] = f"{type(e).__name__}: {e}"
 out["import_s"] = round(time.time() - t0, 1)
 out["import_failures"] = bad
+if out.get("vllm") and not os.environ.get("VERIFY_NO_VLLM"):
+    # What the server does at start-up, short of loading a model: choose the model runner,
+    # build the logits processors and vLLM's Sampler, and check the pinned staging buffers.
+    import subprocess
+    pf = subprocess.run([sys.executable, "scripts/gpu/preflight.py", "--json", "/tmp/preflight.json"])
+    out["preflight"] = json.load(open("/tmp/preflight.json")) if os.path.exists("/tmp/preflight.json") else None
+    if pf.returncode != 0:
+        bad.append("preflight failed (see preflight in this report)")
 print(json.dumps(out, indent=1))
 if os.environ.get("VERIFY_JSON"):
     with open(os.environ["VERIFY_JSON"], "w") as f:
         f.write(json.dumps(out, indent=1) + "\n")
+if bad:
+    print("VERIFY FAILED: " + "; ".join(bad), file=sys.stderr)
 sys.exit(1 if bad else 0)
 EOF
 }

@@ -89,6 +89,9 @@ SMALL: dict[str, int] = {
 """The tiny test model's shape (head dim 64: the CPU attention kernels reject smaller)."""
 
 INIT_STD = 0.02
+CODE_SIGNAL = 2000.0
+"""Size of the slot signal written into the embeddings of a ``speaks_codes`` model (see
+:func:`_speak_codes`): large against the ~450 that 28 random layers add to the residual."""
 CHUNK_ELEMENTS = 1 << 26
 """Elements drawn per RNG call (128 MiB of bf16): bounds each call's work, not memory."""
 TOKENIZER_FILES = (
@@ -166,8 +169,11 @@ def base_files(workdir: Path) -> dict[str, Any]:
     return cfg
 
 
-def orpheus_config(base: dict[str, Any], **shape: int) -> dict[str, Any]:
-    """The 3B config on ``base`` (the tiny model's), with shape overrides for tests."""
+def orpheus_config(
+    base: dict[str, Any], *, speaks_codes: bool = False, **shape: int
+) -> dict[str, Any]:
+    """The 3B config on ``base`` (the tiny model's), with shape overrides for tests.
+    ``speaks_codes``: untied LM head and the slot signal of :func:`_speak_codes`."""
     unknown = set(shape) - set(SHAPE_KEYS)
     if unknown:
         raise ValueError(f"not shape keys: {sorted(unknown)}")
@@ -180,6 +186,10 @@ def orpheus_config(base: dict[str, Any], **shape: int) -> dict[str, Any]:
     orpheus["description"] = DESCRIPTION
     if any(cfg[k] != ORPHEUS_3B[k] for k in SHAPE_KEYS):
         orpheus["description"] += " (reduced shape for tests)"
+    if speaks_codes:
+        cfg["tie_word_embeddings"] = False
+        orpheus["speaks_codes"] = True
+        orpheus["description"] += "; weights arranged to emit valid audio codes unconstrained"
     cfg["orpheus"] = orpheus
     return cfg
 
@@ -187,9 +197,39 @@ def orpheus_config(base: dict[str, Any], **shape: int) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- weights
 
 
+def _speak_codes(name: str, t: Any) -> None:
+    """Make a random model emit valid Orpheus audio codes without any sampling constraint.
+
+    A random model samples from the whole vocabulary, so without the audio-token
+    constraint almost every frame holds an invalid token and is dropped: a run of the
+    V2 runner on vLLM 0.25 (no custom processors there) would produce no audio, and the
+    two sampling paths could not be compared. Here every weight stays random except a
+    signal along 7 hidden directions (coordinates 0..6): the embedding of an audio token of
+    slot j (and start-of-speech, as "slot 6") carries ``CODE_SIGNAL`` on coordinate j, which
+    the residual stream carries to the last layer; the (untied) LM head row of every token
+    of slot j+1 reads coordinate j. The next token is then in the next slot's range, picked
+    among its 4096 codes by the random part of the logits. Shapes, and so the cost of every
+    step, are the real model's; only the lm_head is a separate matrix (+0.96 GB of weights).
+    """
+    from llm_worker import tokens as T
+
+    n = T.CODEBOOK_SIZE
+    if name == "model.embed_tokens.weight":
+        for j in range(T.FRAME_TOKENS):
+            lo = T.AUDIO_TOKEN_BASE + j * n
+            t[lo : lo + n, j] += CODE_SIGNAL
+        t[T.START_OF_SPEECH, T.FRAME_TOKENS - 1] += CODE_SIGNAL
+    elif name == "lm_head.weight":
+        for j in range(T.FRAME_TOKENS):
+            lo = T.AUDIO_TOKEN_BASE + j * n
+            t[lo : lo + n, (j - 1) % T.FRAME_TOKENS] += 1.0
+
+
 def _tensors(cfg: dict[str, Any], device: Any, seed: int) -> Iterator[tuple[str, Any]]:
     """(name, bf16 tensor on ``device``), drawn one tensor at a time in chunks."""
     import torch
+
+    speaks = bool(cfg.get("orpheus", {}).get("speaks_codes"))
 
     gen = torch.Generator(device=device)
     for index, (name, shape) in enumerate(weight_shapes(cfg).items()):
@@ -201,6 +241,8 @@ def _tensors(cfg: dict[str, Any], device: Any, seed: int) -> Iterator[tuple[str,
         rows = max(1, CHUNK_ELEMENTS // shape[1])
         for r in range(0, shape[0], rows):
             t[r : r + rows].normal_(0.0, INIT_STD, generator=gen)
+        if speaks:
+            _speak_codes(name, t)
         yield name, t
 
 
@@ -272,6 +314,7 @@ def write_random_orpheus(
     seed: int = 0,
     shard_gib: float = 2.0,
     snac: bool = True,
+    speaks_codes: bool = False,
     **shape: int,
 ) -> dict[str, Any]:
     """Write the model (and ``out/snac`` unless ``snac=False``); return a summary dict."""
@@ -285,7 +328,7 @@ def write_random_orpheus(
         for f in TOKENIZER_FILES:
             if (Path(tmp) / f).exists():
                 shutil.copyfile(Path(tmp) / f, out / f)
-    cfg = orpheus_config(base, **shape)
+    cfg = orpheus_config(base, speaks_codes=speaks_codes, **shape)
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     t_tok = time.perf_counter() - t0
     timings = write_weights(out, cfg, device, seed, int(shard_gib * (1 << 30)))
@@ -315,6 +358,33 @@ def write_random_orpheus(
     return summary
 
 
+def check_codes(model: str | Path, device: str = "cpu", tokens: int = 28) -> dict[str, Any]:
+    """Sample ``tokens`` tokens after an Orpheus prompt with transformers (temperature 0.6,
+    no constraint) and count how many lie in their slot's audio range: all of them for a
+    ``speaks_codes`` model, about 2.6 % for a plain random one."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from llm_worker import tokens as T
+
+    m = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.bfloat16).to(device)
+    ids = torch.tensor([[*T.PROMPT_PREFIX, T.BOS, 1000, 2000, *T.PROMPT_SUFFIX]], device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    valid = 0
+    past = None
+    step = ids
+    with torch.inference_mode():
+        for p in range(tokens):
+            out = m(step, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            probs = torch.softmax(out.logits[0, -1].float() / 0.6, -1)
+            tok = torch.multinomial(probs, 1, generator=gen)
+            code = int(tok) - T.AUDIO_TOKEN_BASE - (p % T.FRAME_TOKENS) * T.CODEBOOK_SIZE
+            valid += 0 <= code < T.CODEBOOK_SIZE
+            step = tok[None]
+    return {"model": str(model), "device": device, "tokens": tokens, "valid": valid}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="make_random_orpheus.py",
@@ -327,6 +397,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-snac", action="store_true", help="skip the random SNAC (out/snac)")
     p.add_argument(
         "--small", action="store_true", help="the tiny test model's shape (CPU, seconds)"
+    )
+    p.add_argument(
+        "--speaks-codes",
+        action="store_true",
+        help="arrange the random weights so that the model emits valid audio codes without "
+        "a sampling constraint (untied LM head): lets the V2 runner be measured on vLLM 0.25",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="sample from the model in OUT (transformers) and count valid audio codes",
     )
     p.add_argument("--dry-run", action="store_true", help="print the config numbers; write nothing")
     for key, flag in (
@@ -361,12 +442,17 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.check:
+        result = check_codes(args.out, device)
+        print(json.dumps(result))
+        return 0 if result["valid"] == result["tokens"] else 1
     summary = write_random_orpheus(
         args.out,
         device=device,
         seed=args.seed,
         shard_gib=args.shard_gib,
         snac=not args.no_snac,
+        speaks_codes=args.speaks_codes,
         **shape,
     )
     print(json.dumps(summary, indent=2))

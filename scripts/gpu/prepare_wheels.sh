@@ -76,6 +76,23 @@ for req in "${REQS[@]}"; do
 done
 (( missing == 0 )) || exit 1
 
+echo "== slimming vLLM: optional native modules that the H100 path never loads"
+# FlashAttention 2 (Hopper runs FlashAttention 3; flash_attn_interface imports FA2 in a
+# try), the MoE kernels (platforms/cuda.py imports them under suppress(ImportError); Llama
+# is dense), the Rust front end (only with VLLM_RUST_FRONTEND_PATH) and DeepGEMM's builds
+# for other CPythons. device_install.sh verify checks that FA3 still loads.
+for w in "$DL"/vllm-*.whl; do
+  "$PYTHON" "$HELPER" slim "$w" \
+    --drop 'vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so' \
+    --drop 'vllm/_moe_C_stable_libtorch.abi3.so' \
+    --drop 'vllm/vllm-rs' \
+    --drop 'vllm/third_party/deep_gemm/_C.cpython-31[0134]-x86_64-linux-gnu.so'
+done
+for w in "$DL"/xgrammar-*.whl; do
+  # Only the Python extension is loaded; the static library is for C++ builds against it.
+  "$PYTHON" "$HELPER" slim "$w" --drop '*.a'
+done
+
 echo "== building this project's wheel (orpheus-serve, --no-deps)"
 rm -f "$DL"/orpheus_serve-*.whl
 had_build=0; [[ -e build ]] && had_build=1

@@ -89,8 +89,15 @@ stage_model() {
     log "model already at $MODEL"; return 0
   fi
   log "generating the Orpheus-3B random-weight model on the GPU into $MODEL"
-  run_for 240 30 "$PY" scripts/gpu/make_random_orpheus.py "$MODEL" --device "$DEVICE" ${MODEL_FLAGS:-} \
-    | tee "$WORK/make_model.json" | tail -25
+  # --speaks-codes: valid audio codes without a sampling constraint, so that the V2 runner
+  # (no custom processors on vLLM 0.25) can be measured too (make_random_orpheus.py).
+  run_for 240 30 "$PY" scripts/gpu/make_random_orpheus.py "$MODEL" --device "$DEVICE" \
+    ${MODEL_FLAGS:---speaks-codes} | tee "$WORK/make_model.json" | tail -25
+  if grep -q '"speaks_codes": true' "$MODEL/config.json" 2>/dev/null; then
+    log "checking that the model emits valid codes unconstrained"
+    run_for 90 30 "$PY" scripts/gpu/make_random_orpheus.py "$MODEL" --device "$DEVICE" --check \
+      | tee "$WORK/check_codes.json" || note "the model does not emit valid codes unconstrained: V2 runs produce little audio"
+  fi
 }
 
 stage_codec() {
@@ -117,10 +124,13 @@ EOF
 variant_flags() {
   case $1 in
     bf16) echo "--set llm.max_num_seqs=${MAX_SEQS:-512}" ;;
+    # sampling paths (docs/performance.md "V1 or V2 on the GPU"): bf16 is V1 with ours
+    bf16v2) echo "--set llm.model_runner=v2 --set llm.max_num_seqs=${MAX_SEQS:-512}" ;;
+    bf16sync) echo "--set llm.async_scheduling=false --set llm.max_num_seqs=${MAX_SEQS:-512}" ;;
     fp8kv) echo "--set llm.kv_cache_dtype=fp8 --set llm.max_num_seqs=${MAX_SEQS:-1024}" ;;
     fp8w) echo "--set llm.quantization=fp8 --set llm.max_num_seqs=${MAX_SEQS:-512}" ;;
     fp8) echo "--set llm.kv_cache_dtype=fp8 --set llm.quantization=fp8 --set llm.max_num_seqs=${MAX_SEQS:-1024}" ;;
-    *) echo "unknown variant $1 (bf16|fp8kv|fp8w|fp8)" >&2; return 1 ;;
+    *) echo "unknown variant $1 (bf16|bf16v2|bf16sync|fp8kv|fp8w|fp8)" >&2; return 1 ;;
   esac
 }
 

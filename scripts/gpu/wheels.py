@@ -14,6 +14,8 @@ Standard library only, plus ``packaging`` for the version checks on the device.
     wheels.py assemble STAGE WHEELDIR [--only-complete]
         joins chunks (in order), verifies every wheel's sha256, writes WHEELDIR/*.whl
     wheels.py select WHEELDIR                       # the wheels this machine needs (one a line)
+    wheels.py slim WHEEL --drop GLOB [--drop GLOB]  # rewrite WHEEL without the files matching
+        any GLOB (and their RECORD lines): optional native modules the device never loads
 
 A part is a folder of at most part-mib MiB; together with the working tree that travels with
 every call it must stay under the device's 64 MiB per call.
@@ -370,6 +372,47 @@ def cmd_select(args: argparse.Namespace) -> int:
     return 0
 
 
+def slim_wheel(path: Path, drops: list[str]) -> tuple[int, int, list[str]]:
+    """Rewrite the wheel at ``path`` without the members matching any of ``drops``
+    (fnmatch globs on the member path) and without their RECORD lines. Returns (bytes
+    before, bytes after, dropped members)."""
+    import fnmatch
+
+    before = path.stat().st_size
+    tmp = path.with_suffix(".slim.tmp")
+    dropped: list[str] = []
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            if any(fnmatch.fnmatch(info.filename, g) for g in drops):
+                dropped.append(info.filename)
+                continue
+            data = src.read(info)
+            if info.filename.endswith(".dist-info/RECORD"):
+                keep = [
+                    line
+                    for line in data.decode().splitlines(keepends=True)
+                    if line.split(",", 1)[0] not in dropped
+                    and not any(fnmatch.fnmatch(line.split(",", 1)[0], g) for g in drops)
+                ]
+                data = "".join(keep).encode()
+            dst.writestr(info, data, compress_type=info.compress_type)
+    os.replace(tmp, path)
+    return before, path.stat().st_size, dropped
+
+
+def cmd_slim(args: argparse.Namespace) -> int:
+    path = Path(args.wheel)
+    before, after, dropped = slim_wheel(path, args.drop)
+    if not dropped:  # already slimmed (a kept download): nothing to do
+        print(f"slim {path.name}: nothing matched (already slim)")
+        return 0
+    print(
+        f"slim {path.name}: {before / MIB:.1f} -> {after / MIB:.1f} MiB, dropped "
+        + ", ".join(dropped)
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="wheels.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -399,8 +442,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("stage")
     s.add_argument("wheeldir")
     s.add_argument("--skip", help="wheel names not to install (comma list)")
+    s = sub.add_parser("slim")
+    s.add_argument("wheel")
+    s.add_argument("--drop", action="append", required=True)
     args = p.parse_args(argv)
     return {
+        "slim": cmd_slim,
         "read-list": cmd_read_list,
         "layout": cmd_layout,
         "deps": cmd_deps,
