@@ -18,6 +18,7 @@ from gateway_harness import serve_config, wait_until
 
 from gateway.synthetic_backend import SyntheticBackend, synthetic_pcm
 from orchestrator.local_server import free_port
+from shm.admission import create_admission_segment
 from shm.layout import InstanceLayout
 from shm.messages import Heartbeat, WorkerReady, orchestrator_decoder
 from shm.ring import create_ring, unlink_ring
@@ -61,6 +62,7 @@ async def test_two_processes_share_the_port_and_drain_on_sigterm(layout: Instanc
     lay = InstanceLayout(instance=layout.instance, run_dir=layout.run_dir, gateways=2)
     for i in range(2):
         create_ring(lay.pcm_ring(i), 4 << 20)
+    create_admission_segment(lay.admission_segment, 2)  # as the orchestrator does
     port = free_port()
     config = serve_config(port=port, processes=2)
     orch = zmq.Context.instance().socket(zmq.PULL)
