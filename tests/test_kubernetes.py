@@ -574,3 +574,28 @@ def test_cpu_dev_overlay_serves_the_cpu_image_configuration(tmp_path: Path) -> N
     for key in ("cpu", "memory", "nvidia.com/gpu"):
         assert gpu["resources"]["requests"][key] == gpu["resources"]["limits"][key], key
     assert "nvidia.com/gpu" not in container(objs)["resources"]["limits"]
+
+
+def kustomization_files(directory: Path, seen: set[Path]) -> None:
+    """Every file a kustomization uses, following resources and components."""
+    k = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    seen.add(directory / "kustomization.yaml")
+    refs = [*k.get("resources", []), *k.get("components", [])]
+    refs += [p["path"] for p in k.get("patches", []) if "path" in p]
+    for gen in (*k.get("configMapGenerator", []), *k.get("secretGenerator", [])):
+        refs += [f.split("=")[-1] for f in gen.get("files", [])]
+    for ref in refs:
+        path = (directory / ref).resolve()
+        if path.is_dir():
+            kustomization_files(path, seen)
+        else:
+            seen.add(path)
+
+
+def test_every_kubernetes_file_is_used_by_an_overlay_or_checked_here() -> None:
+    used: set[Path] = set()
+    for overlay in OVERLAYS:
+        kustomization_files(KUBE / "overlays" / overlay, used)
+    used.add(KUBE / "prometheus-adapter" / "values.yaml")  # test_autoscaling_... reads it
+    present = {p.resolve() for p in KUBE.rglob("*") if p.is_file()}
+    assert present == used, f"unused or unchecked: {sorted(map(str, present ^ used))}"
