@@ -252,8 +252,8 @@ async def test_two_gateway_processes_admit_for_the_node_under_a_flood(
         async with aiohttp.ClientSession(connector=conn) as s:
 
             async def stream() -> tuple[int, str, dict[str, str]]:
-                # 12 frames at real-time pace: about 1 s per stream.
-                async with s.post(f"{url}/v1/audio/speech", json={**body, "max_tokens": 84}) as r:
+                # 36 frames at real-time pace: about 3 s per stream, time enough to probe.
+                async with s.post(f"{url}/v1/audio/speech", json={**body, "max_tokens": 252}) as r:
                     await r.read()
                     return r.status, r.headers.get("Retry-After", ""), dict(r.headers)
 
