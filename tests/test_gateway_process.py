@@ -49,9 +49,18 @@ def start_gateway(
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, msgspec.json.encode(config).decode(),
          msgspec.json.encode(layout).decode(), str(index)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gateway_env(metrics_dir),
     )  # fmt: skip
+
+
+def gateway_env(metrics_dir: str) -> dict[str, str]:
+    """The child's environment. Without a metrics directory the variable must be absent:
+    prometheus_client treats a set-but-empty PROMETHEUS_MULTIPROC_DIR as the working
+    directory and leaves its .db files there."""
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    if metrics_dir:
+        env["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    return env
 
 
 def pcm_for(frames: int) -> bytes:
