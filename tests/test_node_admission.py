@@ -8,6 +8,7 @@ file, as two processes have); the flood test runs two real gateway processes
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import mmap
 import os
 import signal
@@ -49,8 +50,10 @@ def node(layout: InstanceLayout) -> Iterator[InstanceLayout]:
 
 
 def slots(lay: InstanceLayout) -> np.ndarray:
-    """A copy of the segment's slots, read as a monitoring tool would (no lock)."""
+    """A consistent copy of the segment's slots: read under the node's lock (shared), so a
+    slot handed from one process to another is never seen in both or neither."""
     with open(os.path.join(SHM_DIR, lay.admission_segment), "rb") as f:
+        fcntl.flock(f, fcntl.LOCK_SH)
         raw = f.read(segment_bytes(lay.gateways))
     return np.frombuffer(raw, dtype=np.int64).reshape(-1, 8)[: lay.gateways].copy()
 
