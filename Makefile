@@ -3,8 +3,13 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# checkov (security checks of deploy/kubernetes) lives in its own environment: it pins
+# packaging and networkx below what torch and vLLM use.
+CHECKOV_VENV  := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
+CHECKOV_VERSION := 3.3.30
 
-.PHONY: install demo test lint bench-codec bench-penalties bench-gateway clean
+.PHONY: install checkov demo test lint bench-codec bench-penalties bench-gateway clean
 
 install: $(STAMP)
 
@@ -25,10 +30,17 @@ $(STAMP): pyproject.toml Makefile
 	  || echo "Debian test tools not installed: the tests that need them will be skipped"; }
 	touch $(STAMP)
 
+checkov: $(CHECKOV_STAMP)
+
+$(CHECKOV_STAMP): Makefile
+	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install -q checkov==$(CHECKOV_VERSION) && touch $(CHECKOV_STAMP) \
+	  || echo "checkov not installed: tests/test_kubernetes.py will skip its security checks"
+
 demo: install
 	$(BIN)/python -m orchestrator.demo
 
-test: install
+test: install checkov
 	$(BIN)/python -m pytest -q -ra
 
 lint: install
@@ -45,4 +57,4 @@ bench-gateway: install
 	$(BIN)/orpheus-serve bench gateway --json docs/results/gateway_cpu.json
 
 clean:
-	rm -rf $(VENV) tiny-model demo.wav .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(CHECKOV_VENV) tiny-model demo.wav .pytest_cache .ruff_cache .hypothesis

@@ -3,17 +3,30 @@
 A request either gets a slot at once, waits in the queue (at most ``max_queued`` waiters,
 each for at most ``queue_timeout_s``), or is refused with 429 and Retry-After. While the
 gate is closed (draining, workers not ready) requests are refused with 503.
+
+The limits are the node's. With one gateway process they are counted here; with several
+(``gateway.processes > 1``) every process counts against the node's shared
+``shm.admission.AdmissionBoard``: a request is admitted at once only when the node has a free
+slot and nobody on the node waits; queued requests are served in node-wide arrival order. A
+slot freed in one process goes to the oldest waiter of the node: the releasing process hands
+it over when that waiter is its own, otherwise the process holding the waiter takes it at
+its next poll (every ``POLL_S`` while it has waiters).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from gateway.errors import APIError
+from shm.admission import NOBODY, AdmissionBoard, Others
 
 Gate = Callable[[], APIError | None]
+POLL_S = 0.005
+"""How often a process with queued requests looks for slots freed by the other processes."""
 
 
 class Admission:
@@ -24,22 +37,47 @@ class Admission:
         queue_timeout_s: float,
         retry_after_s: int,
         gate: Gate,
+        board: AdmissionBoard | None = None,
     ) -> None:
         self.max_active = max_active
         self.max_queued = max_queued
         self._queue_timeout_s = queue_timeout_s
         self._retry_after_s = retry_after_s
         self._gate = gate
+        self._board = board
         self.active = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        """Streams this process holds (the node's: ``node_counts()``)."""
+        self._waiters: deque[tuple[asyncio.Future[None], int]] = deque()
+        """This process's queued requests and their arrival times (monotonic ns)."""
+        self._poller: asyncio.Task[None] | None = None
 
     @property
     def queued(self) -> int:
         return len(self._waiters)
 
+    @contextlib.contextmanager
+    def _node(self) -> Iterator[Others]:
+        """The other processes' counts, under the node's lock; this process's counts are
+        published when the block ends."""
+        if self._board is None:
+            yield NOBODY
+            return
+        with self._board.locked():
+            others = self._board.others()
+            try:
+                yield others
+            finally:
+                oldest = self._waiters[0][1] if self._waiters else 0
+                self._board.publish(self.active, len(self._waiters), oldest)
+
+    def node_counts(self) -> tuple[int, int]:
+        """Active and queued streams of the whole node."""
+        with self._node() as others:
+            return self.active + others.active, len(self._waiters) + others.queued
+
     @property
     def full(self) -> bool:
-        return self.active >= self.max_active
+        return self.node_counts()[0] >= self.max_active
 
     def _busy(self, code: str, message: str) -> APIError:
         return APIError(429, code, message, retry_after_s=self._retry_after_s)
@@ -49,30 +87,38 @@ class Admission:
         refused = self._gate()
         if refused is not None:
             raise refused
-        if self.active < self.max_active and not self._waiters:
-            self.active += 1
-            return
-        if len(self._waiters) >= self.max_queued:
-            raise self._busy(
-                "server_busy",
-                f"all {self.max_active} streams are busy and {self.max_queued} requests wait",
-            )
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        self._waiters.append(fut)
+        with self._node() as others:
+            nobody_waits = not self._waiters and not others.queued
+            if nobody_waits and self.active + others.active < self.max_active:
+                self.active += 1
+                return
+            if len(self._waiters) + others.queued >= self.max_queued:
+                raise self._busy(
+                    "server_busy",
+                    f"all {self.max_active} streams are busy and {self.max_queued} requests wait",
+                )
+            fut: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((fut, time.monotonic_ns()))
+        if self._board is not None and (self._poller is None or self._poller.done()):
+            self._poller = loop.create_task(self._poll(), name="admission-poll")
         timer = loop.call_later(self._queue_timeout_s, self._expire, fut)
         try:
-            await fut  # on success the releasing stream handed its slot over (active counted)
+            await fut  # on success a slot was handed over (active counted)
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 self.release()  # we were handed a slot just as we were cancelled
             raise
         finally:
             timer.cancel()
-            try:
-                self._waiters.remove(fut)
-            except ValueError:
-                pass
+            self._forget(fut)
+
+    def _forget(self, fut: asyncio.Future[None]) -> None:
+        for i, (f, _) in enumerate(self._waiters):
+            if f is fut:
+                with self._node():
+                    del self._waiters[i]
+                return
 
     def _expire(self, fut: asyncio.Future[None]) -> None:
         if not fut.done():
@@ -83,19 +129,47 @@ class Admission:
                 )
             )
 
-    def release(self) -> None:
-        """Give a slot back; the oldest waiter (if any) takes it over."""
-        self.active -= 1
+    def _grant(self, others: Others) -> None:
+        """Hand free node slots to this process's waiters while they are the node's oldest."""
+        while self._waiters and self.active + others.active < self.max_active:
+            fut, since = self._waiters[0]
+            if fut.done():  # expired or cancelled; its acquire() forgets it
+                self._waiters.popleft()
+                continue
+            if others.oldest_wait_ns and (others.oldest_wait_ns, others.oldest_index) < (
+                since,
+                self._board.index if self._board is not None else 0,
+            ):
+                return  # another process holds an older request: the slot is its
+            self._waiters.popleft()
+            self.active += 1
+            fut.set_result(None)
+
+    async def _poll(self) -> None:
         while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                self.active += 1
-                fut.set_result(None)
-                return
+            await asyncio.sleep(POLL_S)
+            with self._node() as others:
+                self._grant(others)
+
+    def release(self) -> None:
+        """Give a slot back; the node's oldest waiter takes it over."""
+        with self._node() as others:
+            self.active -= 1
+            self._grant(others)
 
     def refuse_waiting(self, error: APIError) -> None:
         """Fail every queued request with ``error`` (the gateway starts draining)."""
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_exception(error)
+        with self._node():
+            while self._waiters:
+                fut, _ = self._waiters.popleft()
+                if not fut.done():
+                    fut.set_exception(error)
+
+    def close(self) -> None:
+        """Stop polling and give this process's slot on the node back."""
+        if self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
+        if self._board is not None:
+            self._board.close()
+            self._board = None

@@ -31,6 +31,7 @@ from gateway.streams import PcmStream, StreamRegistry
 from gateway.upstream import ControlChannel, UpstreamUnavailable
 from gateway.voices import ENGLISH_VOICES, VoiceCatalog
 from orchestrator.config import ServeConfig
+from shm.admission import AdmissionBoard
 from shm.layout import InstanceLayout
 from shm.messages import ClusterStatus
 from shm.records import SAMPLE_RATE, StreamError
@@ -200,6 +201,10 @@ class Gateway:
             g.queue_timeout_s,
             g.retry_after_s,
             self._gate,
+            # With several gateway processes the limits are the node's (shm/admission.py).
+            AdmissionBoard(layout.admission_segment, layout.gateways, index)
+            if layout.shared_admission
+            else None,
         )
         self.cluster = ClusterWatcher(layout.status, self._on_status)
         self.draining = False
@@ -235,6 +240,7 @@ class Gateway:
             self._reader.close()
             self._reader = None
         self.control.close()
+        self.admission.close()
 
     def begin_drain(self) -> None:
         """Admit nothing more (503); queued requests are refused now."""
@@ -305,13 +311,14 @@ class Gateway:
                 reasons.append("instance draining")
         if self.draining:
             reasons.append("gateway draining")
-        if self.admission.full:
+        active, queued = self.admission.node_counts()  # the node's, over every gateway
+        if active >= self.admission.max_active:
             reasons.append(f"all {self.admission.max_active} stream slots busy")
         return Readiness(
             ready=not reasons,
             reasons=reasons,
-            active_streams=self.admission.active,
-            queued_streams=self.admission.queued,
+            active_streams=active,
+            queued_streams=queued,
             max_active_streams=self.admission.max_active,
             draining=self.draining,
         )

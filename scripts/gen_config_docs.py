@@ -92,12 +92,14 @@ DESCRIPTIONS: dict[str, str] = {
     "gateway.host": 'Listen address of HTTP and WebSocket ("0.0.0.0": all interfaces).',
     "gateway.port": "Listen TCP port of HTTP and WebSocket.",
     "gateway.processes": "Gateway processes, sharing the port (SO_REUSEPORT); each has its "
-    "own event loop, PCM ring and admission limits.",
-    "gateway.max_active_streams": "Streams one gateway process serves at once (each of "
-    "gateway.processes admits its own); when all are busy GET /ready answers 503 and new "
-    "requests wait in the queue.",
-    "gateway.max_queued_streams": "Requests that may wait for a slot, per gateway process; "
-    "beyond it requests are refused at once with 429 and Retry-After.",
+    "own event loop and PCM ring; they admit against the node's limits together (a shared "
+    "counter in the instance's shared memory).",
+    "gateway.max_active_streams": "Streams the node serves at once, over all of "
+    "gateway.processes; when all are busy GET /ready (of every gateway process) answers 503 "
+    "and new requests wait in the queue.",
+    "gateway.max_queued_streams": "Requests that may wait for a slot, for the whole node (served "
+    "in arrival order across gateway processes); beyond it requests are refused at once with 429 "
+    "and Retry-After.",
     "gateway.api_keys": "Accepted API keys for /v1/* (`Authorization: Bearer KEY`; WebSocket "
     "also `?api_key=`). Empty: no authentication.",
     "gateway.max_input_chars": "Longest `input` text accepted; longer requests get 400.",

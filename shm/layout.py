@@ -64,5 +64,15 @@ class InstanceLayout(msgspec.Struct, frozen=True):
     def pcm_ring(self, gateway_index: int) -> RingEndpoints:
         return self._ring(f"pcm-{gateway_index}")
 
+    @property
+    def admission_segment(self) -> str:
+        """Node-wide admission counters of the gateways (``shm.admission``; processes > 1)."""
+        return f"{self.instance}-admission"
+
+    @property
+    def shared_admission(self) -> bool:
+        """Whether the gateways admit through the shared segment (more than one gateway)."""
+        return self.gateways > 1
+
     def all_rings(self) -> list[RingEndpoints]:
         return [self.code_ring, *(self.pcm_ring(i) for i in range(self.gateways))]

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 
+from shm.admission import create_admission_segment, unlink_admission_segment
 from shm.config import ShmConfig
 from shm.layout import SEGMENT_PREFIX, InstanceLayout
 from shm.ring import SHM_DIR, create_ring, unlink_ring
@@ -35,6 +36,8 @@ def create_instance(layout: InstanceLayout, cfg: ShmConfig) -> None:
     create_ring(layout.code_ring, cfg.code_ring_bytes)
     for i in range(layout.gateways):
         create_ring(layout.pcm_ring(i), cfg.pcm_ring_bytes)
+    if layout.shared_admission:
+        create_admission_segment(layout.admission_segment, layout.gateways)
 
 
 def destroy_instance(layout: InstanceLayout) -> None:
@@ -42,6 +45,7 @@ def destroy_instance(layout: InstanceLayout) -> None:
     under the instance prefix) and remove the socket directory. Idempotent."""
     for ep in layout.all_rings():
         unlink_ring(ep)
+    unlink_admission_segment(layout.admission_segment)
     for name in instance_segments(layout.instance):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(SHM_DIR, name))

@@ -18,6 +18,7 @@ from gateway_harness import serve_config, wait_until
 
 from gateway.synthetic_backend import SyntheticBackend, synthetic_pcm
 from orchestrator.local_server import free_port
+from shm.admission import create_admission_segment
 from shm.layout import InstanceLayout
 from shm.messages import Heartbeat, WorkerReady, orchestrator_decoder
 from shm.ring import create_ring, unlink_ring
@@ -48,9 +49,18 @@ def start_gateway(
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, msgspec.json.encode(config).decode(),
          msgspec.json.encode(layout).decode(), str(index)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gateway_env(metrics_dir),
     )  # fmt: skip
+
+
+def gateway_env(metrics_dir: str) -> dict[str, str]:
+    """The child's environment. Without a metrics directory the variable must be absent:
+    prometheus_client treats a set-but-empty PROMETHEUS_MULTIPROC_DIR as the working
+    directory and leaves its .db files there."""
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    if metrics_dir:
+        env["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    return env
 
 
 def pcm_for(frames: int) -> bytes:
@@ -61,6 +71,7 @@ async def test_two_processes_share_the_port_and_drain_on_sigterm(layout: Instanc
     lay = InstanceLayout(instance=layout.instance, run_dir=layout.run_dir, gateways=2)
     for i in range(2):
         create_ring(lay.pcm_ring(i), 4 << 20)
+    create_admission_segment(lay.admission_segment, 2)  # as the orchestrator does
     port = free_port()
     config = serve_config(port=port, processes=2)
     orch = zmq.Context.instance().socket(zmq.PULL)

@@ -1,0 +1,153 @@
+"""Node-wide admission counters in the instance's shared memory.
+
+With ``gateway.processes > 1`` the gateway processes admit streams against one set of limits
+(``max_active_streams``, ``max_queued_streams``) for the whole node, so that ``GET /ready``
+and the 429s of any gateway say what the node can take. The segment
+``/dev/shm/<instance>-admission`` holds one 64-byte slot per gateway process::
+
+    slot i:  pid i64 | active i64 | queued i64 | oldest_wait_ns i64 | (32 bytes unused)
+
+A slot is written only by its gateway (``index``), and only while that gateway holds an
+exclusive ``flock`` on the segment, so that "count the node, then take a slot" is atomic
+across processes (two syscalls, held for microseconds). All zeros is the empty state: the
+orchestrator creates the segment zero-filled, a gateway claims its slot at start and zeroes
+it at exit. A gateway killed without zeroing its slot (SIGKILL) is detected by its pid: a
+slot whose pid is not alive counts as empty and is zeroed by the next gateway that looks.
+The lock dies with its holder (flock locks belong to the open file), so a killed gateway
+cannot wedge the others. ``oldest_wait_ns`` (CLOCK_MONOTONIC, one clock for every process)
+of each gateway's oldest queued request lets the gateways serve their queues in node-wide
+arrival order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+
+from shm.ring import SHM_DIR
+
+SLOT_BYTES = 64
+_FIELDS = SLOT_BYTES // 8
+PID, ACTIVE, QUEUED, OLDEST = 0, 1, 2, 3
+
+
+def segment_bytes(slots: int) -> int:
+    return max(mmap.PAGESIZE, slots * SLOT_BYTES)
+
+
+def create_admission_segment(segment: str, slots: int) -> None:
+    """Create the zero-filled segment (the orchestrator does, with the rings)."""
+    fd = os.open(os.path.join(SHM_DIR, segment), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, segment_bytes(slots))
+    finally:
+        os.close(fd)
+
+
+def unlink_admission_segment(segment: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(SHM_DIR, segment))
+
+
+class Others(NamedTuple):
+    """What the other gateway processes of the node hold."""
+
+    active: int
+    queued: int
+    oldest_wait_ns: int
+    """Arrival time of their oldest queued request (0: none queued)."""
+    oldest_index: int
+    """Index of the gateway holding that request (ties go to the lower index)."""
+
+
+NOBODY = Others(0, 0, 0, -1)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class AdmissionBoard:
+    """One gateway's handle on the node's admission segment."""
+
+    def __init__(self, segment: str, slots: int, index: int) -> None:
+        if not 0 <= index < slots:
+            raise ValueError(f"gateway index {index} outside 0..{slots - 1}")
+        self.index = index
+        self._fd = os.open(os.path.join(SHM_DIR, segment), os.O_RDWR)
+        try:
+            size = segment_bytes(slots)
+            if os.fstat(self._fd).st_size < size:
+                raise ValueError(f"admission segment {segment} is smaller than {size} bytes")
+            self._mm = mmap.mmap(self._fd, size)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._slots = np.ndarray((slots, _FIELDS), dtype=np.int64, buffer=self._mm)
+        self._locked = False
+        with self.locked():
+            self._slots[index] = 0
+            self._slots[index, PID] = os.getpid()
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the node's admission lock (not re-entrant; never held across an await)."""
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self._locked = True
+        try:
+            yield
+        finally:
+            self._locked = False
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def others(self) -> Others:
+        """The other gateways' counts (lock held). Slots of dead processes are zeroed."""
+        assert self._locked, "others() needs the lock"
+        active = queued = 0
+        oldest, oldest_index = 0, -1
+        for i, slot in enumerate(self._slots):
+            if i == self.index:
+                continue
+            pid = int(slot[PID])
+            if pid == 0:
+                continue
+            if not _pid_alive(pid):
+                self._slots[i] = 0
+                continue
+            active += int(slot[ACTIVE])
+            queued += int(slot[QUEUED])
+            t = int(slot[OLDEST])
+            if t and (oldest == 0 or t < oldest):
+                oldest, oldest_index = t, i
+        return Others(active, queued, oldest, oldest_index)
+
+    def publish(self, active: int, queued: int, oldest_wait_ns: int) -> None:
+        """Write this gateway's counts (lock held)."""
+        assert self._locked, "publish() needs the lock"
+        slot = self._slots[self.index]
+        slot[ACTIVE] = active
+        slot[QUEUED] = queued
+        slot[OLDEST] = oldest_wait_ns
+
+    def close(self) -> None:
+        """Give this gateway's slot back (its streams are over) and unmap. Idempotent."""
+        if self._fd < 0:
+            return
+        with self.locked():
+            self._slots[self.index] = 0
+        del self._slots
+        self._mm.close()
+        os.close(self._fd)
+        self._fd = -1
