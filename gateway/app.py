@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import web
 
+from gateway import elevenlabs
 from gateway.errors import APIError
 from gateway.omni_ws import OMNI_PATH, omni_handler
 from gateway.service import Gateway
@@ -156,6 +157,13 @@ def build_app(gateway: Gateway) -> web.Application:
 
     app.router.add_post("/v1/audio/speech", speech_handler(gateway))
     app.router.add_get(OMNI_PATH, omni_handler(gateway))
+    app.router.add_get(elevenlabs.WS_PATH, elevenlabs.multi_stream_handler(gateway))
+    app.router.add_post(
+        elevenlabs.STREAM_PATH, elevenlabs.stream_handler(gateway, timestamps=False)
+    )
+    app.router.add_post(
+        elevenlabs.TIMESTAMPS_PATH, elevenlabs.stream_handler(gateway, timestamps=True)
+    )
     app.router.add_get("/v1/audio/voices", voices)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
