@@ -45,7 +45,7 @@ from gateway.service import Gateway
 from gateway.speech_http import Handler
 from gateway.streams import StreamFailed
 from gateway.text_units import Granularity, Unit, UnitSplitter
-from gateway.utterance import Lane, pcm_ms, speak_unit
+from gateway.utterance import Lane, drain_while_open, pcm_ms, speak_unit
 from shm.messages import SamplingOverrides
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,6 @@ class _Session:
         self.utterance = 0
         self.sentence = 0
         self.utterance_open = False
-        self.closing = False
 
     async def send(self, msg: msgspec.Struct) -> None:
         if not self.ws.closed:
@@ -415,12 +414,11 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
             elif kind == "input.done":
                 s.input_done()
             elif kind == "session.close":
-                s.closing = True
-                await s.lane.drained()  # what was flushed is delivered, then the socket closes
+                # What was flushed is delivered, then the socket closes.
+                await drain_while_open(ws, s.lane)
                 break
             else:
                 await s.error(f"Unknown message type: {kind}", "invalid_message")
-        await s.lane.drained()
     finally:
         await s.lane.cancel()
         if s.stream_encoder is not None:

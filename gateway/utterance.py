@@ -17,6 +17,8 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
+from aiohttp import web
+
 from gateway.schemas import SpeechParams
 from gateway.service import Gateway, Session
 from shm.messages import SamplingOverrides
@@ -122,3 +124,22 @@ class Lane:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def drain_while_open(ws: web.WebSocketResponse, lane: Lane) -> bool:
+    """Wait until ``lane`` has run everything queued, unless the client closes the socket
+    (or sends anything) first; then cancel the lane. True: drained."""
+    drained = asyncio.ensure_future(lane.drained())
+    received = asyncio.ensure_future(ws.receive())
+    try:
+        done, _ = await asyncio.wait({drained, received}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (drained, received):
+            if not t.done():
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+    if drained in done:
+        return True
+    await lane.cancel()
+    return False
