@@ -69,11 +69,11 @@ async def speak_unit(
 
 
 class Lane:
-    """Runs queued jobs one at a time, in order, until cancelled."""
+    """Runs queued jobs one at a time, in order. Its task lives only while there are jobs
+    (a finished ElevenLabs context leaves nothing behind)."""
 
     def __init__(self, name: str) -> None:
         self._jobs: deque[Callable[[], Awaitable[None]]] = deque()
-        self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._name = name
         self.busy = False
@@ -85,25 +85,25 @@ class Lane:
 
     def push(self, job: Callable[[], Awaitable[None]]) -> None:
         self._jobs.append(job)
-        self._wake.set()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=self._name)
 
     async def _run(self) -> None:
-        while True:
-            while not self._jobs:
-                self._wake.clear()
-                await self._wake.wait()
-            job = self._jobs.popleft()
-            self.busy = True
-            try:
-                await job()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("%s: a job failed", self._name)
-            finally:
-                self.busy = False
+        try:
+            while self._jobs:
+                job = self._jobs.popleft()
+                self.busy = True
+                try:
+                    await job()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("%s: a job failed", self._name)
+                finally:
+                    self.busy = False
+        finally:
+            if self._task is asyncio.current_task():
+                self._task = None
 
     async def drained(self) -> None:
         """Wait until every job pushed so far has run."""
@@ -120,7 +120,7 @@ class Lane:
         """Drop the queued jobs and cancel the running one (its stream is cancelled upstream)."""
         self._jobs.clear()
         task, self._task = self._task, None
-        if task is not None:
+        if task is not None and task is not asyncio.current_task():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
