@@ -453,9 +453,12 @@ def stream_handler(gateway: Gateway, *, timestamps: bool) -> Handler:
                             span_start = audio_ms
                     return len(data)
 
+                # TTFB of the first unit counts from the request; of the others, from the
+                # moment they could start (the end of the one before).
                 await speak_unit(
-                    gateway, unit.text, voice, sampling, API, deliver, started_at=started_at
-                )
+                    gateway, unit.text, voice, sampling, API, deliver,
+                    started_at=started_at if unit is units[0] else None,
+                )  # fmt: skip
             tail = enc.finish()
             if tail:
                 await write(line(tail, None) if timestamps else tail)

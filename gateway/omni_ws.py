@@ -405,8 +405,11 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
                 break
             elif kind == "input.text":
                 text = raw.get("text", "")
-                if not isinstance(text, str) or "\x00" in text:
+                if not isinstance(text, str):
                     await s.error("input.text requires a string value", "invalid_message")
+                    continue
+                if "\x00" in text:
+                    await s.error("input.text contains a NUL character", "invalid_message")
                     continue
                 if text:
                     s.utterance_open = True

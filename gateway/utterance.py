@@ -97,6 +97,8 @@ class Lane:
                     await job()
                 except asyncio.CancelledError:
                     raise
+                except ConnectionError as e:  # the client went away while we wrote to it
+                    log.debug("%s: client gone: %s", self._name, e)
                 except Exception:
                     log.exception("%s: a job failed", self._name)
                 finally:

@@ -125,7 +125,7 @@ async def test_pipecat_elevenlabs_websocket(layout: InstanceLayout, sample_rate:
     from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
 
     async with running_gateway(layout, api_keys=["pk"]) as h:
-        service = ElevenLabsTTSService(api_key="pk", voice_id="tara",
+        service = ElevenLabsTTSService(api_key="pk", settings=ElevenLabsTTSService.Settings(voice="tara"),
                                        url=h.url.replace("http://", "ws://"),
                                        sample_rate=sample_rate)  # fmt: skip
         frames = await pipecat_speak(service, ["Hello there, friend.", "Second turn."])
@@ -143,10 +143,31 @@ async def test_pipecat_elevenlabs_http(layout: InstanceLayout) -> None:
     from pipecat.services.elevenlabs.tts import ElevenLabsHttpTTSService
 
     async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
-        service = ElevenLabsHttpTTSService(api_key="x", voice_id="tara", aiohttp_session=s,
+        service = ElevenLabsHttpTTSService(api_key="x", settings=ElevenLabsHttpTTSService.Settings(voice="tara"), aiohttp_session=s,
                                            base_url=h.url, sample_rate=22050)  # fmt: skip
         frames = await pipecat_speak(service, ["One sentence. And two."])
     audio = b"".join(f.audio for f in frames if isinstance(f, TTSAudioRawFrame))
     words = [f.text for f in frames if isinstance(f, TTSTextFrame)]
     assert len(audio) / 2 / 22050 == pytest.approx(21 * 2048 / SR, abs=0.01)  # 13 + 8 chars
     assert "two." in " ".join(words)
+
+
+async def test_pipecat_elevenlabs_interruption_cancels_upstream(layout: InstanceLayout) -> None:
+    pytest.importorskip("pipecat.services.elevenlabs.tts")
+    from pipecat.frames.frames import InterruptionFrame, TTSAudioRawFrame, TTSSpeakFrame
+    from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
+    from pipecat.tests.utils import SleepFrame, run_test
+
+    async with running_gateway(layout, backend={"realtime": True}) as h:
+        service = ElevenLabsTTSService(api_key="x", settings=ElevenLabsTTSService.Settings(voice="tara"),
+                                       url=h.url.replace("http://", "ws://"),
+                                       sample_rate=24000)  # fmt: skip
+        text = "A long reply that the user talks over before it is half done."
+        down, _ = await run_test(
+            service,
+            frames_to_send=[TTSSpeakFrame(text), SleepFrame(1.0), InterruptionFrame()],
+        )
+        await wait_until(lambda: len(h.backend.cancelled_ids()) == 1, what="Cancel upstream")
+        await wait_until(lambda: h.gateway.active_streams == 0, what="slot freed")
+    audio = b"".join(f.audio for f in down if isinstance(f, TTSAudioRawFrame))
+    assert 0 < len(audio) < len(text) * 2048 * 2
