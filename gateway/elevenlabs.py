@@ -188,6 +188,8 @@ class _Socket:
                 await self.close_context(ctx)
             return True
         if ctx is None:
+            if not text:
+                return True  # a keepalive or a flush for a finished context: nothing to do
             if len(self.contexts) >= MAX_CONTEXTS:
                 await self.error(
                     APIError(

@@ -89,8 +89,12 @@ async def test_two_contexts_on_one_socket_and_a_turn_end(layout: InstanceLayout)
             await ws.send_json({"text": "", "context_id": "b", "flush": True})
             await ws.send_json({"context_id": "b", "close_context": True})
             await receive_until(ws, r, lambda: len(r.final) == 2)
-            # A second close of a finished context is ignored; the socket goes on.
+            # A second close, a keepalive or a flush for a finished context is ignored (and
+            # opens no context); the socket goes on.
             await ws.send_json({"context_id": "a", "close_context": True})
+            await ws.send_json({"text": "", "context_id": "a"})
+            await ws.send_json({"context_id": "b", "flush": True})
+            await ws.send_json({"context_id": "a", "close_context": True})  # no "a" to close
             await ws.send_json({"text": "Third.", "context_id": "c", "flush": True})
             await ws.send_json({"text": "", "context_id": "c", "flush": True})  # turn end
             await ws.send_json({"context_id": "c", "close_context": True})
@@ -98,6 +102,7 @@ async def test_two_contexts_on_one_socket_and_a_turn_end(layout: InstanceLayout)
             await ws.send_json({"close_socket": True})
             assert (await ws.receive(5)).type == aiohttp.WSMsgType.CLOSE
         assert r.errors == []
+        assert sorted(r.final) == ["a", "b", "c"]  # one isFinal each, none for a reopened "a"
         assert bytes(r.audio["a"]) == pcm_for(len("Hello there.")) + pcm_for(len("How are you?"))
         assert bytes(r.audio["b"]) == pcm_for(len("Second context."))
         assert bytes(r.audio["c"]) == pcm_for(len("Third."))
