@@ -285,3 +285,18 @@ async def test_http_stream_and_with_timestamps(layout: InstanceLayout) -> None:
         async with s.post(url.replace("tara", "nobody"), json=body, headers=hdr) as resp:
             assert resp.status == 400 and (await resp.json())["error"]["code"] == "bad_request"
         await asyncio.sleep(0)
+
+
+async def test_voice_settings_speed_time_stretches_the_context(layout: InstanceLayout) -> None:
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        async with s.ws_connect(h.url + ws_path()) as ws:
+            r = Received()
+            await ws.send_json(
+                {"text": " ", "context_id": "fast", "voice_settings": {"speed": 2.0}}
+            )
+            await ws.send_json({"text": "Twenty characters ok.", "context_id": "fast"})
+            await ws.send_json({"context_id": "fast", "flush": True})
+            await ws.send_json({"context_id": "fast", "close_context": True})
+            await receive_until(ws, r, lambda: "fast" in r.final)
+    seconds = len(r.audio["fast"]) / 48000
+    assert abs(seconds - 21 * 2048 / 24000 / 2) < 0.1  # atempo 2x, pitch kept
