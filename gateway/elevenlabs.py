@@ -460,6 +460,7 @@ def stream_handler(gateway: Gateway, *, timestamps: bool) -> Handler:
                 await speak_unit(
                     gateway, unit.text, voice, sampling, API, deliver,
                     started_at=started_at if unit is units[0] else None,
+                    on_abort=request.transport.abort if request.transport is not None else None,
                 )  # fmt: skip
             tail = enc.finish()
             if tail:
