@@ -199,3 +199,31 @@ async def test_closing_the_socket_cancels_the_stream_upstream(layout: InstanceLa
         await wait_until(lambda: len(h.backend.cancelled_ids()) == 1, what="Cancel upstream")
         await wait_until(lambda: h.gateway.active_streams == 0, what="slot freed")
         await asyncio.sleep(0)
+
+
+async def test_split_granularity_and_config_during_an_utterance(layout: InstanceLayout) -> None:
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        async with s.ws_connect(h.url + WS) as ws:
+            await ws.send_json({"type": "session.config", "response_format": "pcm",
+                                "stream_audio": True, "split_granularity": "none"})  # fmt: skip
+            await ws.send_json({"type": "input.text", "text": "One. Two. "})
+            await ws.send_json({"type": "session.config", "response_format": "wav"})
+            await ws.send_json({"type": "input.text", "text": "Three."})
+            await ws.send_json({"type": "input.done"})
+            events, frames = await read_until(ws, "session.done")
+            errors = [e for e in events if e["type"] == "error"]
+            assert errors[0]["code"] == "utterance_in_progress"
+            starts = [e for e in events if e["type"] == "audio.start"]
+            assert [e["sentence_text"] for e in starts] == ["One. Two. Three."]  # one per flush
+            assert events[-1]["total_sentences"] == 1
+            assert b"".join(frames) == pcm_for(16)  # still pcm: the config was refused
+
+            await ws.send_json({"type": "session.config", "response_format": "pcm",
+                                "stream_audio": True, "split_granularity": "clause"})  # fmt: skip
+            await ws.send_json({"type": "input.text", "text": "First of all, we start; "})
+            await ws.send_json({"type": "input.text", "text": "then we go."})
+            await ws.send_json({"type": "input.done"})
+            events, _ = await read_until(ws, "session.done")
+            starts = [e["sentence_text"] for e in events if e["type"] == "audio.start"]
+            # A clause ends at , ; : but one under 12 characters waits for more.
+            assert starts == ["First of all,", "we start; then we go."]
