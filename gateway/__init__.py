@@ -1,4 +1,5 @@
-"""The gateway: HTTP (OpenAI-compatible), WebSocket and ZeroMQ front ends of orpheus-serve.
+"""The gateway: HTTP (OpenAI, ElevenLabs), WebSocket (vLLM-Omni, ElevenLabs, Baseten) and ZeroMQ
+front ends of orpheus-serve.
 
 Process entry point: ``gateway.main.run``. Modules, each with one job:
 
@@ -6,8 +7,11 @@ Process entry point: ``gateway.main.run``. Modules, each with one job:
 - ``streams`` / ``pcm_pump``: PCM ring records routed into bounded per-stream buffers
 - ``admission``, ``cluster``, ``upstream``: slots and queue; ClusterStatus; control PUSH
 - ``schemas``, ``voices``, ``errors``: request validation, voice names, JSON errors
-- ``encoders``, ``sse``: pcm/wav/mp3/opus/aac/flac streaming encoders; SSE events
-- ``app``, ``speech_http``, ``websocket``: the aiohttp application and its handlers
+- ``encoders``, ``audio_out``, ``sse``: streaming encoders, resampling, G.711; SSE events
+- ``app``, ``speech_http``: the aiohttp application and the OpenAI handler
+- ``omni_ws``, ``elevenlabs``, ``baseten_ws``: the voice agents' streaming protocols, on
+  ``text_units`` (text cut into sentences), ``utterance`` (units spoken in order) and
+  ``alignment`` (estimated character and word times)
 - ``zmq_protocol``, ``zmq_server``, ``zmq_client``: the ZeroMQ protocol, server, client
 - ``metrics``: Prometheus metrics; ``static/index.html``: the playground page
 - ``synthetic_backend``, ``bench``, ``bench_client``: test/benchmark harness (not served)

@@ -10,10 +10,11 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import web
 
+from gateway import baseten_ws, elevenlabs
 from gateway.errors import APIError
+from gateway.omni_ws import OMNI_PATH, omni_handler
 from gateway.service import Gateway
 from gateway.speech_http import Handler, speech_handler
-from gateway.websocket import WS_PATH, websocket_handler
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +77,28 @@ class ModelList(msgspec.Struct, frozen=True):
     object: str = "list"
 
 
+def presented_key(request: web.Request) -> str:
+    """The API key a request carries, in whichever way its protocol sends it:
+    ``Authorization: Bearer KEY`` (OpenAI), ``Authorization: Api-Key KEY`` (Baseten),
+    ``xi-api-key: KEY`` (ElevenLabs), or, on a WebSocket upgrade (browsers cannot set its
+    headers), ``?api_key=KEY``."""
+    auth = request.headers.get("Authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() in ("bearer", "api-key") and token.strip():
+        return token.strip()
+    if key := request.headers.get("xi-api-key", ""):
+        return key.strip()
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        return request.query.get("api_key", "")
+    return ""
+
+
 def api_key_check(keys: list[str]) -> Callable[[web.Request], bool]:
-    """Bearer keys on ``/v1/*`` (WebSocket: also ``?api_key=``, browsers cannot set headers)."""
+    """API keys on ``/v1/*`` (see ``presented_key`` for where a key may be)."""
     encoded = [k.encode() for k in keys]
 
     def allowed(request: web.Request) -> bool:
-        auth = request.headers.get("Authorization", "")
-        scheme, _, token = auth.partition(" ")
-        presented = token.strip() if scheme.lower() == "bearer" else ""
-        if not presented and request.path == WS_PATH:
-            presented = request.query.get("api_key", "")
+        presented = presented_key(request)
         if not presented:
             return False
         p = presented.encode()
@@ -143,7 +156,15 @@ def build_app(gateway: Gateway) -> web.Application:
         return web.FileResponse(os.path.join(STATIC_DIR, "index.html"))
 
     app.router.add_post("/v1/audio/speech", speech_handler(gateway))
-    app.router.add_get(WS_PATH, websocket_handler(gateway))
+    app.router.add_get(OMNI_PATH, omni_handler(gateway))
+    app.router.add_get(baseten_ws.PATH, baseten_ws.baseten_handler(gateway))
+    app.router.add_get(elevenlabs.WS_PATH, elevenlabs.multi_stream_handler(gateway))
+    app.router.add_post(
+        elevenlabs.STREAM_PATH, elevenlabs.stream_handler(gateway, timestamps=False)
+    )
+    app.router.add_post(
+        elevenlabs.TIMESTAMPS_PATH, elevenlabs.stream_handler(gateway, timestamps=True)
+    )
     app.router.add_get("/v1/audio/voices", voices)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)

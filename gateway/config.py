@@ -29,9 +29,11 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     upstream_idle_timeout_s: float = 30.0
     """A stream whose text is complete and that receives nothing for this long fails (504)."""
     ws_start_timeout_s: float = 10.0
-    """A WebSocket client must send its ``start`` message within this time."""
+    """A WebSocket client must send its first message (vLLM-Omni ``session.config``, Baseten's
+    start message) within this time."""
     ws_text_idle_timeout_s: float = 120.0
-    """A WebSocket stream whose text is still open fails when no message arrives for this long."""
+    """A vLLM-Omni or Baseten WebSocket is closed when nothing is being spoken and no message
+    arrives for this long (ElevenLabs sockets: their ``inactivity_timeout``)."""
     voice_aliases: dict[str, str] = msgspec.field(default_factory=lambda: dict(OPENAI_VOICES))
     served_model_names: list[str] = msgspec.field(
         default_factory=lambda: ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"]

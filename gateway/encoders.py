@@ -109,12 +109,12 @@ class WavEncoder:
         pass
 
 
-def pcm_frame(pcm: bytes, pts: int) -> av.AudioFrame:
+def pcm_frame(pcm: bytes, pts: int, rate: int = SAMPLE_RATE) -> av.AudioFrame:
     frame = av.AudioFrame.from_ndarray(
         np.frombuffer(pcm, dtype=np.int16).reshape(1, -1), format="s16", layout="mono"
     )
-    frame.sample_rate = SAMPLE_RATE
-    frame.time_base = _TIME_BASE
+    frame.sample_rate = rate
+    frame.time_base = _TIME_BASE if rate == SAMPLE_RATE else Fraction(1, rate)
     frame.pts = pts
     return frame
 
@@ -139,17 +139,24 @@ class _ByteSink:
 
 
 class ContainerEncoder:
-    """mp3 / aac (ADTS) / opus (Ogg) / flac through PyAV, flushed after every packet."""
+    """mp3 / aac (ADTS) / opus (Ogg) / flac through PyAV, flushed after every packet.
 
-    def __init__(self, fmt: str) -> None:
+    ``rate`` is the sample rate of the PCM given to ``encode`` (and of the encoded stream);
+    ``bitrate`` overrides the format's default (e.g. "32k").
+    """
+
+    def __init__(self, fmt: str, rate: int = SAMPLE_RATE, bitrate: str | None = None) -> None:
         muxer, codec, codec_opts, mux_opts = _CONTAINERS[fmt]
+        if bitrate is not None:
+            codec_opts = {**codec_opts, "b": bitrate}
         self._sink = _ByteSink()
         self._container = av.open(
             self._sink, "w", format=muxer, options={"flush_packets": "1", **mux_opts}
         )
         self._stream = self._container.add_stream(
-            codec, rate=SAMPLE_RATE, layout="mono", options=codec_opts
+            codec, rate=rate, layout="mono", options=codec_opts
         )
+        self._rate = rate
         self._pts = 0
         self._closed = False
 
@@ -162,7 +169,7 @@ class ContainerEncoder:
     def encode(self, pcm: bytes) -> bytes:
         if not pcm:
             return b""
-        frame = pcm_frame(pcm, self._pts)
+        frame = pcm_frame(pcm, self._pts, self._rate)
         self._pts += frame.samples
         return self.encode_frame(frame)
 

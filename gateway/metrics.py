@@ -32,7 +32,7 @@ OUTCOMES = (
     "shutdown",
     "internal_error",
 )
-APIS = ("http", "sse", "ws", "zmq")
+APIS = ("http", "sse", "ws", "zmq", "elevenlabs", "baseten")
 
 TTFB_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 RTF_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5, 2.0, 5.0)

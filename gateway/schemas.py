@@ -12,11 +12,13 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from gateway.audio_out import OutputFormat, check_format
 from gateway.errors import APIError
 from gateway.voices import VoiceCatalog
 from shm.messages import SamplingOverrides
 
-ResponseFormat = Literal["pcm", "wav", "mp3", "opus", "aac", "flac"]
+ResponseFormat = Literal["pcm", "wav", "mp3", "opus", "aac", "flac", "ulaw", "alaw"]
+SampleRate = Literal[8000, 16000, 22050, 24000, 44100, 48000]
 StreamFormat = Literal["audio", "sse"]
 Speed = Annotated[float, Meta(ge=0.25, le=4.0)]
 MaxTokens = Annotated[int, Meta(ge=1, le=1 << 20)]
@@ -60,6 +62,9 @@ class SpeechRequest(SamplingFields, frozen=True, kw_only=True, forbid_unknown_fi
     input: str
     voice: str | VoiceRef
     response_format: ResponseFormat = "mp3"
+    sample_rate: SampleRate | None = None
+    """Extension (as vLLM-Omni's): the rate of the audio sent; None: 24000 (8000 for
+    ``ulaw``/``alaw``)."""
     speed: Speed = 1.0
     stream_format: StreamFormat = "audio"
     instructions: str | None = None
@@ -74,8 +79,25 @@ class SpeechParams(msgspec.Struct, frozen=True, kw_only=True):
     """The model voice (aliases already resolved)."""
     sampling: SamplingOverrides = SamplingOverrides()
     response_format: ResponseFormat = "pcm"
+    sample_rate: int | None = None
     speed: float = 1.0
     stream_format: StreamFormat = "audio"
+
+    @property
+    def output(self) -> OutputFormat:
+        return output_format(self.response_format, self.sample_rate)
+
+
+def output_format(codec: ResponseFormat, sample_rate: int | None) -> OutputFormat:
+    """The ``OutputFormat`` of an OpenAI-style ``response_format`` + ``sample_rate``;
+    APIError 400 for a pair this server cannot make (``opus`` at 22050 Hz, ...)."""
+    rate = sample_rate or (8000 if codec in ("ulaw", "alaw") else 24000)
+    fmt = OutputFormat(codec, rate)
+    try:
+        check_format(fmt)
+    except ValueError as e:
+        raise bad_request(f"{codec} at {rate} Hz: {e}", param="sample_rate") from None
+    return fmt
 
 
 _speech_decoder = msgspec.json.Decoder(SpeechRequest)
@@ -129,6 +151,7 @@ def speech_params(req: SpeechRequest, voices: VoiceCatalog, max_chars: int) -> S
         voice=voices.resolve(voice),
         sampling=req.overrides(),
         response_format=req.response_format,
+        sample_rate=output_format(req.response_format, req.sample_rate).sample_rate,
         speed=req.speed,
         stream_format=req.stream_format,
     )

@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.encoders import CONTENT_TYPES, AudioEncoder, make_encoder
+from gateway.audio_out import make_output
+from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
 from gateway.schemas import decode_speech_request, speech_params
 from gateway.service import Gateway, Session
@@ -51,7 +52,7 @@ def speech_handler(gateway: Gateway) -> Handler:
         body = await read_body(request, g.max_body_bytes)
         params = speech_params(decode_speech_request(body), gateway.voices, g.max_input_chars)
         api = "sse" if params.stream_format == "sse" else "http"
-        encoder = make_encoder(params.response_format, params.speed)
+        encoder = make_output(params.output, params.speed)
         try:
             async with gateway.open_session(params, api, started_at=started_at) as session:
                 return await _stream(request, session, encoder)
@@ -71,7 +72,7 @@ async def _stream(
     except StreamFailed as e:
         raise APIError.from_stream_error(e.error) from None
 
-    content_type = SSE_CONTENT_TYPE if sse else CONTENT_TYPES[session.params.response_format]
+    content_type = SSE_CONTENT_TYPE if sse else session.params.output.content_type
     resp = web.StreamResponse(
         status=200,
         headers={

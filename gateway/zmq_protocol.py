@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import msgspec
 
-from gateway.schemas import ResponseFormat, SamplingFields, Speed
+from gateway.schemas import ResponseFormat, SampleRate, SamplingFields, Speed
 
 
 class Speak(SamplingFields, frozen=True, kw_only=True, tag="speak", tag_field="type"):
@@ -27,6 +27,8 @@ class Speak(SamplingFields, frozen=True, kw_only=True, tag="speak", tag_field="t
     """Model voice or OpenAI alias; empty: the model's default voice."""
     model: str = ""
     response_format: ResponseFormat = "pcm"
+    sample_rate: SampleRate | None = None
+    """None: 24000 (8000 for ``ulaw``/``alaw``)."""
     speed: Speed = 1.0
     text_open: bool = False
     """True: more text follows in ``AppendText`` messages (the last one has ``final``)."""

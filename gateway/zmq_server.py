@@ -18,9 +18,10 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from gateway.encoders import AudioEncoder, make_encoder
+from gateway.audio_out import make_output
+from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
-from gateway.schemas import SpeechParams, check_text
+from gateway.schemas import SpeechParams, check_text, output_format
 from gateway.service import Gateway, Session
 from gateway.streams import StreamFailed
 from gateway.zmq_protocol import (
@@ -35,7 +36,7 @@ from gateway.zmq_protocol import (
     client_decoder,
     encoder,
 )
-from shm.records import SAMPLE_RATE, StreamError
+from shm.records import StreamError
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +203,7 @@ class ZmqFrontend:
             voice=voices.resolve(msg.voice or voices.default),
             sampling=msg.overrides(),
             response_format=msg.response_format,
+            sample_rate=output_format(msg.response_format, msg.sample_rate).sample_rate,
             speed=msg.speed,
         )
 
@@ -228,7 +230,7 @@ class ZmqFrontend:
         encoder: AudioEncoder | None = None
         try:
             params = self._params(msg)
-            encoder = make_encoder(params.response_format, params.speed)
+            encoder = make_output(params.output, params.speed)
             async with self._gateway.open_session(
                 params, "zmq", text_open=msg.text_open
             ) as session:
@@ -239,7 +241,7 @@ class ZmqFrontend:
                     self._append(req, pending)
                 req.pending.clear()
                 started = Started(
-                    rid, session.stream.stream_id, SAMPLE_RATE, params.response_format
+                    rid, session.stream.stream_id, params.output.sample_rate, params.response_format
                 )
                 await self._reply(identity, started)
                 try:

@@ -16,6 +16,7 @@ BENCHES = {
     "penalties": "llm_worker.bench_penalties",
     "codes": "llm_worker.bench_codes",
     "gateway": "gateway.bench",
+    "protocols": "gateway.bench_protocols",
     "load": "loadgen.cli",
     "compare": "loadgen.compare",
 }

@@ -100,8 +100,9 @@ DESCRIPTIONS: dict[str, str] = {
     "gateway.max_queued_streams": "Requests that may wait for a slot, for the whole node (served "
     "in arrival order across gateway processes); beyond it requests are refused at once with 429 "
     "and Retry-After.",
-    "gateway.api_keys": "Accepted API keys for /v1/* (`Authorization: Bearer KEY`; WebSocket "
-    "also `?api_key=`). Empty: no authentication.",
+    "gateway.api_keys": "Accepted API keys for /v1/* (`Authorization: Bearer KEY`, "
+    "`Authorization: Api-Key KEY`, `xi-api-key: KEY`; WebSocket also `?api_key=`). Empty: no "
+    "authentication.",
     "gateway.max_input_chars": "Longest `input` text accepted; longer requests get 400.",
     "gateway.max_body_bytes": "Largest request body accepted; larger requests get 413.",
     "gateway.voice_aliases": "Voice names accepted besides the model's own, mapped to a model "

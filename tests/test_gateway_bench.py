@@ -41,3 +41,22 @@ def test_steal_share_is_per_core_set() -> None:
     assert _steal_pct(before, after, {0}) == 20.0
     assert _steal_pct(before, after, {1}) == 0.0
     assert _steal_pct(before, after, None) == 10.0
+
+
+def test_bench_protocols_smoke(tmp_path: Path) -> None:
+    """`orpheus-serve bench protocols` at a tiny scale: every protocol gets audio, and no
+    first byte comes before the synthetic backend's first chunk."""
+    from gateway.bench_protocols import PROTOCOLS
+    from gateway.bench_protocols import main as protocols_main
+
+    out = tmp_path / "protocols.json"
+    argv = ["--levels", "1,2", "--rounds", "1", "--first-chunk-ms", "30", "--json", str(out)]
+    assert protocols_main(argv) == 0
+    report = json.loads(out.read_text())
+    rows = report["results"]
+    assert [(r["protocol"], r["sessions"]) for r in rows] == [
+        (p, n) for n in (1, 2) for p in PROTOCOLS
+    ]
+    for r in rows:
+        assert r["n"] == r["sessions"] and r["max_ms"] >= r["p50_ms"] >= 30
+    assert all(r["p50_vs_openai_http"] > 0 for r in rows)

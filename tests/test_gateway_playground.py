@@ -52,5 +52,18 @@ async def test_playground_streams_audio_in_headless_chromium(layout: InstanceLay
             await page.click("#speak")
             await page.wait_for_function("window.playground.state === 'error'", timeout=10_000)
             assert "400" in await page.inner_text("#error")
+
+            # The WebSocket mode speaks vLLM-Omni's protocol, the text sent word by word.
+            await page.select_option("#protocol", "ws")
+            await page.fill("#text", "Two words. And three more.")
+            await page.click("#speak")
+            await page.wait_for_function("window.playground.state === 'done'", timeout=30_000)
+            state = await page.evaluate("window.playground")
+            assert state["error"] is None
+            assert state["bytes"] == (len("Two words.") + len("And three more.")) * 2048 * 2
+            assert state["samplesScheduled"] == state["bytes"] // 2
+            assert [sub.text for sub in h.backend.submitted()[-2:]] == [
+                "Two words.", "And three more."]  # fmt: skip
+            assert not h.backend.submitted()[-1].text_open
         finally:
             await browser.close()

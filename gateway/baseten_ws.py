@@ -1,0 +1,192 @@
+"""Baseten's Orpheus WebSocket at ``/v1/baseten/orpheus/websocket``.
+
+What LiveKit's Baseten plugin speaks with ``model="orpheus"`` (and Baseten's Orpheus
+truss serves)::
+
+    client: {"voice": "tara", "max_tokens": 2000, "buffer_size": 10}   first
+    client: "Hello"  "there."  ...                                      raw text
+    client: "__END__"
+    server: <binary int16 LE mono 24 kHz PCM> ...  then close 1000
+
+One utterance per connection. Text is spoken a sentence at a time as soon as a sentence
+is complete (``buffer_size``, the truss's words per request, is accepted and not needed;
+``max_tokens`` is an upper bound the server's own length cap already enforces). The old
+plugin sends one word per message with no spaces, the new one sends text pieces as the
+LLM writes them: pieces are joined with a space until a piece carries its own whitespace,
+then taken as they come. The protocol has no error message: a failure closes the socket
+with 1008 (bad request), 1013 (over capacity, retry later) or 1011 (server error) and the
+reason. A client that closes the socket cancels the stream all the way into vLLM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import msgspec
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from gateway.errors import APIError
+from gateway.schemas import RepetitionPenalty, Temperature, TopP
+from gateway.service import Gateway
+from gateway.speech_http import Handler
+from gateway.streams import StreamFailed
+from gateway.text_units import Unit, UnitSplitter
+from gateway.utterance import Lane, drain_while_open, speak_unit
+from shm.messages import SamplingOverrides
+
+log = logging.getLogger(__name__)
+
+PATH = "/v1/baseten/orpheus/websocket"
+API = "baseten"
+END = "__END__"
+UNIT_MAX_CHARS = 280
+HEARTBEAT_S = 30.0
+
+
+class StartMessage(msgspec.Struct, kw_only=True):
+    """The first message; other fields are ignored."""
+
+    voice: str | None = None
+    max_tokens: int | None = None
+    buffer_size: int | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+
+
+_start_decoder = msgspec.json.Decoder(StartMessage)
+
+
+def close_code(status: int) -> int:
+    if status in (429, 503):
+        return int(WSCloseCode.TRY_AGAIN_LATER)
+    if 400 <= status < 500:
+        return int(WSCloseCode.POLICY_VIOLATION)
+    return int(WSCloseCode.INTERNAL_ERROR)
+
+
+class _TextJoiner:
+    """Pieces to text: words joined by spaces, or raw pieces once one carries whitespace."""
+
+    def __init__(self) -> None:
+        self._raw = False
+        self._any = False
+
+    def join(self, piece: str) -> str:
+        if piece[:1].isspace() or piece[-1:].isspace():
+            self._raw = True
+        out = piece if self._raw or not self._any else " " + piece
+        self._any = True
+        return out
+
+
+async def _close(ws: web.WebSocketResponse, err: APIError) -> None:
+    if not ws.closed:
+        with contextlib.suppress(ConnectionError):
+            await ws.close(code=close_code(err.status), message=err.message.encode()[:120])
+
+
+async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gateway) -> None:
+    g = gateway.config.gateway
+    try:
+        first = await ws.receive(g.ws_start_timeout_s)
+    except TimeoutError:
+        await _close(ws, APIError(400, "timeout", "no start message"))
+        return
+    if first.type != WSMsgType.TEXT:
+        if first.type == WSMsgType.BINARY:
+            await _close(ws, APIError(400, "invalid_message", "the first message is JSON"))
+        return
+    try:
+        start = _start_decoder.decode(first.data)
+        voice = gateway.voices.resolve(start.voice or gateway.voices.default)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        await _close(ws, APIError(400, "invalid_message", f"invalid start message: {e}"))
+        return
+    except APIError as e:
+        await _close(ws, e)
+        return
+    sampling = SamplingOverrides(
+        temperature=start.temperature,
+        top_p=start.top_p,
+        repetition_penalty=start.repetition_penalty,
+    )
+    transport = request.transport
+    on_abort = transport.abort if transport is not None else None
+    lane = Lane("baseten-socket")
+    failure: list[APIError] = []
+
+    async def deliver(chunks: list[bytes], last: bool) -> int:
+        n = 0
+        for c in chunks:
+            await ws.send_bytes(c)
+            n += len(c)
+        return n
+
+    def job(unit: Unit) -> Callable[[], Awaitable[None]]:
+        started_at = gateway.loop.time()
+
+        async def run() -> None:
+            if failure:
+                return
+            try:
+                await speak_unit(
+                    gateway, unit.text, voice, sampling, API, deliver,
+                    started_at=started_at, on_abort=on_abort,
+                )  # fmt: skip
+            except (APIError, StreamFailed) as e:
+                failure.append(
+                    e if isinstance(e, APIError) else APIError.from_stream_error(e.error)
+                )
+                await _close(ws, failure[0])
+
+        return run
+
+    splitter = UnitSplitter("sentence", UNIT_MAX_CHARS)
+    joiner = _TextJoiner()
+    try:
+        while not failure:
+            msg = await ws.receive(None if not lane.idle else g.ws_text_idle_timeout_s)
+            if msg.type == WSMsgType.BINARY:
+                await _close(ws, APIError(400, "invalid_message", "send text, not binary"))
+                return
+            if msg.type != WSMsgType.TEXT:
+                if failure:  # a unit failed and is closing the socket with its code
+                    await lane.drained()
+                return  # the client went away: finally cancels the work in flight
+            text = msg.data
+            if text == END:
+                for unit in splitter.flush():
+                    lane.push(job(unit))
+                if not await drain_while_open(ws, lane):
+                    return  # the client closed before the end: cancelled
+                if not failure and not ws.closed:
+                    await ws.close(code=WSCloseCode.OK, message=b"done")
+                return
+            if "\x00" in text:
+                await _close(ws, APIError(400, "invalid_text", "text contains a NUL character"))
+                return
+            if text:
+                for unit in splitter.feed(joiner.join(text)):
+                    lane.push(job(unit))
+    except TimeoutError:
+        await _close(ws, APIError(408, "timeout", "no text for too long"))
+    finally:
+        await lane.cancel()
+
+
+def baseten_handler(gateway: Gateway) -> Handler:
+    g = gateway.config.gateway
+
+    async def orpheus_websocket(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=g.max_body_bytes, heartbeat=HEARTBEAT_S)
+        await ws.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            await _serve(ws, request, gateway)
+        if not ws.closed:
+            await ws.close()
+        return ws
+
+    return orpheus_websocket

@@ -1,0 +1,445 @@
+"""vLLM-Omni's streaming speech WebSocket at ``/v1/audio/speech/stream``.
+
+The protocol of ``vllm_omni/entrypoints/openai/serving_speech_stream.py`` (vLLM's own
+speech server), so its clients (LiveKit's Baseten plugin with ``model="qwen3-tts"``, the
+vLLM-Omni examples) work pointed at this server::
+
+    client: {"type": "session.config", "voice": "tara", "response_format": "pcm",
+             "stream_audio": true, ...}            first; a later one replaces it
+    client: {"type": "input.text", "text": "Hello "}   ... pieces of text ...
+    client: {"type": "input.done"}                 flush: speak what is buffered
+    server: {"type": "audio.start", "utterance_index": 0, "sentence_index": 0,
+             "sentence_text": "...", "format": "pcm", "sample_rate": 24000, "channels": 1}
+    server: <binary audio> ...
+    server: {"type": "audio.done", "utterance_index": 0, "sentence_index": 0,
+             "total_bytes": N, "error": false}
+    server: {"type": "session.done", "utterance_index": 0, "total_sentences": 1}
+    client: ... next utterance on the same socket ..., {"type": "session.close"}
+
+Differences from vLLM-Omni, all additive: ``split_granularity`` defaults to "sentence"
+(Orpheus speaks each sentence as its own request anyway, so nothing is lost by starting
+before the flush); ``sample_rate`` and the formats ``ulaw``/``alaw`` reach telephony;
+``stream_audio`` also streams ``ulaw``/``alaw``; ``word_timestamps`` and Baseten's
+``timestamp_type: "word"`` carry the gateway's *estimated* word times
+(``gateway.alignment``), there being no forced aligner. A client that closes the socket
+cancels the work in flight all the way into vLLM (this is how LiveKit's plugin barges in).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+from typing import Annotated, Any, Literal
+
+import msgspec
+from aiohttp import WSMsgType, web
+from msgspec import Meta
+
+from gateway.alignment import word_times
+from gateway.audio_out import OutputFormat, check_format, make_output
+from gateway.encoders import AudioEncoder
+from gateway.errors import APIError
+from gateway.schemas import RepetitionPenalty, Seed, Temperature, TopP
+from gateway.service import Gateway
+from gateway.speech_http import Handler
+from gateway.streams import StreamFailed
+from gateway.text_units import Granularity, Unit, UnitSplitter
+from gateway.utterance import Lane, drain_while_open, pcm_ms, speak_unit
+from shm.messages import SamplingOverrides
+
+log = logging.getLogger(__name__)
+
+OMNI_PATH = "/v1/audio/speech/stream"
+API = "ws"
+HEARTBEAT_S = 30.0
+UNIT_MAX_CHARS = 280
+
+OmniFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac", "ulaw", "alaw"]
+_STREAMABLE = ("pcm", "ulaw", "alaw")
+
+
+class SessionConfig(msgspec.Struct, kw_only=True):
+    """``session.config``. Fields vLLM-Omni has for other models (``task_type``,
+    ``language``, ``instructions``, ``ref_audio``, ...) are accepted and ignored."""
+
+    model: str | None = None
+    voice: str | None = None
+    speaker: str | None = None
+    response_format: OmniFormat = "wav"
+    sample_rate: int | None = None
+    speed: Annotated[float, Meta(ge=0.25, le=4.0)] | None = 1.0
+    stream_audio: bool = False
+    word_timestamps: bool = False
+    timestamp_type: str | None = None
+    split_granularity: Granularity = "sentence"
+    seed: Seed | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+
+
+# -- server messages -----------------------------------------------------------------------
+class AudioStart(msgspec.Struct, tag="audio.start", tag_field="type", omit_defaults=True):
+    utterance_index: int
+    sentence_index: int
+    sentence_text: str
+    format: str
+    sample_rate: int | None = None
+    channels: int | None = None
+    word_timestamps: bool = False
+
+
+class WordAlignment(msgspec.Struct):
+    words: list[str]
+    word_start_times_seconds: list[float]
+    word_end_times_seconds: list[float]
+
+
+class TimestampInfo(msgspec.Struct):
+    word_alignment: WordAlignment
+    estimated: bool = True
+
+
+class AudioDone(msgspec.Struct, tag="audio.done", tag_field="type", omit_defaults=True):
+    utterance_index: int
+    sentence_index: int
+    total_bytes: int
+    error: bool
+    timestamp_info: TimestampInfo | None = None
+
+
+class AudioChunk(msgspec.Struct, tag="audio.chunk", tag_field="type"):
+    utterance_index: int
+    sentence_index: int
+    chunk_id: int
+    chunk_start_ms: int
+    chunk_end_ms: int
+    sample_rate: int
+    channels: int
+    audio_b64: str
+    timestamps: list[dict[str, Any]] | None
+
+
+class SessionDone(msgspec.Struct, tag="session.done", tag_field="type"):
+    utterance_index: int
+    total_sentences: int
+
+
+class ErrorMessage(msgspec.Struct, tag="error", tag_field="type", omit_defaults=True):
+    message: str
+    code: str | None = None
+    partial_audio: bool = False
+    action: str | None = None
+
+
+_encoder = msgspec.json.Encoder()
+_any = msgspec.json.Decoder()
+
+
+class _Session:
+    def __init__(self, ws: web.WebSocketResponse, gateway: Gateway, on_abort: Any) -> None:
+        self.ws = ws
+        self.gateway = gateway
+        self.on_abort = on_abort
+        self.lane = Lane("omni-session")
+        self.config: SessionConfig | None = None
+        self.fmt = OutputFormat()
+        self.speed = 1.0
+        self.voice = ""
+        self.sampling = SamplingOverrides()
+        self.splitter = UnitSplitter()
+        self.stream_encoder: AudioEncoder | None = None
+        """One encoder for the whole session when audio streams (continuous resampling)."""
+        self.utterance = 0
+        self.sentence = 0
+        self.utterance_open = False
+
+    async def send(self, msg: msgspec.Struct) -> None:
+        if not self.ws.closed:
+            await self.ws.send_str(_encoder.encode(msg).decode())
+
+    async def error(self, message: str, code: str | None = None, **kw: Any) -> None:
+        with contextlib.suppress(ConnectionError):
+            await self.send(ErrorMessage(message, code, **kw))
+
+    # -- client messages -------------------------------------------------------------------
+    async def apply_config(self, raw: dict[str, Any]) -> bool:
+        if self.utterance_open:
+            await self.error(
+                "session.config cannot be applied while an utterance is in progress; "
+                "send input.done first",
+                "utterance_in_progress",
+            )
+            return False
+        try:
+            cfg = msgspec.convert(
+                {k: v for k, v in raw.items() if k != "type"}, SessionConfig, strict=True
+            )
+            speed = 1.0 if cfg.speed is None else cfg.speed
+            fmt = OutputFormat(cfg.response_format, cfg.sample_rate or 24000)
+            check_format(fmt)
+            if cfg.stream_audio and fmt.codec not in _STREAMABLE:
+                raise ValueError(
+                    "stream_audio=true needs response_format 'pcm' (or 'ulaw'/'alaw'), "
+                    f"got {fmt.codec!r}"
+                )
+            if cfg.word_timestamps and not (cfg.stream_audio and fmt.codec == "pcm"):
+                raise ValueError("word_timestamps=true requires stream_audio=true and 'pcm'")
+            g = self.gateway
+            voice = g.voices.resolve(cfg.voice or cfg.speaker or g.voices.default)
+        except (msgspec.ValidationError, ValueError) as e:
+            await self.error(f"Invalid session config: {e}", "invalid_config")
+            return False
+        except APIError as e:
+            await self.error(f"Invalid session config: {e.message}", e.code)
+            return False
+        self.config = cfg
+        self.fmt = fmt
+        self.voice = voice
+        self.speed = speed
+        self.sampling = SamplingOverrides(
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            repetition_penalty=cfg.repetition_penalty,
+            seed=cfg.seed,
+        )
+        max_chars = (
+            self.gateway.config.gateway.max_input_chars
+            if cfg.split_granularity == "none"
+            else UNIT_MAX_CHARS
+        )
+        self.splitter = UnitSplitter(cfg.split_granularity, max_chars)
+        old, self.stream_encoder = self.stream_encoder, None
+        if old is not None:
+            self.lane.push(self._closer(old))
+        return True
+
+    @staticmethod
+    def _closer(enc: AudioEncoder) -> Any:
+        async def close() -> None:
+            enc.close()
+
+        return close
+
+    def queue_units(self, units: list[Unit]) -> None:
+        for unit in units:
+            self.lane.push(self._unit_job(unit, self.utterance, self.sentence))
+            self.sentence += 1
+
+    def input_done(self) -> None:
+        self.queue_units(self.splitter.flush())
+        done = SessionDone(self.utterance, self.sentence)
+
+        async def job() -> None:
+            # One stream encoder per utterance: the next one starts clean. The resampler's
+            # last few samples (under 1 ms) are dropped rather than sent outside a sentence.
+            enc, self.stream_encoder = self.stream_encoder, None
+            if enc is not None:
+                enc.close()
+            with contextlib.suppress(ConnectionError):
+                await self.send(done)
+
+        self.lane.push(job)
+        self.utterance += 1
+        self.sentence = 0
+        self.utterance_open = False
+
+    # -- speaking ----------------------------------------------------------------------------
+    def _unit_job(self, unit: Unit, utt: int, sidx: int) -> Any:
+        cfg = self.config
+        assert cfg is not None
+        fmt = self.fmt
+        speed = self.speed
+        streaming = cfg.stream_audio
+        chunks_json = cfg.word_timestamps
+        voice, sampling = self.voice, self.sampling
+        started_at = self.gateway.loop.time()
+
+        async def job() -> None:
+            if streaming:
+                if self.stream_encoder is None:
+                    self.stream_encoder = make_output(fmt, speed)
+                enc = self.stream_encoder
+            else:
+                enc = make_output(fmt, speed)
+            start = AudioStart(
+                utt,
+                sidx,
+                unit.text,
+                fmt.codec,
+                fmt.sample_rate if fmt.codec in _STREAMABLE else None,
+                1 if fmt.codec in _STREAMABLE else None,
+                chunks_json,
+            )
+            start_sent = False
+            total = 0
+            pcm_total = 0
+            chunk_id = 0
+            collected: list[bytes] = []
+
+            async def send_start() -> None:
+                nonlocal start_sent
+                if not start_sent:
+                    start_sent = True
+                    await self.send(start)
+
+            async def send_audio(data: bytes, start_ms: int, end_ms: int) -> None:
+                nonlocal chunk_id
+                if chunks_json:
+                    await self.send(
+                        AudioChunk(utt, sidx, chunk_id, start_ms, end_ms, fmt.sample_rate, 1,
+                                   base64.b64encode(data).decode("ascii"), None)
+                    )  # fmt: skip
+                    chunk_id += 1
+                else:
+                    await self.ws.send_bytes(data)
+
+            async def deliver(chunks: list[bytes], last: bool) -> int:
+                nonlocal total, pcm_total
+                start_ms = round(pcm_ms(pcm_total))
+                for c in chunks:
+                    pcm_total += len(c)
+                data = b"".join(map(enc.encode, chunks))
+                if not streaming:
+                    collected.append(data)
+                    if not last:
+                        return 0
+                    data = b"".join(collected) + enc.finish()
+                if data:
+                    await send_start()
+                    await send_audio(data, start_ms, round(pcm_ms(pcm_total)))
+                    total += len(data)
+                return len(data)
+
+            if not streaming:
+                await send_start()
+            failed = False
+            info: TimestampInfo | None = None
+            try:
+                await speak_unit(
+                    self.gateway, unit.text, voice, sampling, API, deliver,
+                    started_at=started_at, on_abort=self.on_abort,
+                )  # fmt: skip
+            except (APIError, StreamFailed) as e:
+                err = e if isinstance(e, APIError) else APIError.from_stream_error(e.error)
+                failed = True
+                await send_start()
+                await self.error(
+                    f"Generation failed for utterance {utt}, sentence {sidx}: {err.message}",
+                    err.code,
+                    partial_audio=total > 0,
+                    action="discard" if total > 0 else None,
+                )
+            finally:
+                if not streaming:
+                    enc.close()
+            await send_start()
+            words = word_times(unit.raw, pcm_ms(pcm_total)) if not failed else []
+            if chunks_json:
+                stamps = [
+                    {"word": w.word, "start_ms": w.start_ms, "end_ms": w.end_ms} for w in words
+                ]
+                end_ms = round(pcm_ms(pcm_total))
+                await self.send(
+                    AudioChunk(utt, sidx, chunk_id, 0, end_ms, fmt.sample_rate, 1, "",
+                               None if failed else stamps)
+                )  # fmt: skip
+            if cfg.timestamp_type == "word" and not failed:
+                info = TimestampInfo(
+                    WordAlignment(
+                        [w.word for w in words],
+                        [w.start_ms / 1000 for w in words],
+                        [w.end_ms / 1000 for w in words],
+                    )
+                )
+            await self.send(AudioDone(utt, sidx, total, failed, info))
+
+        return job
+
+
+async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gateway) -> None:
+    g = gateway.config.gateway
+    transport = request.transport
+    s = _Session(ws, gateway, transport.abort if transport is not None else None)
+    try:
+        while True:
+            if s.config is None:
+                timeout: float | None = g.ws_start_timeout_s
+            elif s.lane.idle and not s.utterance_open:
+                timeout = g.ws_text_idle_timeout_s
+            else:
+                timeout = None
+            try:
+                msg = await ws.receive(timeout)
+            except TimeoutError:
+                await s.error(
+                    "Timeout waiting for session.config"
+                    if s.config is None
+                    else "Idle timeout: no message received",
+                    "timeout",
+                )
+                break
+            if msg.type == WSMsgType.BINARY:
+                await s.error("binary messages are not accepted; send JSON text", "invalid_message")
+                continue
+            if msg.type != WSMsgType.TEXT:
+                await s.lane.cancel()  # the client went away: stop the work in flight
+                return
+            try:
+                raw = _any.decode(msg.data)
+            except msgspec.DecodeError:
+                await s.error("Invalid JSON message", "invalid_json")
+                if s.config is None:
+                    break
+                continue
+            if not isinstance(raw, dict):
+                await s.error("WebSocket messages must be JSON objects", "invalid_message")
+                continue
+            kind = raw.get("type")
+            if kind == "session.config":
+                if not await s.apply_config(raw) and s.config is None:
+                    break
+            elif s.config is None:
+                await s.error(f"Expected session.config, got: {kind}", "invalid_message")
+                break
+            elif kind == "input.text":
+                text = raw.get("text", "")
+                if not isinstance(text, str):
+                    await s.error("input.text requires a string value", "invalid_message")
+                    continue
+                if "\x00" in text:
+                    await s.error("input.text contains a NUL character", "invalid_message")
+                    continue
+                if text:
+                    s.utterance_open = True
+                s.queue_units(s.splitter.feed(text))
+            elif kind == "input.done":
+                s.input_done()
+            elif kind == "session.close":
+                # What was flushed is delivered, then the socket closes.
+                await drain_while_open(ws, s.lane)
+                break
+            else:
+                await s.error(f"Unknown message type: {kind}", "invalid_message")
+    finally:
+        await s.lane.cancel()
+        if s.stream_encoder is not None:
+            s.stream_encoder.close()
+    if not ws.closed:
+        await ws.close()
+
+
+def omni_handler(gateway: Gateway) -> Handler:
+    g = gateway.config.gateway
+
+    async def speech_stream(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=g.max_body_bytes, heartbeat=HEARTBEAT_S)
+        await ws.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            await _serve(ws, request, gateway)
+        if not ws.closed:
+            await ws.close()
+        return ws
+
+    return speech_stream

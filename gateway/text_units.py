@@ -1,0 +1,102 @@
+"""Cutting text that arrives in pieces into the units the streaming protocols speak.
+
+A *unit* is one piece of text sent to the workers as one complete stream (one ``Submit``
+without open text). The voice-agent protocols cut at sentence ends as the text arrives,
+so that speech starts before the client's LLM has finished writing, and at a flush.
+Because the gateway made the cut, it knows which text each frame of audio speaks: the
+alignment estimate (``gateway.alignment``) and vLLM-Omni's ``sentence_index`` rest on it.
+
+``Unit.raw`` is the text exactly as received, whitespace after the sentence included (the
+character alignment of ElevenLabs clients must join up across units); ``Unit.text`` is
+what is spoken (whitespace collapsed).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+import msgspec
+
+Granularity = Literal["none", "sentence", "clause"]
+
+# A sentence ends with terminal punctuation (plus closing quotes/brackets) followed by
+# whitespace; a clause also at , ; : and dashes followed by whitespace.
+_SENTENCE_END = re.compile(r"[.!?…。！？]+[\"'”’)\]]*(?=\s)")
+_CLAUSE_END = re.compile(r"(?:[.!?…。！？]+|[,;:，；：]|\s[-–—])[\"'”’)\]]*(?=\s)")
+_ABBREVIATIONS = frozenset(
+    "mr mrs ms dr prof sr jr st vs etc e.g i.e no fig approx dept est inc ltd co".split()
+)
+_WS = re.compile(r"\s+")
+MIN_CLAUSE_CHARS = 12
+"""A clause shorter than this waits for more (a lone "Yes," is not worth its own request)."""
+
+
+class Unit(msgspec.Struct, frozen=True):
+    raw: str
+    text: str
+
+
+def _unit(raw: str) -> Unit | None:
+    text = _WS.sub(" ", raw).strip()
+    return Unit(raw, text) if text else None
+
+
+class UnitSplitter:
+    """Incremental: ``feed`` returns the units complete so far, ``flush`` the rest.
+
+    ``granularity`` "none" cuts only at ``flush`` (and at ``max_chars``).
+    """
+
+    def __init__(self, granularity: Granularity = "sentence", max_chars: int = 280) -> None:
+        self._granularity = granularity
+        self._max_chars = max_chars
+        self._buffer = ""
+
+    @property
+    def pending(self) -> str:
+        """Text received and not yet in a unit."""
+        return self._buffer
+
+    def _ends(self) -> list[int]:
+        if self._granularity == "none":
+            return []
+        pattern = _SENTENCE_END if self._granularity == "sentence" else _CLAUSE_END
+        ends: list[int] = []
+        for m in pattern.finditer(self._buffer):
+            if m.group().startswith(".") and len(m.group()) == 1:
+                word = self._buffer[: m.start()].rsplit(None, 1)[-1:] or [""]
+                if word[0].lower().rstrip(".") in _ABBREVIATIONS or (
+                    len(word[0]) == 1 and word[0].isalpha()  # an initial: "J. Smith"
+                ):
+                    continue
+            end = m.end()
+            while end < len(self._buffer) and self._buffer[end].isspace():
+                end += 1  # the whitespace after the end belongs to this unit
+            ends.append(end)
+        return ends
+
+    def feed(self, text: str) -> list[Unit]:
+        self._buffer += text
+        out: list[Unit] = []
+        start = 0
+        for end in self._ends():
+            if self._granularity == "clause" and end - start < MIN_CLAUSE_CHARS:
+                continue
+            if (u := _unit(self._buffer[start:end])) is not None:
+                out.append(u)
+            start = end
+        self._buffer = self._buffer[start:]
+        # Past max_chars without an end: cut at the last space that keeps the unit short.
+        while len(self._buffer) > self._max_chars:
+            cut = self._buffer.rfind(" ", 0, self._max_chars)
+            cut = self._max_chars if cut <= 0 else cut + 1
+            if (u := _unit(self._buffer[:cut])) is not None:
+                out.append(u)
+            self._buffer = self._buffer[cut:]
+        return out
+
+    def flush(self) -> list[Unit]:
+        rest, self._buffer = self._buffer, ""
+        u = _unit(rest)
+        return [u] if u is not None else []

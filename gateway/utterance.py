@@ -1,0 +1,147 @@
+"""Speaking text units one after another: the core the streaming protocols share.
+
+A connection of a voice-agent protocol (vLLM-Omni session, ElevenLabs context, Baseten
+socket) turns its text into units (``gateway.text_units``) and speaks them in order on a
+``Lane``: one unit at a time, each its own stream through ``Gateway.open_session`` (so
+admission, the idle and slow-client watchdogs, metrics and upstream cancellation are the
+same as for every other front end). Cancelling the lane (a barge-in, a client that went
+away) cancels the unit being spoken, which sends ``Cancel`` and aborts the vLLM request,
+and drops the units queued behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from gateway.schemas import SpeechParams
+from gateway.service import Gateway, Session
+from shm.messages import SamplingOverrides
+from shm.records import SAMPLE_RATE, StreamEnd
+
+log = logging.getLogger(__name__)
+
+Deliver = Callable[[list[bytes], bool], Awaitable[int]]
+"""Called with each batch of 24 kHz PCM chunks of a unit and whether it is the unit's last
+(then possibly empty); returns the bytes it wrote to the client."""
+
+MS_PER_BYTE = 1000.0 / (SAMPLE_RATE * 2)
+
+
+def pcm_ms(n_bytes: int) -> float:
+    return n_bytes * MS_PER_BYTE
+
+
+async def speak_unit(
+    gateway: Gateway,
+    text: str,
+    voice: str,
+    sampling: SamplingOverrides,
+    api: str,
+    deliver: Deliver,
+    *,
+    started_at: float | None = None,
+    on_abort: Callable[[], None] | None = None,
+) -> tuple[StreamEnd | None, Session]:
+    """Speak one unit; returns how it ended. Raises ``APIError`` (not admitted) or
+    ``StreamFailed`` (failed in the workers), after the audio that came before."""
+    params = SpeechParams(text=text, voice=voice, sampling=sampling)
+    loop = gateway.loop
+    async with gateway.open_session(params, api, started_at=started_at) as session:
+        stream = session.stream
+        stream.on_abort = on_abort
+        while True:
+            chunks = await stream.next_chunks()
+            last = stream.end is not None
+            session.write_started = loop.time()
+            n = await deliver(chunks, last)
+            session.write_started = 0.0
+            session.sent(n)
+            if last or not chunks:
+                break
+        session.completed = True
+        return stream.end, session
+
+
+class Lane:
+    """Runs queued jobs one at a time, in order. Its task lives only while there are jobs
+    (a finished ElevenLabs context leaves nothing behind)."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: deque[Callable[[], Awaitable[None]]] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._name = name
+        self.busy = False
+        """A job is running."""
+
+    @property
+    def idle(self) -> bool:
+        return not self.busy and not self._jobs
+
+    def push(self, job: Callable[[], Awaitable[None]]) -> None:
+        self._jobs.append(job)
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=self._name)
+
+    async def _run(self) -> None:
+        try:
+            while self._jobs:
+                job = self._jobs.popleft()
+                self.busy = True
+                try:
+                    await job()
+                except asyncio.CancelledError:
+                    raise
+                except ConnectionError as e:  # the client went away while we wrote to it
+                    log.debug("%s: client gone: %s", self._name, e)
+                except Exception:
+                    log.exception("%s: a job failed", self._name)
+                finally:
+                    self.busy = False
+        finally:
+            if self._task is asyncio.current_task():
+                self._task = None
+
+    async def drained(self) -> None:
+        """Wait until every job pushed so far has run."""
+        done = asyncio.get_running_loop().create_future()
+
+        async def mark() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        self.push(mark)
+        await done
+
+    async def cancel(self) -> None:
+        """Drop the queued jobs and cancel the running one (its stream is cancelled upstream)."""
+        self._jobs.clear()
+        task, self._task = self._task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def drain_while_open(ws: web.WebSocketResponse, lane: Lane) -> bool:
+    """Wait until ``lane`` has run everything queued, unless the client closes the socket
+    (or sends anything) first; then cancel the lane. True: drained."""
+    drained = asyncio.ensure_future(lane.drained())
+    received = asyncio.ensure_future(ws.receive())
+    try:
+        done, _ = await asyncio.wait({drained, received}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (drained, received):
+            if not t.done():
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+    if drained in done:
+        return True
+    await lane.cancel()
+    return False

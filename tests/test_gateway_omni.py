@@ -1,0 +1,229 @@
+"""vLLM-Omni's streaming speech WebSocket at /v1/audio/speech/stream, against the gateway
+with its synthetic backend (one 2048-sample frame per character of text it is sent)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+from typing import Any
+
+import aiohttp
+import av
+import pytest
+from gateway_harness import running_gateway, wait_until
+
+from gateway.synthetic_backend import synthetic_pcm
+from shm.layout import InstanceLayout
+
+pytestmark = pytest.mark.timeout(60)
+WS = "/v1/audio/speech/stream"
+
+
+def pcm_for(frames: int, start_frame: int = 0) -> bytes:
+    return b"".join(synthetic_pcm(i * 2048, 2048).tobytes() for i in range(start_frame, frames))
+
+
+async def read_until(
+    ws: aiohttp.ClientWebSocketResponse, kind: str, timeout: float = 20.0
+) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """Events and binary frames up to and including the first event of type ``kind``."""
+    events: list[dict[str, Any]] = []
+    frames: list[bytes] = []
+    while True:
+        msg = await ws.receive(timeout)
+        if msg.type == aiohttp.WSMsgType.BINARY:
+            frames.append(msg.data)
+            continue
+        assert msg.type == aiohttp.WSMsgType.TEXT, msg
+        ev = json.loads(msg.data)
+        events.append(ev)
+        if ev["type"] == kind:
+            return events, frames
+
+
+async def test_two_utterances_stream_pcm_on_one_socket(layout: InstanceLayout) -> None:
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        async with s.ws_connect(h.url + WS) as ws:
+            await ws.send_json({"type": "session.config", "voice": "nova", "response_format": "pcm",
+                                "stream_audio": True, "task_type": "Base", "language": "Auto"})  # fmt: skip
+            for piece in ("Hi there. ", "How are", " you?"):
+                await ws.send_json({"type": "input.text", "text": piece})
+            await ws.send_json({"type": "input.done"})
+            events, frames = await read_until(ws, "session.done")
+            starts = [e for e in events if e["type"] == "audio.start"]
+            dones = [e for e in events if e["type"] == "audio.done"]
+            assert [e["sentence_text"] for e in starts] == ["Hi there.", "How are you?"]
+            assert starts[0] == {"type": "audio.start", "utterance_index": 0, "sentence_index": 0,
+                                 "sentence_text": "Hi there.", "format": "pcm",
+                                 "sample_rate": 24000, "channels": 1}  # fmt: skip
+            audio = b"".join(frames)
+            assert audio == pcm_for(len("Hi there.")) + pcm_for(len("How are you?"))
+            assert [d["total_bytes"] for d in dones] == [9 * 4096, 12 * 4096]
+            assert not any(d["error"] for d in dones)
+            assert events[-1] == {
+                "type": "session.done",
+                "utterance_index": 0,
+                "total_sentences": 2,
+            }
+
+            # The session stays open: a second utterance, then an empty flush answers at once.
+            await ws.send_json({"type": "input.text", "text": "Again."})
+            await ws.send_json({"type": "input.done"})
+            events, frames = await read_until(ws, "session.done")
+            assert events[-1] == {
+                "type": "session.done",
+                "utterance_index": 1,
+                "total_sentences": 1,
+            }
+            assert b"".join(frames) == pcm_for(6)
+            await ws.send_json({"type": "input.done"})
+            events, frames = await read_until(ws, "session.done")
+            assert events == [{"type": "session.done", "utterance_index": 2, "total_sentences": 0}]
+            await ws.send_json({"type": "session.close"})
+            msg = await ws.receive(5)
+            assert msg.type == aiohttp.WSMsgType.CLOSE
+        assert [sub.text for sub in h.backend.submitted()] == [
+            "Hi there.", "How are you?", "Again."]  # fmt: skip
+        assert all(sub.voice == "leah" and not sub.text_open for sub in h.backend.submitted())
+        assert h.metric("orpheus_gateway_requests_total", {"api": "ws", "outcome": "ok"}) == 3
+
+
+async def test_default_wav_is_one_file_per_sentence_and_config_is_replaced(
+    layout: InstanceLayout,
+) -> None:
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        async with s.ws_connect(h.url + WS) as ws:
+            await ws.send_json({"type": "session.config", "voice": "tara"})
+            await ws.send_json({"type": "input.text", "text": "One two three."})
+            await ws.send_json({"type": "input.done"})
+            events, frames = await read_until(ws, "session.done")
+            assert len(frames) == 1
+            with av.open(io.BytesIO(frames[0])) as c:
+                samples = sum(f.samples for f in c.decode(audio=0))
+            assert samples == 14 * 2048
+            assert events[0]["format"] == "wav"
+            # A later session.config replaces the config: mp3 at 22050 Hz, not streamed.
+            await ws.send_json({"type": "session.config", "voice": "leo",
+                                "response_format": "mp3", "sample_rate": 22050})  # fmt: skip
+            await ws.send_json({"type": "input.text", "text": "Four."})
+            await ws.send_json({"type": "input.done"})
+            events, frames = await read_until(ws, "session.done")
+            with av.open(io.BytesIO(frames[0])) as c:
+                assert c.streams.audio[0].rate == 22050
+                n = sum(f.samples for f in c.decode(audio=0))
+            assert abs(n / 22050 - 5 * 2048 / 24000) < 0.12
+        assert h.backend.submitted()[-1].voice == "leo"
+
+
+async def test_telephony_ulaw_and_word_timestamps(layout: InstanceLayout) -> None:
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        async with s.ws_connect(h.url + WS) as ws:
+            await ws.send_json({"type": "session.config", "response_format": "ulaw",
+                                "sample_rate": 8000, "stream_audio": True,
+                                "timestamp_type": "word"})  # fmt: skip
+            await ws.send_json({"type": "input.text", "text": "Hello big world."})
+            await ws.send_json({"type": "input.done"})
+            events, frames = await read_until(ws, "session.done")
+            # 8 kHz, one byte per sample; the resampler keeps its last ~16 samples (2 ms).
+            assert 0 <= 16 * 2048 // 3 - len(b"".join(frames)) <= 24
+            done = next(e for e in events if e["type"] == "audio.done")
+            wa = done["timestamp_info"]["word_alignment"]
+            assert wa["words"] == ["Hello", "big", "world."]
+            assert wa["word_start_times_seconds"][0] == 0
+            assert wa["word_end_times_seconds"][-1] == pytest.approx(16 * 2048 / 24000, abs=0.002)
+            assert wa["word_start_times_seconds"] == sorted(wa["word_start_times_seconds"])
+
+            await ws.send_json({"type": "session.config", "response_format": "pcm",
+                                "stream_audio": True, "word_timestamps": True})  # fmt: skip
+            await ws.send_json({"type": "input.text", "text": "Hi you."})
+            await ws.send_json({"type": "input.done"})
+            events, frames = await read_until(ws, "session.done")
+            assert frames == []
+            chunks = [e for e in events if e["type"] == "audio.chunk"]
+            audio = b"".join(base64.b64decode(c["audio_b64"]) for c in chunks)
+            assert audio == pcm_for(7)
+            assert [w["word"] for w in chunks[-1]["timestamps"]] == ["Hi", "you."]
+            assert all(c["timestamps"] is None for c in chunks[:-1])
+
+
+async def test_bad_messages_get_errors_and_the_session_goes_on(layout: InstanceLayout) -> None:
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        async with s.ws_connect(h.url + WS) as ws:
+            await ws.send_json({"type": "input.text", "text": "no config"})
+            ev = json.loads((await ws.receive(5)).data)
+            assert ev["type"] == "error" and "session.config" in ev["message"]
+            assert (await ws.receive(5)).type == aiohttp.WSMsgType.CLOSE
+
+        async with s.ws_connect(h.url + WS) as ws:
+            await ws.send_json({"type": "session.config", "response_format": "mp3",
+                                "stream_audio": True})  # fmt: skip
+            ev = json.loads((await ws.receive(5)).data)
+            assert ev["type"] == "error" and "stream_audio" in ev["message"]
+            assert (await ws.receive(5)).type == aiohttp.WSMsgType.CLOSE
+
+        async with s.ws_connect(h.url + WS) as ws:
+            await ws.send_json({"type": "session.config", "response_format": "pcm",
+                                "stream_audio": True, "voice": "nobody"})  # fmt: skip
+            await ws.send_str("{not json")
+            await ws.send_json({"type": "dance"})
+            await ws.send_json({"type": "input.text", "text": 5})
+            await ws.send_json({"type": "input.text", "text": "Fails."})
+            await ws.send_json({"type": "input.done"})
+            events, _ = await read_until(ws, "session.done")
+            errors = [e for e in events if e["type"] == "error"]
+            assert [e["code"] for e in errors] == [
+                "invalid_json", "invalid_message", "invalid_message", "bad_request"]  # fmt: skip
+            assert next(e for e in events if e["type"] == "audio.done")["error"] is True
+            await ws.send_json({"type": "session.config", "voice": "tara", "response_format": "pcm",
+                                "stream_audio": True})  # fmt: skip
+            await ws.send_json({"type": "input.text", "text": "Works."})
+            await ws.send_json({"type": "input.done"})
+            events, frames = await read_until(ws, "session.done")
+            assert b"".join(frames) == pcm_for(6)
+
+
+async def test_closing_the_socket_cancels_the_stream_upstream(layout: InstanceLayout) -> None:
+    async with (
+        running_gateway(layout, backend={"realtime": True}) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        async with s.ws_connect(h.url + WS) as ws:
+            await ws.send_json({"type": "session.config", "response_format": "pcm",
+                                "stream_audio": True})  # fmt: skip
+            await ws.send_json({"type": "input.text", "text": "A long sentence to be cut off."})
+            await ws.send_json({"type": "input.done"})
+            while (await ws.receive(10)).type != aiohttp.WSMsgType.BINARY:
+                pass
+        await wait_until(lambda: len(h.backend.cancelled_ids()) == 1, what="Cancel upstream")
+        await wait_until(lambda: h.gateway.active_streams == 0, what="slot freed")
+        await asyncio.sleep(0)
+
+
+async def test_split_granularity_and_config_during_an_utterance(layout: InstanceLayout) -> None:
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        async with s.ws_connect(h.url + WS) as ws:
+            await ws.send_json({"type": "session.config", "response_format": "pcm",
+                                "stream_audio": True, "split_granularity": "none"})  # fmt: skip
+            await ws.send_json({"type": "input.text", "text": "One. Two. "})
+            await ws.send_json({"type": "session.config", "response_format": "wav"})
+            await ws.send_json({"type": "input.text", "text": "Three."})
+            await ws.send_json({"type": "input.done"})
+            events, frames = await read_until(ws, "session.done")
+            errors = [e for e in events if e["type"] == "error"]
+            assert errors[0]["code"] == "utterance_in_progress"
+            starts = [e for e in events if e["type"] == "audio.start"]
+            assert [e["sentence_text"] for e in starts] == ["One. Two. Three."]  # one per flush
+            assert events[-1]["total_sentences"] == 1
+            assert b"".join(frames) == pcm_for(16)  # still pcm: the config was refused
+
+            await ws.send_json({"type": "session.config", "response_format": "pcm",
+                                "stream_audio": True, "split_granularity": "clause"})  # fmt: skip
+            await ws.send_json({"type": "input.text", "text": "First of all, we start; "})
+            await ws.send_json({"type": "input.text", "text": "then we go."})
+            await ws.send_json({"type": "input.done"})
+            events, _ = await read_until(ws, "session.done")
+            starts = [e["sentence_text"] for e in events if e["type"] == "audio.start"]
+            # A clause ends at , ; : but one under 12 characters waits for more.
+            assert starts == ["First of all,", "we start; then we go."]
