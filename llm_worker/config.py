@@ -35,8 +35,9 @@ class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     model_runner: str = "auto"
     """vLLM model runner: "v1" (legacy runner, orpheus tensor penalty and audio-token
     constraint), "v2" (GPU only: vLLM's device-resident penalty; the constraint only where the
-    installed vLLM's V2 runner takes custom processors, 0.32+), or "auto" (v1; docs/performance.md
-    has the H100 measurement behind the choice)."""
+    installed vLLM's V2 runner takes custom processors, 0.32+), or "auto": v2 where it can run
+    (GPU build with Triton), else v1. H100, vLLM 0.25.1: v2 held 78 streams, v1 45
+    (docs/performance.md)."""
     tensor_penalties: bool = True
     """Repetition penalty kept in preallocated tensors (ours) instead of vLLM's list path."""
     constrain_audio_tokens: bool = True

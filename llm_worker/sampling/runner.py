@@ -15,11 +15,14 @@ choice between them depends on the installed release:
 choice into ``VLLM_USE_V2_MODEL_RUNNER`` so that vLLM (this process and the engine core it
 spawns) cannot decide otherwise, and the worker checks after start-up that it did not.
 
-``auto``: V1 with our processors. On the GPU, V1 with any custom processor makes the runner
-wait each step for the previous step's sampled tokens, which takes back part of what async
-scheduling hides; V2 avoids that but (on 0.25) loses the constraint. Which costs less is
-measured on the H100 (docs/performance.md, "V1 or V2 on the GPU"); ``auto`` follows that
-measurement.
+``auto``: V2 wherever it can run (a GPU build with Triton), else V1. Measured on an H100
+with vLLM 0.25.1 (docs/performance.md, "V1 or V2 on the GPU"): V2 with vLLM's own penalty held
+78 real-time streams, V1 with our tensor penalty and constraint 45. With any custom logits
+processor V1 waits each step for the previous step's sampled tokens, which takes back what
+async scheduling hides, and our processors' host work adds to the engine core's, the process
+that bounds capacity. What V2 gives up on 0.25 is the constraint: a trained model's rare
+invalid token then costs one dropped frame (85 ms), counted in
+``orpheus_llm_frames_dropped_total{reason="invalid"}``.
 """
 
 from __future__ import annotations
@@ -88,9 +91,12 @@ def choose_model_runner(setting: str, device: str) -> RunnerChoice:
         return RunnerChoice(ModelRunner.V2, procs, why)
     if setting == "v1":
         return RunnerChoice(ModelRunner.V1, procs, "configured")
-    return RunnerChoice(
-        ModelRunner.V1, procs, "auto: V1 with orpheus processors (docs/performance.md)"
-    )
+    if v2_available(device):
+        why = "auto: V2 on the GPU (H100: 78 vs 45 streams for V1, docs/performance.md)"
+        if not procs:
+            why += "; this vLLM's V2 runner takes no custom logits processors: constraint off"
+        return RunnerChoice(ModelRunner.V2, procs, why)
+    return RunnerChoice(ModelRunner.V1, procs, "auto: V1 (V2 needs vLLM's GPU build with Triton)")
 
 
 def pin_model_runner(runner: ModelRunner) -> None:

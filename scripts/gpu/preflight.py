@@ -11,6 +11,8 @@ Each check does what the server does at start-up and fails the way the server wo
   died here: V2 imported a module vLLM 0.25 lacks).
 - ``sampler``: vLLM's V1 Sampler is built with the recipe's environment (the second death:
   on CUDA it imported flashinfer, which is not carried).
+- ``codec_compile`` (``--codec-compile``): torch.compile of the codec decoder on every hot
+  shape and batch bucket, timed (what the codec worker does before it is ready).
 - ``staging`` (real CUDA only): a pinned staging buffer is not refilled while a queued copy
   still reads it (see llm_worker/sampling/staging.py); a naive reuse is shown to corrupt.
 
@@ -168,6 +170,36 @@ def check_staging() -> dict[str, Any]:
     }
 
 
+def check_codec_compile() -> dict[str, Any]:
+    """torch.compile of the codec decoder on every hot shape and batch bucket, as the codec
+    worker does at start with ``codec.compile = true`` (random SNAC weights)."""
+    import tempfile
+
+    import torch
+
+    from codec_worker.config import CodecConfig
+    from codec_worker.decoder import WindowDecoder
+    from codec_worker.engine import DecodeEngine
+    from codec_worker.policy import WindowPolicy
+    from codec_worker.snac_model import load_snac, write_random_snac
+
+    cfg = CodecConfig(compile=True)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with tempfile.TemporaryDirectory(prefix="orpheus-snac-") as tmp:
+        write_random_snac(Path(tmp) / "snac", seed=0)
+        decoder = WindowDecoder(load_snac(str(Path(tmp) / "snac"), "cpu"))
+    engine = DecodeEngine.for_config(decoder, cfg, device)
+    seconds = engine.warmup()
+    keys = WindowPolicy(cfg).hot_keys()
+    return {
+        "ok": True,
+        "device": str(device),
+        "hot_shapes": [f"{k.context}+{k.hop}+{k.lookahead}" for k in keys],
+        "batch_buckets": list(cfg.batch_buckets),
+        "warmup_s": round(seconds, 1),
+    }
+
+
 def run(checks: dict[str, Callable[[], dict[str, Any]]]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for name, fn in checks.items():
@@ -191,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cuda-answers", action="store_true", help="CPU rehearsal of the GPU path")
     p.add_argument("--json", help="write the results here")
+    p.add_argument(
+        "--codec-compile",
+        action="store_true",
+        help="also compile the codec decoder on every hot shape and bucket (minutes on a CPU)",
+    )
+    p.add_argument("--only", help="run only these checks (comma list of names)")
     args = p.parse_args(argv)
     checks: dict[str, Callable[[], dict[str, Any]]] = {
         "imports": check_imports,
@@ -201,6 +239,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if torch.cuda.is_available() and not args.cuda_answers:
         checks["staging"] = check_staging
+    if args.codec_compile or (args.only and "codec_compile" in args.only.split(",")):
+        checks["codec_compile"] = check_codec_compile
+    if args.only:
+        wanted = args.only.split(",")
+        unknown = set(wanted) - set(checks)
+        if unknown:
+            p.error(f"unknown or unavailable checks: {sorted(unknown)}")
+        checks = {k: v for k, v in checks.items() if k in wanted}
     ctx = cuda_answers() if args.cuda_answers else contextlib.nullcontext()
     with ctx:
         results = run(checks)

@@ -124,13 +124,14 @@ EOF
 variant_flags() {
   case $1 in
     bf16) echo "--set llm.max_num_seqs=${MAX_SEQS:-512}" ;;
-    # sampling paths (docs/performance.md "V1 or V2 on the GPU"): bf16 is V1 with ours
-    bf16v2) echo "--set llm.model_runner=v2 --set llm.max_num_seqs=${MAX_SEQS:-512}" ;;
+    # sampling paths (docs/performance.md "V1 or V2 on the GPU"): bf16 is llm.model_runner
+    # auto (V2 on the GPU), bf16v1 the legacy runner with our tensor penalty and constraint
+    bf16v1) echo "--set llm.model_runner=v1 --set llm.max_num_seqs=${MAX_SEQS:-512}" ;;
     bf16sync) echo "--set llm.async_scheduling=false --set llm.max_num_seqs=${MAX_SEQS:-512}" ;;
     fp8kv) echo "--set llm.kv_cache_dtype=fp8 --set llm.max_num_seqs=${MAX_SEQS:-1024}" ;;
     fp8w) echo "--set llm.quantization=fp8 --set llm.max_num_seqs=${MAX_SEQS:-512}" ;;
     fp8) echo "--set llm.kv_cache_dtype=fp8 --set llm.quantization=fp8 --set llm.max_num_seqs=${MAX_SEQS:-1024}" ;;
-    *) echo "unknown variant $1 (bf16|bf16v2|bf16sync|fp8kv|fp8w|fp8)" >&2; return 1 ;;
+    *) echo "unknown variant $1 (bf16|bf16v1|bf16sync|fp8kv|fp8w|fp8)" >&2; return 1 ;;
   esac
 }
 

