@@ -352,3 +352,52 @@ def test_speaks_codes_model_emits_valid_codes_unconstrained(tmp_path: Path) -> N
     assert cfg["tie_word_embeddings"] is False and cfg["orpheus"]["speaks_codes"] is True
     assert mro.check_codes(speaks, "cpu", tokens=21)["valid"] == 21
     assert mro.check_codes(plain, "cpu", tokens=21)["valid"] <= 3
+
+
+def test_wheel_slimming_drops_members_and_their_record_lines(tmp_path: Path) -> None:
+    import zipfile
+
+    wheels = _load("wheels")
+    whl = tmp_path / "pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("pkg/__init__.py", "")
+        z.writestr("pkg/_fa2_C.abi3.so", b"\0" * 4096)
+        z.writestr("pkg/_fa3_C.abi3.so", b"\1" * 4096)
+        z.writestr(
+            "pkg-1.0.dist-info/RECORD",
+            "pkg/__init__.py,,\npkg/_fa2_C.abi3.so,sha256=x,4096\npkg/_fa3_C.abi3.so,sha256=y,4096\n",
+        )
+    before, after, dropped = wheels.slim_wheel(whl, ["pkg/_fa2_C*"])
+    assert dropped == ["pkg/_fa2_C.abi3.so"] and after < before
+    with zipfile.ZipFile(whl) as z:
+        assert "pkg/_fa2_C.abi3.so" not in z.namelist() and "pkg/_fa3_C.abi3.so" in z.namelist()
+        record = z.read("pkg-1.0.dist-info/RECORD").decode()
+    assert "_fa2_C" not in record and "_fa3_C" in record
+    assert wheels.slim_wheel(whl, ["pkg/_fa2_C*"])[2] == []  # idempotent
+
+
+def test_prepare_wheels_slims_vllm_but_keeps_what_hopper_loads() -> None:
+    text = (GPU / "prepare_wheels.sh").read_text()
+    drops = re.findall(r"--drop '([^']+)'", text)
+    assert "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" in drops
+    import fnmatch
+
+    for kept in (
+        "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so",
+        "vllm/_C_stable_libtorch.abi3.so",
+        "vllm/third_party/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so",
+    ):
+        assert not any(fnmatch.fnmatch(kept, d) for d in drops), kept
+
+
+def test_device_verify_runs_the_start_up_preflight() -> None:
+    """verify once passed while the server could not start: it must build what start-up
+    builds (scripts/gpu/preflight.py), and the recipe must not serve when it fails."""
+    verify = (GPU / "device_install.sh").read_text()
+    assert "scripts/gpu/preflight.py" in verify
+    recipe = (GPU / "run_capacity.sh").read_text()
+    last = recipe[recipe.index("  last)") :]
+    assert last.index("verify") < last.index("stage_serve")
+    pf = (GPU / "preflight.py").read_text()
+    for check in ("check_sampling", "check_sampler", "check_staging", "check_codec_compile"):
+        assert f"def {check}" in pf

@@ -11,6 +11,7 @@ placeholder (-1) resolved a step later.
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 from collections import Counter as Tally
@@ -31,6 +32,7 @@ from llm_worker import tokens as T
 from llm_worker.sampling import CounterSlots, PreventedBoard, RequestArgs
 from llm_worker.sampling.constraint import AudioTokenConstraint
 from llm_worker.sampling.penalty import TensorRepetitionPenalty
+from llm_worker.sampling.runner import v2_processors_supported
 from llm_worker.tiny_model import VOCAB_SIZE, write_tiny_model
 
 MAX_REQS = 12
@@ -85,7 +87,14 @@ class Churn:
     next_id: int = 0
 
     def __post_init__(self) -> None:
+        # vLLM 0.25 also takes the attention kernels' block sizes (0.32 dropped the argument).
+        extra = (
+            {"kernel_block_sizes": [16]}
+            if "kernel_block_sizes" in inspect.signature(InputBatch.__init__).parameters
+            else {}
+        )
         self.batch = InputBatch(
+            **extra,
             max_num_reqs=MAX_REQS,
             max_model_len=MAX_LEN,
             max_num_batched_tokens=MAX_REQS * MAX_LEN,
@@ -372,6 +381,9 @@ class HostBacked:
         return cls(t.numpy(), t)
 
 
+@pytest.mark.skipif(
+    not v2_processors_supported(), reason="this vLLM has no V2 logits-processor interface (0.25)"
+)
 def test_v2_constraint_masks_and_counts_kept_rows(
     vllm_config: VllmConfig, board: PreventedBoard
 ) -> None:

@@ -20,7 +20,7 @@ import textwrap
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -157,7 +157,7 @@ def own_members(cls: ast.ClassDef) -> tuple[dict[str, Method], set[str]]:
     return methods, attributes
 
 
-def _runtime_names(body: list[ast.stmt]) -> Iterator[tuple[str, ast.stmt]]:
+def runtime_names(body: list[ast.stmt]) -> Iterator[tuple[str, ast.stmt]]:
     """Names a module (or block) binds at run time: definitions, assignments, imports,
     through ``if``/``try``/``with`` blocks but not ``if TYPE_CHECKING:``."""
     for node in body:
@@ -168,9 +168,7 @@ def _runtime_names(body: list[ast.stmt]) -> Iterator[tuple[str, ast.stmt]]:
                 for sub in ast.walk(t):
                     if isinstance(sub, ast.Name):
                         yield sub.id, node
-        elif isinstance(node, ast.AnnAssign | ast.AugAssign) and isinstance(
-            node.target, ast.Name
-        ):
+        elif isinstance(node, ast.AnnAssign | ast.AugAssign) and isinstance(node.target, ast.Name):
             yield node.target.id, node
         elif isinstance(node, ast.Import):
             for alias in node.names:
@@ -180,15 +178,15 @@ def _runtime_names(body: list[ast.stmt]) -> Iterator[tuple[str, ast.stmt]]:
                 yield (alias.asname or alias.name), node
         elif isinstance(node, ast.If):
             if "TYPE_CHECKING" not in ast.unparse(node.test):
-                yield from _runtime_names(node.body)
-            yield from _runtime_names(node.orelse)
+                yield from runtime_names(node.body)
+            yield from runtime_names(node.orelse)
         elif isinstance(node, ast.Try):
             for block in (node.body, node.orelse, node.finalbody):
-                yield from _runtime_names(block)
+                yield from runtime_names(block)
             for handler in node.handlers:
-                yield from _runtime_names(handler.body)
+                yield from runtime_names(handler.body)
         elif isinstance(node, ast.With):
-            yield from _runtime_names(node.body)
+            yield from runtime_names(node.body)
 
 
 def resolve_relative(module: str, is_package: bool, level: int, target: str | None) -> str:
@@ -202,6 +200,15 @@ def resolve_relative(module: str, is_package: bool, level: int, target: str | No
 
 
 # -- a vLLM release ------------------------------------------------------------------------
+
+
+def module_file_under(root: Path, module: str) -> Path | None:
+    """``root/a/b/__init__.py`` or ``root/a/b.py`` for module ``a.b`` (None: neither)."""
+    base = root.joinpath(*module.split("."))
+    for path in (base / "__init__.py", base.with_suffix(".py")):
+        if path.is_file():
+            return path
+    return None
 
 
 class VllmSource(ABC):
@@ -272,11 +279,7 @@ class VllmTree(VllmSource):
         self.label = label or f"vllm-{self.version_text}-source"
 
     def module_file(self, module: str) -> Path | None:
-        base = self.root.joinpath(*module.split("."))
-        for path in (base / "__init__.py", base.with_suffix(".py")):
-            if path.is_file():
-                return path
-        return None
+        return module_file_under(self.root, module)
 
     def _is_package(self, module: str) -> bool:
         return (self.root.joinpath(*module.split(".")) / "__init__.py").is_file()
@@ -287,29 +290,47 @@ class VllmTree(VllmSource):
         if self.has_module(f"{module}.{name}"):
             return True
         tree = self.module_ast(module)
-        if any(n == name for n, _ in _runtime_names(tree.body)):
+        if any(n == name for n, _ in runtime_names(tree.body)):
             return True
-        # A lazy ``__getattr__`` over a {"Name": ".module:Name"} table (vllm/__init__.py).
-        if _depth < 3 and any(
-            isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body
-        ):
-            for node in ast.walk(tree):
-                if not isinstance(node, ast.Dict):
-                    continue
-                for k, v in zip(node.keys, node.values, strict=True):
-                    if (
-                        isinstance(k, ast.Constant)
-                        and k.value == name
-                        and isinstance(v, ast.Constant)
-                        and isinstance(v.value, str)
-                        and ":" in v.value
-                    ):
-                        target, attr = v.value.split(":", 1)
-                        level = len(target) - len(target.lstrip("."))
-                        mod = resolve_relative(
-                            module, self._is_package(module), level, target.lstrip(".") or None
-                        )
-                        return self.has_name(mod, attr, _depth + 1)
+        lazy = self._lazy(module, name)
+        if lazy is True:
+            return True
+        if lazy and _depth < 3:
+            return self.has_name(*lazy, _depth=_depth + 1)
+        return False
+
+    def _lazy(self, module: str, name: str) -> tuple[str, str] | bool:
+        """What a lazy module ``__getattr__`` gives for ``name``: True where it answers the
+        name itself (vllm.platforms' ``if name == "current_platform"``), the (module, name)
+        its {"Name": ".module:Name"} table points to (vllm/__init__.py's MODULE_ATTRS), or
+        False."""
+        tree = self.module_ast(module)
+        getattr_fn = next((n for b, n in runtime_names(tree.body) if b == "__getattr__"), None)
+        if getattr_fn is None:
+            return False
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Dict):
+                continue
+            for k, v in zip(node.keys, node.values, strict=True):
+                if (
+                    isinstance(k, ast.Constant)
+                    and k.value == name
+                    and isinstance(v, ast.Constant)
+                    and isinstance(v.value, str)
+                    and ":" in v.value
+                ):
+                    target, attr = v.value.split(":", 1)
+                    level = len(target) - len(target.lstrip("."))
+                    mod = resolve_relative(
+                        module, self._is_package(module), level, target.lstrip(".") or None
+                    )
+                    return mod, attr
+        for node in ast.walk(getattr_fn):
+            if isinstance(node, ast.Compare) and any(
+                isinstance(c, ast.Constant) and c.value == name
+                for c in [node.left, *node.comparators]
+            ):
+                return True
         return False
 
     def _resolve_class(self, module: str, expr: ast.expr) -> tuple[str, str] | None:
@@ -320,7 +341,7 @@ class VllmTree(VllmSource):
             return None
         name = expr.id
         tree = self.module_ast(module)
-        for bound, node in _runtime_names(tree.body):
+        for bound, node in runtime_names(tree.body):
             if bound != name:
                 continue
             if isinstance(node, ast.ClassDef):
@@ -337,7 +358,7 @@ class VllmTree(VllmSource):
         """Follow re-exports until the module that defines ``cls``."""
         if depth > 5 or self.module_file(module) is None:
             return None
-        for bound, node in _runtime_names(self.module_ast(module).body):
+        for bound, node in runtime_names(self.module_ast(module).body):
             if bound != cls:
                 continue
             if isinstance(node, ast.ClassDef):
@@ -346,6 +367,9 @@ class VllmTree(VllmSource):
                 src = resolve_relative(module, self._is_package(module), node.level, node.module)
                 original = next(a.name for a in node.names if (a.asname or a.name) == cls)
                 return self._find_class(src, original, depth + 1)
+        lazy = self._lazy(module, cls)
+        if isinstance(lazy, tuple):
+            return self._find_class(*lazy, depth + 1)
         return None
 
     @cache  # noqa: B019
@@ -370,20 +394,17 @@ class VllmTree(VllmSource):
     @cache  # noqa: B019
     def env_names(self) -> set[str]:
         for node in self.module_ast("vllm.envs").body:
-            target = (
-                node.target
-                if isinstance(node, ast.AnnAssign)
-                else node.targets[0]
-                if isinstance(node, ast.Assign)
-                else None
+            if isinstance(node, ast.AnnAssign):
+                targets, value = [node.target], node.value
+            elif isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+            else:
+                continue
+            named = any(
+                isinstance(t, ast.Name) and t.id == "environment_variables" for t in targets
             )
-            if (
-                isinstance(target, ast.Name)
-                and target.id == "environment_variables"
-                and isinstance(node.value, ast.Dict)  # type: ignore[union-attr]
-            ):
-                keys = node.value.keys  # type: ignore[union-attr]
-                return {k.value for k in keys if isinstance(k, ast.Constant)}
+            if named and isinstance(value, ast.Dict):
+                return {k.value for k in value.keys if isinstance(k, ast.Constant)}
         raise LookupError(f"{self.label}: no environment_variables dict in vllm/envs.py")
 
 
@@ -403,14 +424,22 @@ class InstalledVllm(VllmSource):
             raise ModuleNotFoundError("no vllm distribution installed")
         self.label = f"vllm-{self.version_text}-installed"
 
+    @property
+    def root(self) -> Path:
+        """The directory holding the installed ``vllm`` package (found without importing it)."""
+        spec = importlib.util.find_spec("vllm")
+        assert spec is not None and spec.origin is not None
+        return Path(spec.origin).parent.parent
+
     def module_file(self, module: str) -> Path | None:
+        # On the file system, so that reading a module's source imports nothing.
+        return module_file_under(self.root, module)
+
+    def has_module(self, module: str) -> bool:
         try:
-            spec = importlib.util.find_spec(module)
+            return importlib.util.find_spec(module) is not None  # imports the parents
         except ModuleNotFoundError:  # a parent package is missing
-            return None
-        if spec is None or spec.origin is None:
-            return None
-        return Path(spec.origin)
+            return False
 
     def has_name(self, module: str, name: str) -> bool:
         if not self.has_module(module):
@@ -461,7 +490,7 @@ class InstalledVllm(VllmSource):
 
 
 def _runtime_method(name: str, value: object) -> Method | None:
-    if isinstance(value, property):
+    if isinstance(value, property | cached_property):
         return Method(name, (), kind="property")
     kind = "function"
     if isinstance(value, classmethod):
@@ -477,7 +506,9 @@ def _runtime_method(name: str, value: object) -> Method | None:
     P = inspect.Parameter
     return Method(
         name=name,
-        positional=tuple(p.name for p in params if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)),
+        positional=tuple(
+            p.name for p in params if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)
+        ),
         kwonly=tuple(p.name for p in params if p.kind is P.KEYWORD_ONLY),
         varargs=any(p.kind is P.VAR_POSITIONAL for p in params),
         varkw=any(p.kind is P.VAR_KEYWORD for p in params),
@@ -589,3 +620,153 @@ def project_python_files() -> list[str]:
         for p in (REPO / root).rglob("*.py")
         if "__pycache__" not in p.parts
     )
+
+
+# -- questions about vLLM's behaviour, answered from its source ----------------------------
+
+
+def _calls(tree: ast.AST, callee: str) -> bool:
+    return any(
+        isinstance(n, ast.Call)
+        and (
+            (isinstance(n.func, ast.Name) and n.func.id == callee)
+            or (isinstance(n.func, ast.Attribute) and n.func.attr == callee)
+        )
+        for n in ast.walk(tree)
+    )
+
+
+def functions_building_processors(src: VllmSource, module: str, builder: str) -> tuple[str, ...]:
+    """Functions of ``module`` that call ``builder`` and read ``...logits_processors``: where
+    a model runner turns ``logits_processors=`` into processor objects."""
+    if src.module_file(module) is None:
+        return ()
+    found = []
+    for fn in ast.walk(src.module_ast(module)):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        reads = any(
+            isinstance(n, ast.Attribute) and n.attr == "logits_processors" for n in ast.walk(fn)
+        )
+        if reads and _calls(fn, builder):
+            found.append(f"{module}.{fn.name}:{fn.lineno}")
+    return tuple(found)
+
+
+@dataclass(frozen=True)
+class V2ProcessorPolicy:
+    """Whether vLLM's Model Runner V2 runs with custom logits processors."""
+
+    interface: bool
+    """``vllm.v1.worker.gpu.sample.logits_processor.interface`` exists."""
+    refused_by: tuple[str, ...]
+    """Where ``VllmConfig.use_v2_model_runner`` (and what it calls) turns V2 down because
+    custom logits processors are configured."""
+    built_by: tuple[str, ...]
+    """Where the V2 runner builds the configured custom processors."""
+
+    @property
+    def accepts(self) -> bool:
+        return self.interface and not self.refused_by and bool(self.built_by)
+
+    @property
+    def answer(self) -> str:
+        return "v2-accepts-custom-processors" if self.accepts else "v2-refuses-custom-processors"
+
+
+V2_INTERFACE = "vllm.v1.worker.gpu.sample.logits_processor.interface"
+
+
+def v2_processor_policy(src: VllmSource) -> V2ProcessorPolicy:
+    cfg = src.class_def("vllm.config.vllm", "VllmConfig")
+    methods = {n.name: n for n in cfg.body if isinstance(n, ast.FunctionDef)}
+    if "use_v2_model_runner" not in methods:
+        raise LookupError(f"{src.label}: VllmConfig has no use_v2_model_runner")
+    roots = ["use_v2_model_runner", "_get_v2_model_runner_unsupported_features"]
+    roots.append("_validate_v2_model_runner")
+    seen: set[str] = set()
+    todo = [r for r in roots if r in methods]
+    while todo:  # every VllmConfig method these reach through self.<method>
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for n in ast.walk(methods[name]):
+            if (
+                isinstance(n, ast.Attribute)
+                and isinstance(n.value, ast.Name)
+                and n.value.id == "self"
+                and n.attr in methods
+            ):
+                todo.append(n.attr)
+    refused = []
+    for name in sorted(seen):
+        for n in ast.walk(methods[name]):
+            mentions = (isinstance(n, ast.Attribute) and n.attr == "logits_processors") or (
+                isinstance(n, ast.Constant)
+                and isinstance(n.value, str)
+                and ("logits_processors" in n.value or "logits processor" in n.value.lower())
+            )
+            if mentions:
+                refused.append(f"VllmConfig.{name}:{n.lineno}")
+    return V2ProcessorPolicy(
+        interface=src.module_file(V2_INTERFACE) is not None,
+        refused_by=tuple(dict.fromkeys(refused)),
+        built_by=functions_building_processors(
+            src, "vllm.v1.worker.gpu.model_runner", "build_custom_logits_processors"
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class FlashInferGate:
+    """Where ``flashinfer_sampler_supported`` reads VLLM_USE_FLASHINFER_SAMPLER and where it
+    first reaches flashinfer (line numbers; None: not there)."""
+
+    env_check: int | None
+    first_flashinfer: int | None
+    module_level_import: int | None
+    """An unconditional ``import flashinfer`` at the top of the sampler module."""
+
+
+SAMPLER_OPS = "vllm.v1.sample.ops.topk_topp_sampler"
+
+
+def _imports_flashinfer(tree: ast.AST) -> bool:
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import) and any("flashinfer" in a.name for a in n.names):
+            return True
+        if isinstance(n, ast.ImportFrom) and "flashinfer" in (n.module or ""):
+            return True
+    return False
+
+
+def flashinfer_gate(src: VllmSource) -> FlashInferGate:
+    tree = src.module_ast(SAMPLER_OPS)
+    fn = src.function_def(SAMPLER_OPS, "flashinfer_sampler_supported")
+    helpers = {
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and n.name != fn.name and _imports_flashinfer(n)
+    }
+    env_check = first = None
+    for stmt in fn.body:
+        if (
+            env_check is None
+            and isinstance(stmt, ast.If)
+            and "VLLM_USE_FLASHINFER_SAMPLER" in ast.unparse(stmt.test)
+            and any(isinstance(n, ast.Return) for n in ast.walk(stmt))
+        ):
+            env_check = stmt.lineno
+        reaches = _imports_flashinfer(stmt) or any(_calls(stmt, h) for h in helpers)
+        if first is None and reaches:
+            first = stmt.lineno
+    top = next(
+        (
+            n.lineno
+            for n in tree.body
+            if isinstance(n, ast.Import | ast.ImportFrom) and _imports_flashinfer(n)
+        ),
+        None,
+    )
+    return FlashInferGate(env_check, first, top)

@@ -126,11 +126,15 @@ def check_sampler() -> dict[str, Any]:
 
     from llm_worker.engine import prepare_engine_environment
 
+    from vllm.v1.sample.ops.topk_topp_sampler import flashinfer_sampler_supported
+
     prepare_engine_environment()
-    sampler = Sampler()
+    sampler = Sampler()  # V1's
     native = sampler.topk_topp_sampler.forward == sampler.topk_topp_sampler.forward_native
     return {
         "ok": True,
+        # the decision V2's sampler (vllm.v1.worker.gpu.sample.sampler) makes the same way
+        "v2_uses_flashinfer": flashinfer_sampler_supported(),
         "VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER"),
         "top_p_sampler": "native (PyTorch/Triton)" if native else "flashinfer or platform kernel",
     }

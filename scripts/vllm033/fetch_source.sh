@@ -29,15 +29,27 @@ if [[ -f $DEST/.complete ]] && grep -q "^vllm-$VERSION-" "$DEST/.complete"; then
   exit 0
 fi
 
+# Never replace a directory this script did not make.
+if [[ -e $DEST && ! -f $DEST/.complete ]] && [[ -n $(ls -A "$DEST" 2>/dev/null) ]]; then
+  echo "$DEST exists and is not a source tree from this script: not replacing it" >&2
+  exit 1
+fi
+
 mkdir -p "$CACHE"
 whl=$(find_wheel)
 fetched="cached"
 if [[ -z $whl ]]; then
+  # Into a private directory first, so that an interrupted download leaves no wheel behind.
+  dl=$(mktemp -d "$CACHE/.download.XXXXXX")
+  trap 'rm -rf "$dl"' EXIT
   "$PY" -m pip --disable-pip-version-check download -q --no-deps --only-binary=:all: \
     --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d "$CACHE" "vllm==$VERSION" >&2
+    -d "$dl" "vllm==$VERSION" 2>&1 | { grep -v "is ignored: it is neither" || true; } >&2
+  for w in "$dl/vllm-$VERSION-"*.whl; do [[ -f $w ]] && mv "$w" "$CACHE/"; done
+  rm -rf "$dl"
+  trap - EXIT
   whl=$(find_wheel)
   [[ -n $whl ]] || { echo "no vllm-$VERSION wheel after pip download into $CACHE" >&2; exit 1; }
   fetched="downloaded"
@@ -50,7 +62,7 @@ mkdir -p "$parent"
 tmp=$(mktemp -d "$parent/.vllm-src.XXXXXX")
 chmod 755 "$tmp"
 trap 'rm -rf "$tmp"' EXIT
-"$PY" - "$whl" "$tmp" <<'PY'
+if ! count=$("$PY" - "$whl" "$tmp" <<'PY'
 import sys
 import zipfile
 
@@ -58,10 +70,13 @@ whl, out = sys.argv[1], sys.argv[2]
 with zipfile.ZipFile(whl) as zf:
     names = [n for n in zf.namelist() if n.startswith("vllm/") and n.endswith(".py")]
     zf.extractall(out, members=names)
-print(len(names), file=open(f"{out}/.count", "w"))
+print(len(names))
 PY
-count=$(cat "$tmp/.count")
-rm -f "$tmp/.count"
+); then
+  echo "$whl is not a readable wheel: removed, run again to download it anew" >&2
+  rm -f "$whl"
+  exit 1
+fi
 basename "$whl" >"$tmp/.complete"
 rm -rf "$DEST"
 mv "$tmp" "$DEST"
