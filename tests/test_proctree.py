@@ -1,0 +1,181 @@
+"""Process-tree clean-up with real processes (no vLLM): a worker's group and what it forked
+die with it, and the shared-memory segments only they had mapped are unlinked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator import proctree
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.timeout(120)
+
+# A "worker": leads its own session, forks a grandchild (as vLLM forks its EngineCore) that
+# creates a POSIX shared-memory segment the way vLLM's broadcast queue does (registered with
+# multiprocessing's resource tracker, itself one more process of the group), then both sleep.
+WORKER = textwrap.dedent(
+    """
+    import multiprocessing as mp, os, sys, time
+    from multiprocessing import shared_memory
+    sys.path.insert(0, {root!r})
+    if {pdeathsig}:
+        from orchestrator.child import _die_with_parent
+        _die_with_parent()
+
+    def engine(name, ready):
+        seg = shared_memory.SharedMemory(name=name, create=True, size=1 << 20)
+        seg.buf[:] = b"x" * (1 << 20)  # touch every page: the segment holds real memory
+        ready.send(os.getpid())
+        time.sleep(600)
+
+    if __name__ == "__main__":
+        ctx = mp.get_context("fork")
+        a, b = ctx.Pipe()
+        p = ctx.Process(target=engine, args=({name!r}, b))
+        p.start()
+        print(a.recv(), flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def _start_worker(tmp: Path, name: str, *, pdeathsig: bool) -> tuple[subprocess.Popen[str], int]:
+    script = tmp / "worker.py"
+    script.write_text(WORKER.format(root=str(ROOT), name=name, pdeathsig=pdeathsig))
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert proc.stdout is not None
+    engine_pid = int(proc.stdout.readline())
+    return proc, engine_pid
+
+
+def _wait_dead(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not proctree.alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def segment_name() -> Iterator[str]:
+    name = f"psm_test_{os.getpid()}_{os.urandom(3).hex()}"
+    yield name
+    try:
+        os.unlink(f"/dev/shm/{name}")
+    except FileNotFoundError:
+        pass
+
+
+def test_kill_tree_after_kill_9_kills_the_orphans_and_frees_their_segment(
+    tmp_path: Path, segment_name: str
+) -> None:
+    proc, engine_pid = _start_worker(tmp_path, segment_name, pdeathsig=False)
+    try:
+        tree = {proc.pid} | proctree.descendants([proc.pid])
+        assert engine_pid in tree and len(tree) >= 3, "worker, engine and resource tracker"
+        assert segment_name in proctree.shm_mappings(tree)
+        before = proctree.shm_bytes()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        # The failure the issue measured: the engine outlives its worker, segment and all.
+        time.sleep(0.3)
+        assert proctree.alive(engine_pid)
+        assert os.path.exists(f"/dev/shm/{segment_name}")
+
+        result = proctree.kill_tree(proc.pid)
+        assert engine_pid in result.killed and result.survivors == []
+        assert not proctree.alive(engine_pid)
+        assert all(not proctree.alive(p) for p in tree)
+        assert result.unlinked == [segment_name]
+        assert not os.path.exists(f"/dev/shm/{segment_name}")
+        assert result.freed_bytes >= 1 << 20
+        assert proctree.shm_bytes() <= before - (1 << 20) + (256 << 10)  # others may write
+    finally:
+        proctree.kill_tree(proc.pid)
+
+
+def test_kill_tree_keeps_segments_still_mapped_elsewhere_and_the_keep_prefix(
+    tmp_path: Path, segment_name: str
+) -> None:
+    from multiprocessing import shared_memory
+
+    proc, _ = _start_worker(tmp_path, segment_name, pdeathsig=False)
+    mine = shared_memory.SharedMemory(name=segment_name)  # this process maps it too
+    try:
+        result = proctree.kill_tree(proc.pid)
+        assert result.unlinked == [], "a segment a live process maps is not unlinked"
+        assert os.path.exists(f"/dev/shm/{segment_name}")
+    finally:
+        mine.close()
+        proctree.kill_tree(proc.pid)
+    proc.wait()
+
+    proc2, _ = _start_worker(tmp_path, segment_name + "b", pdeathsig=False)
+    try:
+        result = proctree.kill_tree(proc2.pid, keep_prefix=segment_name)
+        assert result.unlinked == [] and os.path.exists(f"/dev/shm/{segment_name}b")
+    finally:
+        proctree.kill_tree(proc2.pid)
+        proc2.wait()
+        os.unlink(f"/dev/shm/{segment_name}b")
+
+
+def test_children_forked_by_a_worker_die_with_it(tmp_path: Path, segment_name: str) -> None:
+    """orchestrator.child's at-fork hook: a forked engine gets SIGTERM when its worker dies,
+    even when no orchestrator is left to clean up."""
+    proc, engine_pid = _start_worker(tmp_path, segment_name, pdeathsig=True)
+    try:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert _wait_dead(engine_pid, 10), "the forked engine died with its worker"
+    finally:
+        proctree.kill_tree(proc.pid)
+
+
+def test_subreaper_adopts_orphans_and_reaps_them(tmp_path: Path) -> None:
+    script = tmp_path / "reaper.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, subprocess, sys, time
+            sys.path.insert(0, {str(ROOT)!r})
+            from orchestrator import proctree
+            assert proctree.become_subreaper()
+            mid = subprocess.Popen([sys.executable, "-c",
+                "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
+                "'import time; time.sleep(600)']); print(p.pid, flush=True)"],
+                stdout=subprocess.PIPE, text=True)
+            orphan = int(mid.stdout.readline())
+            mid.wait()
+            time.sleep(0.2)
+            assert proctree.read_proc(orphan).ppid == os.getpid(), "adopted"
+            assert proctree.orphans([mid.pid]) == {{orphan}}
+            os.kill(orphan, 9)
+            time.sleep(0.2)
+            assert proctree.reap_orphans([mid.pid]) == [orphan]
+            assert proctree.read_proc(orphan) is None, "reaped, not a zombie"
+            print("ok")
+            """
+        )
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_read_proc_reads_pid_ppid_pgid_and_state() -> None:
+    me = proctree.read_proc(os.getpid())
+    assert me is not None and me.ppid == os.getppid() and me.pgid == os.getpgrp()
+    assert me.state in "RS"
+    assert proctree.read_proc(2**22 + 12345) is None
