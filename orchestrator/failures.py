@@ -60,8 +60,12 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         cur = cur.__cause__ or cur.__context__
 
 
-def _short(exc: BaseException, limit: int = 240) -> str:
+def _short(exc: BaseException, limit: int = 200) -> str:
+    """The exception's first sentence, on one line."""
     text = " ".join(str(exc).split()) or type(exc).__name__
+    end = text.find(". ")
+    if 0 < end < limit:
+        text = text[: end + 1]
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -8,9 +8,12 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
+from typing import IO
 
+from orchestrator import proctree
 from orchestrator.local_server import free_port, wait_ready
 from shm.records import SAMPLES_PER_FRAME
 from shm.ring import SHM_DIR
@@ -52,22 +55,60 @@ class Server:
         return total
 
 
+def instance_pids(instance: str) -> list[int]:
+    """Live processes of an instance: every process whose environment holds the instance's
+    child spec (the workers and all they started: vLLM's EngineCore and Workers, resource
+    trackers ...), plus the orchestrator ``orpheus-<pid>`` itself."""
+    marker = f'"instance":"{instance}"'.encode()
+    orchestrator = int(instance.rsplit("-", 1)[1])
+    out: list[int] = []
+    for p in proctree.processes().values():
+        if p.state == "Z":
+            continue
+        if p.pid == orchestrator:
+            out.append(p.pid)
+            continue
+        try:
+            with open(f"/proc/{p.pid}/environ", "rb") as f:
+                if marker in f.read():
+                    out.append(p.pid)
+        except OSError:
+            pass
+    return sorted(out)
+
+
+def wait_no_instance_pids(instance: str, timeout_s: float) -> list[int]:
+    """Wait until no process of the instance is alive; returns those left at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while (left := instance_pids(instance)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
 def make_tiny_model(out: Path) -> Path:
     subprocess.run([EXE, "tiny-model", str(out)], check=True)
     return out
 
 
-def start_server(model: Path, *extra: str, zmq: bool = False) -> Server:
-    """Start the server on free loopback ports and wait until ``/ready``."""
+def start_server(
+    model: Path,
+    *extra: str,
+    zmq: bool = False,
+    codec_model: bool = True,
+    stderr: IO[bytes] | None = None,
+) -> Server:
+    """Start the server on free loopback ports and wait until ``/ready``.
+
+    ``codec_model=False`` leaves out ``--codec-model`` (the server finds ``model/snac``);
+    ``stderr``: where the server's log goes (a file; default: inherited)."""
     port = free_port()
     zmq_endpoint = f"tcp://127.0.0.1:{free_port()}" if zmq else ""
-    cmd = [
-        EXE, "serve", "--model", str(model), "--codec-model", str(model / "snac"),
-        "--device", "cpu", "--port", str(port), *extra,
-    ]  # fmt: skip
+    cmd = [EXE, "serve", "--model", str(model), "--device", "cpu", "--port", str(port), *extra]
+    if codec_model:
+        cmd += ["--codec-model", str(model / "snac")]
     if zmq:
         cmd += ["--set", f"gateway.zmq_endpoint={zmq_endpoint}"]
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, stderr=stderr)
     srv = Server(proc, f"http://127.0.0.1:{port}", zmq_endpoint)
     try:
         wait_ready(srv.url, proc.poll, START_TIMEOUT_S)
