@@ -21,6 +21,15 @@ BENCHES = {
 }
 
 
+def tell(line: str) -> None:
+    """One line on stderr. A full disk under a redirected log must not turn a clean exit
+    code (0, 2, 78) into a traceback and exit 1: the line is lost, the code is kept."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
 def _serve_flags(args: argparse.Namespace) -> dict[str, Any]:
     from orchestrator.settings import set_overrides
 
@@ -82,18 +91,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         flags = _serve_flags(args)
         cfg = load_config(args.config, flags)
     except ConfigError as exc:
-        print(f"orpheus-serve: {exc}", file=sys.stderr)
+        tell(f"orpheus-serve: {exc}")
         return 2
     setup_logging(cfg.log_format, cfg.log_level)
     cfg = _with_codec_from_model_dir(cfg, is_set(args.config, flags, "codec", "model"))
     failure = preflight(cfg)
     if failure is not None:
-        print(f"orpheus-serve: {failure.line()}", file=sys.stderr)
+        tell(f"orpheus-serve: {failure.line()}")
         return EXIT_PERMANENT
     try:
         cfg = _with_model_voices(cfg)
     except ValueError as exc:
-        print(f"orpheus-serve: {exc}", file=sys.stderr)
+        tell(f"orpheus-serve: {exc}")
         return 2
     from orchestrator.supervisor import Supervisor
 
@@ -101,7 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     code = sup.run()
     if sup.exit_failure is not None:
         # The one line that says why, last, where a person looks (after the workers' logs).
-        print(f"orpheus-serve: {sup.exit_failure.line()}", file=sys.stderr)
+        tell(f"orpheus-serve: {sup.exit_failure.line()}")
     return code
 
 

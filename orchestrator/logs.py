@@ -28,8 +28,22 @@ class JsonLineFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class QuietStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stderr handler that drops a line it cannot write (a full disk under a redirected
+    log: ENOSPC, EFBIG) instead of printing "--- Logging error ---" and a traceback to that
+    same full stderr for each one. Serving goes on; the lines are lost until there is room."""
+
+    dropped = 0
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            self.dropped += 1
+            return
+        super().handleError(record)  # a bad format string is still reported
+
+
 def setup_logging(fmt: str = "text", level: str = "INFO") -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = QuietStreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonLineFormatter())
     else:

@@ -208,3 +208,40 @@ def test_unreadable_codec_found_by_the_worker_stops_everything(
     assert left == []
     print(f"\nunreadable codec: exit {code} after {took:.1f}s: {last}")
     assert instance_pids(f"orpheus-{pid}") == []
+
+
+def test_a_full_disk_under_the_log_keeps_the_exit_code(tiny_model: Path, tmp_path: Path) -> None:
+    """stderr on a full disk (/dev/full: every write fails with ENOSPC): the failing log
+    writes are dropped, the exit code is still 78, not a traceback's 1."""
+    cmd = [EXE, "serve", "--model", str(tiny_model), "--device", "cpu", "--port", str(free_port())]
+    with open("/dev/full", "wb") as full:
+        r = subprocess.run(
+            [*cmd, "--codec-model", str(tmp_path / "missing")],
+            stdout=full, stderr=full, timeout=60, check=False,
+        )  # fmt: skip
+    assert r.returncode == EXIT_PERMANENT
+
+
+def test_logging_drops_lines_on_enospc_and_reports_format_errors(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import contextlib
+    import logging
+
+    from orchestrator.logs import QuietStreamHandler
+
+    full = open("/dev/full", "w")
+    h = QuietStreamHandler(full)
+    log = logging.getLogger("test.full")
+    log.addHandler(h)
+    log.propagate = False
+    try:
+        log.warning("a line the full disk cannot take")
+        assert h.dropped == 1
+        log.warning("%d", "not a number")  # a bug in a log call is still reported
+        assert h.dropped == 1
+        assert "--- Logging error ---" in capsys.readouterr().err
+    finally:
+        log.removeHandler(h)
+        with contextlib.suppress(OSError):
+            full.close()
