@@ -59,7 +59,11 @@ def _kill_own_group(spec: ChildSpec) -> None:
     if os.getpgrp() != os.getpid():
         return
     result = proctree.kill_tree(
-        os.getpid(), keep_prefix=spec.layout.instance, exclude=[os.getpid()], timeout_s=5.0
+        os.getpid(),
+        keep_prefix=spec.layout.instance,
+        exclude=[os.getpid()],
+        timeout_s=5.0,
+        tracker_grace_s=None,  # they exit after us, once they have cleaned up what we left
     )
     if result.killed:
         logging.getLogger("orchestrator.child").warning(

@@ -18,6 +18,7 @@ BENCHES = {
     "gateway": "gateway.bench",
     "load": "loadgen.cli",
     "compare": "loadgen.compare",
+    "soak": "loadgen.soak",
 }
 
 

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 SHM_DIR = "/dev/shm"
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+TRACKER_GRACE_S = 2.0
 
 
 class Proc(msgspec.Struct, frozen=True):
@@ -147,6 +148,30 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
+def _wait_gone(pids: set[int], timeout_s: float) -> set[int]:
+    """Wait until the processes are dead (reaping our own); those still alive at the end."""
+    deadline = time.monotonic() + timeout_s
+    pending = set(pids)
+    while pending:
+        for pid in list(pending):
+            _reap(pid)  # our own children (and orphans re-parented to us) become zombies
+            if not alive(pid):
+                pending.discard(pid)
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    return pending
+
+
+def is_resource_tracker(pid: int) -> bool:
+    """multiprocessing's resource tracker (``...resource_tracker import main;main(fd)``)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"multiprocessing.resource_tracker" in f.read()
+    except OSError:
+        return False
+
+
 def kill_tree(
     pgid: int,
     *,
@@ -154,12 +179,19 @@ def kill_tree(
     exclude: Iterable[int] = (),
     extra: Iterable[int] = (),
     timeout_s: float = 10.0,
+    tracker_grace_s: float | None = TRACKER_GRACE_S,
 ) -> TreeKill:
     """SIGKILL every process of group ``pgid`` and below it (and ``extra`` and below), then
     unlink the /dev/shm segments that only they had mapped.
 
     ``exclude``: pids never touched (the caller itself, a live worker). ``keep_prefix``:
     segment names never unlinked (the instance's own rings, which outlive a worker).
+
+    multiprocessing's resource trackers are killed last: once every other process is gone,
+    a tracker reads EOF and unlinks what was registered with it and never unlinked (named
+    semaphores ``sem.mp-*``, which nobody maps between uses, and shared memory), then exits by
+    itself. It gets ``tracker_grace_s`` for that; None spares trackers (the caller still
+    holds their pipe: they exit after it).
     """
     me = os.getpid()
     skip = {me, *exclude}
@@ -168,18 +200,20 @@ def kill_tree(
     victims = (roots | descendants(roots, table)) - skip
     victims = {pid for pid in victims if pid in table}
     segments = {s for s in shm_mappings(victims) if not (keep_prefix and s.startswith(keep_prefix))}
-    for pid in sorted(victims):
+    trackers = {pid for pid in victims if is_resource_tracker(pid)}
+    if tracker_grace_s is None:
+        victims -= trackers
+        trackers = set()
+    for pid in sorted(victims - trackers):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout_s
-    pending = set(victims)
-    while pending and time.monotonic() < deadline:
-        for pid in list(pending):
-            _reap(pid)  # our own children (and orphans re-parented to us) become zombies
-            if not alive(pid):
-                pending.discard(pid)
-        if pending:
-            time.sleep(0.02)
+    pending = _wait_gone(victims - trackers, timeout_s)
+    if trackers:
+        left = _wait_gone(trackers, tracker_grace_s or 0.0) if not pending else trackers
+        for pid in sorted(left):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        pending |= _wait_gone(left, timeout_s)
     unlinked: list[str] = []
     freed = 0
     if segments:
@@ -214,6 +248,26 @@ def reap_orphans(tracked: Iterable[int]) -> list[int]:
             _reap(pid)
             reaped.append(pid)
     return reaped
+
+
+def instance_processes(instance: str) -> list[int]:
+    """Live processes of a server instance ``orpheus-<orchestrator pid>``: the orchestrator,
+    and every process whose environment holds the instance's child spec (the workers and all
+    they started: vLLM's EngineCore and Workers, resource trackers, compile workers)."""
+    marker = f'"instance":"{instance}"'.encode()
+    orchestrator = int(instance.rsplit("-", 1)[1])
+    out: list[int] = []
+    for p in processes().values():
+        if p.state == "Z":
+            continue
+        if p.pid == orchestrator:
+            out.append(p.pid)
+            continue
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{p.pid}/environ", "rb") as f:
+                if marker in f.read():
+                    out.append(p.pid)
+    return sorted(out)
 
 
 def shm_bytes() -> int:

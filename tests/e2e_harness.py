@@ -56,25 +56,34 @@ class Server:
 
 
 def instance_pids(instance: str) -> list[int]:
-    """Live processes of an instance: every process whose environment holds the instance's
-    child spec (the workers and all they started: vLLM's EngineCore and Workers, resource
-    trackers ...), plus the orchestrator ``orpheus-<pid>`` itself."""
-    marker = f'"instance":"{instance}"'.encode()
-    orchestrator = int(instance.rsplit("-", 1)[1])
-    out: list[int] = []
-    for p in proctree.processes().values():
-        if p.state == "Z":
-            continue
-        if p.pid == orchestrator:
-            out.append(p.pid)
-            continue
+    """Live processes of an instance (``orchestrator.proctree.instance_processes``)."""
+    return proctree.instance_processes(instance)
+
+
+def child_pid(orchestrator_pid: int, role: str) -> int:
+    """The pid of the orchestrator's child running `role` (llm, codec, gateway)."""
+    out = subprocess.run(
+        # Children retitle themselves "orpheus-serve <role>" (setproctitle) once started.
+        ["pgrep", "-P", str(orchestrator_pid), "-f", f"(orchestrator\\.child |orpheus-serve ){role}"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 1, f"expected one {role} child, found {pids}"
+    return pids[0]
+
+
+def rss_bytes(pids: list[int]) -> int:
+    """Sum of the resident set sizes (VmRSS) of the processes."""
+    total = 0
+    for pid in pids:
         try:
-            with open(f"/proc/{p.pid}/environ", "rb") as f:
-                if marker in f.read():
-                    out.append(p.pid)
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
         except OSError:
             pass
-    return sorted(out)
+    return total
 
 
 def wait_no_instance_pids(instance: str, timeout_s: float) -> list[int]:
@@ -95,12 +104,12 @@ def start_server(
     *extra: str,
     zmq: bool = False,
     codec_model: bool = True,
-    stderr: IO[bytes] | None = None,
+    log: IO[bytes] | None = None,
 ) -> Server:
     """Start the server on free loopback ports and wait until ``/ready``.
 
     ``codec_model=False`` leaves out ``--codec-model`` (the server finds ``model/snac``);
-    ``stderr``: where the server's log goes (a file; default: inherited)."""
+    ``log``: where the server's stdout and stderr go (a file; default: inherited)."""
     port = free_port()
     zmq_endpoint = f"tcp://127.0.0.1:{free_port()}" if zmq else ""
     cmd = [EXE, "serve", "--model", str(model), "--device", "cpu", "--port", str(port), *extra]
@@ -108,7 +117,7 @@ def start_server(
         cmd += ["--codec-model", str(model / "snac")]
     if zmq:
         cmd += ["--set", f"gateway.zmq_endpoint={zmq_endpoint}"]
-    proc = subprocess.Popen(cmd, stderr=stderr)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log)
     srv = Server(proc, f"http://127.0.0.1:{port}", zmq_endpoint)
     try:
         wait_ready(srv.url, proc.poll, START_TIMEOUT_S)

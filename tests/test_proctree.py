@@ -34,29 +34,40 @@ WORKER = textwrap.dedent(
     def engine(name, ready):
         seg = shared_memory.SharedMemory(name=name, create=True, size=1 << 20)
         seg.buf[:] = b"x" * (1 << 20)  # touch every page: the segment holds real memory
+        if {untracked}:  # nobody but the orchestrator's clean-up can unlink it
+            from multiprocessing import resource_tracker
+            resource_tracker.unregister(seg._name, "shared_memory")
         ready.send(os.getpid())
         time.sleep(600)
 
     if __name__ == "__main__":
         ctx = mp.get_context("fork")
         a, b = ctx.Pipe()
+        # A named semaphore registered with the resource tracker (as vLLM's spawn-context
+        # locks are): /dev/shm/sem.mp-*. The tracker starts here, before the fork, so the
+        # engine holds its pipe too and it outlives a kill -9 of the worker.
+        lock = mp.get_context("spawn").Lock()
         p = ctx.Process(target=engine, args=({name!r}, b))
         p.start()
-        print(a.recv(), flush=True)
+        print(a.recv(), lock._semlock.name, flush=True)
         time.sleep(600)
     """
 )
 
 
-def _start_worker(tmp: Path, name: str, *, pdeathsig: bool) -> tuple[subprocess.Popen[str], int]:
+def _start_worker(
+    tmp: Path, name: str, *, pdeathsig: bool, untracked: bool = False
+) -> tuple[subprocess.Popen[str], int, str]:
     script = tmp / "worker.py"
-    script.write_text(WORKER.format(root=str(ROOT), name=name, pdeathsig=pdeathsig))
+    script.write_text(
+        WORKER.format(root=str(ROOT), name=name, pdeathsig=pdeathsig, untracked=untracked)
+    )
     proc = subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True
     )
     assert proc.stdout is not None
-    engine_pid = int(proc.stdout.readline())
-    return proc, engine_pid
+    engine_pid, sem = proc.stdout.readline().split()
+    return proc, int(engine_pid), "sem." + sem.lstrip("/")
 
 
 def _wait_dead(pid: int, timeout_s: float) -> bool:
@@ -78,10 +89,15 @@ def segment_name() -> Iterator[str]:
         pass
 
 
+@pytest.mark.parametrize("untracked", [False, True], ids=["tracked", "untracked"])
 def test_kill_tree_after_kill_9_kills_the_orphans_and_frees_their_segment(
-    tmp_path: Path, segment_name: str
+    tmp_path: Path, segment_name: str, untracked: bool
 ) -> None:
-    proc, engine_pid = _start_worker(tmp_path, segment_name, pdeathsig=False)
+    """tracked: the resource tracker, killed last, unlinks what was registered with it;
+    untracked: kill_tree unlinks the segment the dead tree had mapped."""
+    proc, engine_pid, sem = _start_worker(
+        tmp_path, segment_name, pdeathsig=False, untracked=untracked
+    )
     try:
         tree = {proc.pid} | proctree.descendants([proc.pid])
         assert engine_pid in tree and len(tree) >= 3, "worker, engine and resource tracker"
@@ -93,14 +109,16 @@ def test_kill_tree_after_kill_9_kills_the_orphans_and_frees_their_segment(
         time.sleep(0.3)
         assert proctree.alive(engine_pid)
         assert os.path.exists(f"/dev/shm/{segment_name}")
+        assert os.path.exists(f"/dev/shm/{sem}")
 
         result = proctree.kill_tree(proc.pid)
         assert engine_pid in result.killed and result.survivors == []
         assert not proctree.alive(engine_pid)
         assert all(not proctree.alive(p) for p in tree)
-        assert result.unlinked == [segment_name]
         assert not os.path.exists(f"/dev/shm/{segment_name}")
-        assert result.freed_bytes >= 1 << 20
+        assert not os.path.exists(f"/dev/shm/{sem}"), "the semaphore is unlinked too"
+        if untracked:
+            assert result.unlinked == [segment_name] and result.freed_bytes >= 1 << 20
         assert proctree.shm_bytes() <= before - (1 << 20) + (256 << 10)  # others may write
     finally:
         proctree.kill_tree(proc.pid)
@@ -111,7 +129,7 @@ def test_kill_tree_keeps_segments_still_mapped_elsewhere_and_the_keep_prefix(
 ) -> None:
     from multiprocessing import shared_memory
 
-    proc, _ = _start_worker(tmp_path, segment_name, pdeathsig=False)
+    proc, _, _ = _start_worker(tmp_path, segment_name, pdeathsig=False, untracked=True)
     mine = shared_memory.SharedMemory(name=segment_name)  # this process maps it too
     try:
         result = proctree.kill_tree(proc.pid)
@@ -122,7 +140,7 @@ def test_kill_tree_keeps_segments_still_mapped_elsewhere_and_the_keep_prefix(
         proctree.kill_tree(proc.pid)
     proc.wait()
 
-    proc2, _ = _start_worker(tmp_path, segment_name + "b", pdeathsig=False)
+    proc2, _, _ = _start_worker(tmp_path, segment_name + "b", pdeathsig=False, untracked=True)
     try:
         result = proctree.kill_tree(proc2.pid, keep_prefix=segment_name)
         assert result.unlinked == [] and os.path.exists(f"/dev/shm/{segment_name}b")
@@ -135,7 +153,7 @@ def test_kill_tree_keeps_segments_still_mapped_elsewhere_and_the_keep_prefix(
 def test_children_forked_by_a_worker_die_with_it(tmp_path: Path, segment_name: str) -> None:
     """orchestrator.child's at-fork hook: a forked engine gets SIGTERM when its worker dies,
     even when no orchestrator is left to clean up."""
-    proc, engine_pid = _start_worker(tmp_path, segment_name, pdeathsig=True)
+    proc, engine_pid, _ = _start_worker(tmp_path, segment_name, pdeathsig=True)
     try:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
