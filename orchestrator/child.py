@@ -27,7 +27,7 @@ import msgspec
 from orchestrator import proctree
 from orchestrator.config import ServeConfig
 from orchestrator.failures import EXIT_PERMANENT, Failure, classify
-from orchestrator.logs import setup_logging
+from orchestrator.logs import protect_stdio, setup_logging
 from shm.layout import InstanceLayout
 
 SPEC_ENV = "ORPHEUS_SERVE_CHILD_SPEC"
@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     if os.getppid() != spec.parent_pid:
         return 1  # the orchestrator died before we got here
+    protect_stdio()  # a full log disk must not kill the worker (tqdm, print)
     setup_logging(spec.config.log_format, spec.config.log_level)
     try:
         from setproctitle import setproctitle

@@ -85,7 +85,7 @@ def _with_codec_from_model_dir(cfg: ServeConfig, explicit: bool) -> ServeConfig:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from orchestrator.failures import EXIT_PERMANENT, preflight
-    from orchestrator.logs import setup_logging
+    from orchestrator.logs import protect_stdio, setup_logging
     from orchestrator.settings import ConfigError, is_set, load_config
 
     try:
@@ -94,6 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         tell(f"orpheus-serve: {exc}")
         return 2
+    protect_stdio()
     setup_logging(cfg.log_format, cfg.log_level)
     cfg = _with_codec_from_model_dir(cfg, is_set(args.config, flags, "codec", "model"))
     failure = preflight(cfg)

@@ -7,6 +7,7 @@ import errno
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -245,3 +246,26 @@ def test_logging_drops_lines_on_enospc_and_reports_format_errors(
         log.removeHandler(h)
         with contextlib.suppress(OSError):
             full.close()
+
+
+@pytest.mark.parametrize("protect", [True, False], ids=["protected", "unprotected"])
+def test_stdio_on_a_full_disk_does_not_kill_a_worker(tmp_path: Path, protect: bool) -> None:
+    """What vLLM does while it loads weights (a tqdm bar on stderr, prints), in the worker and
+    in a forked child (its EngineCore), with stdout and stderr on a full disk."""
+    script = tmp_path / "w.py"
+    script.write_text(
+        f"import os, sys\nsys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
+        "from orchestrator.logs import protect_stdio\n"
+        f"if {protect}: protect_stdio()\n"
+        "from tqdm import tqdm\n"
+        "for _ in tqdm(range(3), desc='Loading safetensors checkpoint shards'): pass\n"
+        "print('to stdout'); print('to stderr', file=sys.stderr)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    print('child', file=sys.stderr); sys.stderr.flush(); os._exit(0)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "sys.exit(os.waitstatus_to_exitcode(status))\n"
+    )
+    with open("/dev/full", "wb") as full:
+        r = subprocess.run([sys.executable, str(script)], stdout=full, stderr=full, timeout=60)
+    assert (r.returncode == 0) is protect
