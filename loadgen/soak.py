@@ -54,6 +54,9 @@ SCENARIOS = {
     "slow_reader": 1,
     "bad_request": 1,
 }
+SLOW_READ_BYTES = 2048
+SLOW_READ_PAUSE_S = 0.1
+"""A slow reader takes 20 KB/s: 0.43x the audio's 48 KB/s."""
 OUTCOMES = ("ok", "disconnected", "cancelled", "refused", "rejected", "failed", "hung")
 
 
@@ -254,7 +257,7 @@ class Soak:
             while True:
                 try:
                     piece = await asyncio.wait_for(
-                        r.content.read(4096 if slow else 65536), timeout=hang
+                        r.content.read(SLOW_READ_BYTES if slow else 65536), timeout=hang
                     )
                 except TimeoutError:
                     s.outcome, s.detail = "hung", f"no byte for {hang:.0f}s"
@@ -267,7 +270,7 @@ class Soak:
                     s.outcome = "disconnected"
                     return  # leaving the context closes the connection mid-stream
                 if slow:
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(SLOW_READ_PAUSE_S)
             if s.audio_bytes == frames * BYTES_PER_FRAME:
                 s.outcome = "ok"
             else:

@@ -8,7 +8,7 @@ codec worker (SIGSTOP: the heartbeat timeout kills and restarts it), kill -9 of 
 worker, then SIGTERM: exit 0 and nothing of the instance left. A second server for kill -9 of
 the orchestrator itself.
 
-Every wait is bounded; the measured figures are printed (`-s`). ORPHEUS_CRASH_CYCLES sets the
+Every wait is bounded; the measured figures are printed (`-s`). E2E_CRASH_CYCLES sets the
 number of llm-worker crash cycles (3 by default: each is a vLLM start on CPU).
 """
 
@@ -41,7 +41,7 @@ from shm.ring import SHM_DIR
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
-CYCLES = int(os.environ.get("ORPHEUS_CRASH_CYCLES", "3"))
+CYCLES = int(os.environ.get("E2E_CRASH_CYCLES", "3"))
 HEARTBEAT_TIMEOUT_S = 20
 LOG_DISK_BYTES = 4 << 20
 RSS_GROWTH_LIMIT = 1.25
