@@ -241,6 +241,10 @@ class Supervisor:
                 code = child.proc.wait()
             if code is not None and child.restart_at is None:
                 self._mark_dead(child)
+                # Gateways learn at once (they fail the worker's streams and stop admitting);
+                # killing what the worker left can take a few seconds.
+                if self._status is not None:
+                    self._publish_status(now, force=True)
                 self._kill_tree(child)
                 if not child.ever_ready and self._start_failed(child, code):
                     return

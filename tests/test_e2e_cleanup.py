@@ -112,6 +112,20 @@ def _wait_gone(names: set[str], timeout_s: float) -> set[str]:
         time.sleep(0.1)
 
 
+def _wait_restarted(orch: int, role: str, old: int, timeout_s: float) -> int:
+    """The pid of the role's new process, once the orchestrator has started it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            pid = child_pid(orch, role)
+        except AssertionError:  # none yet (backoff)
+            pid = old
+        if pid != old:
+            return pid
+        time.sleep(0.2)
+    raise AssertionError(f"{role} was not restarted within {timeout_s:.0f}s")
+
+
 class Node:
     """The server and what the tests measured on it."""
 
@@ -198,6 +212,7 @@ def test_kill_9_llm_worker_cycles_leave_no_engine_and_no_growth(node: Node) -> N
         assert _wait_dead(tree, 30) == set(), f"cycle {cycle}: the engine outlived its worker"
         dead_s = time.monotonic() - t0
         assert _wait_gone(psm, 30) == set(), f"cycle {cycle}: vLLM's segments were left"
+        _wait_restarted(orch, "llm", llm, 60)
         ready_s = wait_ready(node.srv.url, node.srv.proc.poll, 900, interval_s=0.25)
         assert _speak(node.srv.url) == 6 * 2048 * 2
         rows.append((cycle, rss, shm, len(psm), dead_s, ready_s))
@@ -222,6 +237,7 @@ def test_hung_codec_worker_is_killed_and_restarted(node: Node) -> None:
     assert _wait_dead({codec}, HEARTBEAT_TIMEOUT_S + 60) == set(), "the hung worker was killed"
     killed_s = time.monotonic() - t0
     assert killed_s >= HEARTBEAT_TIMEOUT_S - 2, "killed by the heartbeat timeout"
+    _wait_restarted(orch, "codec", codec, 60)
     ready_s = wait_ready(node.srv.url, node.srv.proc.poll, 300, interval_s=0.25)
     assert child_pid(orch, "codec") != codec
     assert _speak(node.srv.url) == 6 * 2048 * 2
@@ -235,6 +251,7 @@ def test_kill_9_codec_worker_leaves_nothing(node: Node) -> None:
     node.note_segments()
     os.kill(codec, signal.SIGKILL)
     assert _wait_dead(tree, 30) == set()
+    _wait_restarted(orch, "codec", codec, 60)
     wait_ready(node.srv.url, node.srv.proc.poll, 300, interval_s=0.25)
     assert _speak(node.srv.url) == 6 * 2048 * 2
 
