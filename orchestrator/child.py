@@ -5,9 +5,10 @@ variable ORPHEUS_SERVE_CHILD_SPEC. A child dies with its parent (PR_SET_PDEATHSI
 it finds its orchestrator gone when it exits, it removes the instance's segments itself so
 that nothing is left in /dev/shm even after a kill -9 of the orchestrator.
 
-Every process a child forks (vLLM's EngineCore, which forks its Workers) gets
-PR_SET_PDEATHSIG too (an at-fork hook inherited down the tree), so the engine dies with the
-llm worker even when nobody is left to clean up; and a child that exits kills whatever is left
+Every process a child forks or spawns with multiprocessing (vLLM's EngineCore, which starts
+its Workers) gets PR_SET_PDEATHSIG too (an at-fork hook inherited down the tree; spawned
+processes import this module as ``__mp_main__`` first), so the engine dies with the llm
+worker even when nobody is left to clean up; and a child that exits kills whatever is left
 of its own process group (it leads one: the orchestrator starts it in a new session).
 
 A failure that restarting cannot fix (``orchestrator.failures.classify``) is logged as one
@@ -45,7 +46,8 @@ def _die_with_parent() -> None:
     # Children forked from here on (multiprocessing "fork": vLLM's EngineCore and, from it,
     # its Workers) get SIGTERM when the process that forked them dies: a kill -9 of the llm
     # worker then ends its engine (vLLM shuts down cleanly on SIGTERM). Processes started
-    # with fork+exec (subprocess, multiprocessing "spawn") are covered by the group kill.
+    # with multiprocessing "spawn" run _prepare_spawned (below); other fork+exec children
+    # (subprocess) are covered by the group kill.
     os.register_at_fork(after_in_child=_die_with_parent_in_fork)
 
 
@@ -153,3 +155,17 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _prepare_spawned() -> None:
+    """In a process a worker started with multiprocessing's "spawn" method (vLLM's EngineCore
+    and Workers when vLLM spawns, e.g. once CUDA is initialised): the same protections as the
+    worker's own, since nothing is inherited but the environment and the open files."""
+    protect_stdio()  # a full log disk must not fail vLLM's weight loading (tqdm on stderr)
+    _die_with_parent()
+
+
+if __name__ == "__mp_main__":
+    # multiprocessing's spawn imports the parent's main module (this one, run with -m) under
+    # this name in every process it starts, before anything else runs there.
+    _prepare_spawned()

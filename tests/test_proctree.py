@@ -197,3 +197,32 @@ def test_read_proc_reads_pid_ppid_pgid_and_state() -> None:
     assert me is not None and me.ppid == os.getppid() and me.pgid == os.getpgrp()
     assert me.state in "RS"
     assert proctree.read_proc(2**22 + 12345) is None
+
+
+def test_a_process_spawned_by_a_worker_is_protected_too(tmp_path: Path) -> None:
+    """multiprocessing "spawn" (vLLM's EngineCore and Workers on this build) imports the
+    worker's main module, orchestrator.child, as __mp_main__: that import gives the spawned
+    process PDEATHSIG and tolerant stdio (its tqdm bar on a full log disk killed the engine's
+    start at every restart)."""
+    script = tmp_path / "spawned.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import ctypes, runpy, signal, sys
+            sys.path.insert(0, {str(ROOT)!r})
+            runpy.run_module("orchestrator.child", run_name="__mp_main__")
+            from orchestrator.logs import TolerantStream
+            assert isinstance(sys.stderr, TolerantStream) and isinstance(sys.stdout, TolerantStream)
+            sig = ctypes.c_int()
+            ctypes.CDLL("libc.so.6").prctl(2, ctypes.byref(sig))  # PR_GET_PDEATHSIG
+            assert sig.value == signal.SIGTERM, sig.value
+            from tqdm import tqdm
+            for _ in tqdm(range(3), desc="Loading safetensors checkpoint shards"):
+                pass
+            print("ok", file=sys.stderr)
+            """
+        )
+    )
+    with open("/dev/full", "wb") as full:
+        r = subprocess.run([sys.executable, str(script)], stdout=full, stderr=full, timeout=60)
+    assert r.returncode == 0
