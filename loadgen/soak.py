@@ -168,7 +168,7 @@ def _fds(pid: int) -> int:
 
 
 def sample_instance(instance: str, t_s: float, ttfbs: list[float]) -> Sample:
-    pids = proctree.instance_processes(instance)
+    pids = proctree.instance_processes(int(instance.rsplit("-", 1)[1]))
     procs = [ProcSample(_name(p), p, _status_rss(p), _fds(p)) for p in pids]
     own = {n for n in os.listdir(SHM_DIR) if n.startswith(f"{instance}-")}
     segs = own | proctree.shm_mappings(pids)

@@ -39,6 +39,8 @@ class Proc(msgspec.Struct, frozen=True):
     pid: int
     ppid: int
     pgid: int
+    sid: int
+    """Session id: a worker leads its own session, and what it starts stays in it."""
     state: str
     """One letter from /proc/<pid>/stat: R, S, D, T (stopped), Z (zombie) ..."""
 
@@ -88,7 +90,9 @@ def read_proc(pid: int) -> Proc | None:
     # The command name is in parentheses and may itself hold spaces or parentheses.
     fields = raw[raw.rfind(")") + 2 :].split()
     try:
-        return Proc(pid=pid, ppid=int(fields[1]), pgid=int(fields[2]), state=fields[0])
+        return Proc(
+            pid=pid, ppid=int(fields[1]), pgid=int(fields[2]), sid=int(fields[3]), state=fields[0]
+        )
     except (IndexError, ValueError):
         return None
 
@@ -250,24 +254,29 @@ def reap_orphans(tracked: Iterable[int]) -> list[int]:
     return reaped
 
 
-def instance_processes(instance: str) -> list[int]:
-    """Live processes of a server instance ``orpheus-<orchestrator pid>``: the orchestrator,
-    and every process whose environment holds the instance's child spec (the workers and all
-    they started: vLLM's EngineCore and Workers, resource trackers, compile workers)."""
-    marker = f'"instance":"{instance}"'.encode()
-    orchestrator = int(instance.rsplit("-", 1)[1])
-    out: list[int] = []
-    for p in processes().values():
-        if p.state == "Z":
-            continue
-        if p.pid == orchestrator:
-            out.append(p.pid)
-            continue
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{p.pid}/environ", "rb") as f:
-                if marker in f.read():
-                    out.append(p.pid)
-    return sorted(out)
+def worker_sessions(orchestrator: int) -> set[int]:
+    """The sessions of an orchestrator's workers (each leads its own: session id = its pid)."""
+    return {p.pid for p in processes().values() if p.ppid == orchestrator and p.sid == p.pid}
+
+
+def instance_processes(orchestrator: int, sessions: Iterable[int] | None = None) -> list[int]:
+    """Live processes of the server whose orchestrator is ``orchestrator``: itself, everything
+    below it, and everything in its workers' sessions (``sessions``, default: the sessions of
+    its children now), which holds vLLM's EngineCore and Workers and the resource trackers
+    even once re-parented. Pass the sessions noted earlier to look after the orchestrator died.
+
+    (Not by environment or command line: setproctitle, which the workers and vLLM's processes
+    call, overwrites both in /proc.)"""
+    table = processes()
+    sess = (
+        set(sessions)
+        if sessions is not None
+        else {p.pid for p in table.values() if p.ppid == orchestrator and p.sid == p.pid}
+    )
+    out = {p.pid for p in table.values() if p.sid in sess}
+    if orchestrator in table:
+        out |= {orchestrator} | descendants([orchestrator], table)
+    return sorted(pid for pid in out if table.get(pid) and table[pid].state != "Z")
 
 
 def shm_bytes() -> int:

@@ -55,9 +55,11 @@ class Server:
         return total
 
 
-def instance_pids(instance: str) -> list[int]:
-    """Live processes of an instance (``orchestrator.proctree.instance_processes``)."""
-    return proctree.instance_processes(instance)
+def instance_pids(instance: str, sessions: set[int] | None = None) -> list[int]:
+    """Live processes of an instance ``orpheus-<orchestrator pid>``
+    (``orchestrator.proctree.instance_processes``; ``sessions``: its workers' sessions, noted
+    while the orchestrator lived, to look after it died)."""
+    return proctree.instance_processes(int(instance.rsplit("-", 1)[1]), sessions)
 
 
 def child_pid(orchestrator_pid: int, role: str) -> int:
@@ -86,10 +88,12 @@ def rss_bytes(pids: list[int]) -> int:
     return total
 
 
-def wait_no_instance_pids(instance: str, timeout_s: float) -> list[int]:
+def wait_no_instance_pids(
+    instance: str, timeout_s: float, sessions: set[int] | None = None
+) -> list[int]:
     """Wait until no process of the instance is alive; returns those left at the deadline."""
     deadline = time.monotonic() + timeout_s
-    while (left := instance_pids(instance)) and time.monotonic() < deadline:
+    while (left := instance_pids(instance, sessions)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
 

@@ -134,13 +134,17 @@ class Node:
         self.log_path = log_path
         self.shm_before = shm_before
         self.seen_segments: set[str] = set()
+        self.sessions: set[int] = set()
+        """Every worker session seen (a restarted worker leads a new one)."""
 
     @property
     def instance(self) -> str:
         return self.srv.instance
 
     def pids(self) -> list[int]:
-        return instance_pids(self.instance)
+        if self.srv.proc.poll() is None:
+            self.sessions |= proctree.worker_sessions(self.srv.proc.pid)
+        return instance_pids(self.instance, self.sessions)
 
     def note_segments(self) -> set[str]:
         segs = _instance_segments(self.instance, self.pids())
@@ -163,7 +167,7 @@ def node(tiny_model: Path, log_disk: Path) -> Iterator[Node]:
     yield n
     if srv.proc.poll() is None:
         stop_server(srv)
-    for pid in instance_pids(srv.instance):  # only if a test failed midway
+    for pid in instance_pids(srv.instance, n.sessions):  # only if a test failed midway
         os.kill(pid, signal.SIGKILL)
 
 
@@ -258,8 +262,9 @@ def test_kill_9_codec_worker_leaves_nothing(node: Node) -> None:
 
 def test_sigterm_leaves_no_process_and_no_segment(node: Node) -> None:
     node.note_segments()
+    assert len(node.pids()) >= 5, "orchestrator, 3 workers and vLLM's engine processes"
     assert stop_server(node.srv) == 0, "a clean stop exits 0, even with the log disk full"
-    assert wait_no_instance_pids(node.instance, 30) == []
+    assert wait_no_instance_pids(node.instance, 30, node.sessions) == []
     left = _wait_gone(node.seen_segments, 10)
     assert left == set(), f"segments left: {left}"
     shm_after = proctree.shm_bytes()
@@ -273,6 +278,7 @@ def test_kill_9_orchestrator_takes_every_process_and_segment_down(
     with open(tmp_path / "server.log", "wb") as log:
         srv = start_server(tiny_model, log=log)
     try:
+        sessions = proctree.worker_sessions(srv.proc.pid)
         pids = instance_pids(srv.instance)
         segs = _instance_segments(srv.instance, pids)
         assert len(pids) >= 5, "orchestrator, 3 workers and vLLM's engine processes"
@@ -281,12 +287,12 @@ def test_kill_9_orchestrator_takes_every_process_and_segment_down(
         os.kill(srv.proc.pid, signal.SIGKILL)
         srv.proc.wait()
         t0 = time.monotonic()
-        left = wait_no_instance_pids(srv.instance, 60)
+        left = wait_no_instance_pids(srv.instance, 60, sessions)
         gone_s = time.monotonic() - t0
         assert left == [], f"processes left: {left}"
         assert _wait_gone(segs, 10) == set()
         print(f"\norchestrator kill -9: {len(pids)} processes and {len(segs)} segments "
               f"({seg_bytes / 1e6:.0f} MB) gone {gone_s:.1f}s later")  # fmt: skip
     finally:
-        for pid in instance_pids(srv.instance):
+        for pid in instance_pids(srv.instance, proctree.worker_sessions(srv.proc.pid) | sessions):
             os.kill(pid, signal.SIGKILL)

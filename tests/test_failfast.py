@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from e2e_harness import EXE, instance_pids, make_tiny_model, wait_no_instance_pids
 
 from codec_worker.snac_model import load_snac
+from orchestrator import proctree
 from orchestrator.cli import _with_codec_from_model_dir
 from orchestrator.config import ServeConfig
 from orchestrator.failures import EXIT_PERMANENT, PermanentError, classify, preflight
@@ -147,24 +149,33 @@ def test_codec_defaults_to_the_snac_next_to_the_model(
 
 
 # -- the real command --------------------------------------------------------------------------
-def _serve(model: Path, *extra: str, timeout_s: float) -> tuple[int, str, float, int]:
-    """Run `orpheus-serve serve`; (exit code, stderr, seconds, orchestrator pid)."""
+def _serve(model: Path, *extra: str, timeout_s: float) -> tuple[int, str, float, int, set[int]]:
+    """Run `orpheus-serve serve`; (exit code, stderr, seconds, orchestrator pid, the sessions
+    of the workers it started: every process they started stays in them)."""
     cmd = [EXE, "serve", "--model", str(model), "--device", "cpu", "--port", str(free_port())]
+    sessions: set[int] = set()
     t0 = time.monotonic()
-    proc = subprocess.Popen([*cmd, *extra], stderr=subprocess.PIPE, text=True)
-    try:
-        _, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate()
-        raise
-    return proc.returncode, err, time.monotonic() - t0, proc.pid
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([*cmd, *extra], stderr=err)
+        try:
+            while proc.poll() is None:
+                if time.monotonic() - t0 > timeout_s:
+                    raise TimeoutError(f"serve did not exit within {timeout_s:.0f}s")
+                sessions |= proctree.worker_sessions(proc.pid)
+                time.sleep(0.1)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        err.seek(0)
+        text = err.read().decode(errors="replace")
+    return proc.returncode, text, time.monotonic() - t0, proc.pid, sessions
 
 
 def test_serve_without_a_codec_exits_78_at_once_with_one_line(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    code, err, took, _ = _serve(
+    code, err, took, _, _ = _serve(
         tiny_model, "--codec-model", str(tmp_path / "missing"), timeout_s=60
     )
     last = err.strip().splitlines()[-1]
@@ -198,17 +209,18 @@ def test_unreadable_codec_found_by_the_worker_stops_everything(
     (bad / "config.json").write_text((tiny_model / "snac" / "config.json").read_text())
     (bad / "pytorch_model.bin").write_bytes(os.urandom(4096))
     shm_before = set(os.listdir(SHM_DIR))
-    code, err, took, pid = _serve(tiny_model, "--codec-model", str(bad), timeout_s=240)
+    code, err, took, pid, sessions = _serve(tiny_model, "--codec-model", str(bad), timeout_s=240)
     last = err.strip().splitlines()[-1]
     assert code == EXIT_PERMANENT, err[-3000:]
     assert last.startswith(f"orpheus-serve: SNAC checkpoint {str(bad)!r} is unreadable")
     assert "--codec-model DIR" in last
     assert err.count("restarting in") == 0, "no restart loop"
-    assert wait_no_instance_pids(f"orpheus-{pid}", 10) == []
+    assert len(sessions) >= 2, "the codec and llm workers had started"
+    assert wait_no_instance_pids(f"orpheus-{pid}", 10, sessions) == []
     left = [n for n in set(os.listdir(SHM_DIR)) - shm_before if n.startswith(f"orpheus-{pid}")]
     assert left == []
     print(f"\nunreadable codec: exit {code} after {took:.1f}s: {last}")
-    assert instance_pids(f"orpheus-{pid}") == []
+    assert instance_pids(f"orpheus-{pid}", sessions) == []
 
 
 def test_a_full_disk_under_the_log_keeps_the_exit_code(tiny_model: Path, tmp_path: Path) -> None:
