@@ -120,11 +120,12 @@ class SoakReport(msgspec.Struct, kw_only=True):
     note: str = "random weights: the audio is noise; this measures the server, not the voice"
 
 
+# Any HTTP request may be refused (429/503 with Retry-After) while a flood fills admission.
 EXPECTED = {
-    "complete": {"ok"},
-    "disconnect": {"disconnected", "ok"},
-    "ws_cancel": {"cancelled", "ok"},
-    "slow_reader": {"ok"},
+    "complete": {"ok", "refused"},
+    "disconnect": {"disconnected", "ok", "refused"},
+    "ws_cancel": {"cancelled", "ok", "refused"},
+    "slow_reader": {"ok", "refused"},
     "bad_request": {"rejected"},
     "flood": {"ok", "refused"},
 }
@@ -307,11 +308,13 @@ class Soak:
                         s.detail = str(data.get("reason"))
                         return
                     if data.get("type") == "error":
-                        s.outcome, s.detail = "failed", str(data)[:200]
-                        return
-                else:  # closed
-                    s.outcome = "cancelled" if cancelled else "failed"
-                    s.detail = f"closed {ws.close_code}"
+                        s.detail = str(data)[:200]  # the close that follows tells its status
+                else:  # closed: 4000 + the HTTP status for an error
+                    if ws.close_code in (4429, 4503):
+                        s.outcome, s.status = "refused", ws.close_code - 4000
+                    else:
+                        s.outcome = "cancelled" if cancelled else "failed"
+                        s.detail = f"closed {ws.close_code} {s.detail}".strip()
                     return
 
     async def _bad_request(self, session: aiohttp.ClientSession, s: Stream) -> None:

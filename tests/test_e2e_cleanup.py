@@ -112,6 +112,12 @@ def _wait_gone(names: set[str], timeout_s: float) -> set[str]:
         time.sleep(0.1)
 
 
+def _kill_all(pids: list[int]) -> None:
+    """After a failed test: kill what is left, and free the segments only it mapped."""
+    if pids:
+        proctree.kill_tree(-1, extra=pids)
+
+
 def _wait_restarted(orch: int, role: str, old: int, timeout_s: float) -> int:
     """The pid of the role's new process, once the orchestrator has started it."""
     deadline = time.monotonic() + timeout_s
@@ -167,8 +173,7 @@ def node(tiny_model: Path, log_disk: Path) -> Iterator[Node]:
     yield n
     if srv.proc.poll() is None:
         stop_server(srv)
-    for pid in instance_pids(srv.instance, n.sessions):  # only if a test failed midway
-        os.kill(pid, signal.SIGKILL)
+    _kill_all(instance_pids(srv.instance, n.sessions))  # only if a test failed midway
 
 
 def test_codec_is_found_next_to_the_model(node: Node, tiny_model: Path) -> None:
@@ -294,5 +299,4 @@ def test_kill_9_orchestrator_takes_every_process_and_segment_down(
         print(f"\norchestrator kill -9: {len(pids)} processes and {len(segs)} segments "
               f"({seg_bytes / 1e6:.0f} MB) gone {gone_s:.1f}s later")  # fmt: skip
     finally:
-        for pid in instance_pids(srv.instance, proctree.worker_sessions(srv.proc.pid) | sessions):
-            os.kill(pid, signal.SIGKILL)
+        _kill_all(instance_pids(srv.instance, proctree.worker_sessions(srv.proc.pid) | sessions))
