@@ -82,8 +82,8 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
     orch.connect(layout.orch)
     pid = os.getpid()
     detail = (
-        f"SNAC on {config.device}, compile={cfg.compile}, warm-up {warm_s:.1f}s, "
-        f"loaded in {time.monotonic() - t0:.1f}s"
+        f"SNAC from {cfg.model} on {config.device}, compile={cfg.compile}, "
+        f"warm-up {warm_s:.1f}s, loaded in {time.monotonic() - t0:.1f}s"
     )
     profiler: CodecProfiler | None = None
     trigger = ProfileTrigger.from_env("codec")

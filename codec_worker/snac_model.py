@@ -77,6 +77,16 @@ def fuse_weight_norm(model: nn.Module) -> nn.Module:
     return model
 
 
+def _hub_file(repo: str, filename: str) -> str:
+    """The cached copy when there is one (no network round trip), else a download."""
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo, filename)
+    if isinstance(cached, str):
+        return cached
+    return hf_hub_download(repo_id=repo, filename=filename)
+
+
 def _read_checkpoint(name_or_path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     path = os.path.expanduser(name_or_path)
     if os.path.isdir(path):
@@ -88,10 +98,8 @@ def _read_checkpoint(name_or_path: str) -> tuple[dict[str, Any], dict[str, torch
     elif os.path.isabs(path) or path.startswith("."):
         raise FileNotFoundError(f"SNAC checkpoint directory {name_or_path!r} does not exist")
     else:  # an HF repository name
-        from huggingface_hub import hf_hub_download
-
-        config_path = hf_hub_download(repo_id=name_or_path, filename=CONFIG_FILE)
-        weights_path = hf_hub_download(repo_id=name_or_path, filename=WEIGHTS_FILE)
+        config_path = _hub_file(name_or_path, CONFIG_FILE)
+        weights_path = _hub_file(name_or_path, WEIGHTS_FILE)
     with open(config_path) as f:
         config = json.load(f)
     state = torch.load(weights_path, map_location="cpu", weights_only=True)

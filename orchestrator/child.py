@@ -4,11 +4,20 @@ The orchestrator passes the configuration and instance layout as JSON in the env
 variable ORPHEUS_SERVE_CHILD_SPEC. A child dies with its parent (PR_SET_PDEATHSIG), and if
 it finds its orchestrator gone when it exits, it removes the instance's segments itself so
 that nothing is left in /dev/shm even after a kill -9 of the orchestrator.
+
+Every process a child forks or spawns with multiprocessing (vLLM's EngineCore, which starts
+its Workers) gets PR_SET_PDEATHSIG too (an at-fork hook inherited down the tree; spawned
+processes import this module as ``__mp_main__`` first), so the engine dies with the llm
+worker even when nobody is left to clean up; and a child that exits kills whatever is left
+of its own process group (it leads one: the orchestrator starts it in a new session).
+
+A failure that restarting cannot fix (``orchestrator.failures.classify``) is logged as one
+line, reported to the orchestrator as ``WorkerFailed`` and ends the process with
+``EXIT_PERMANENT``.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -16,8 +25,10 @@ import sys
 
 import msgspec
 
+from orchestrator import proctree
 from orchestrator.config import ServeConfig
-from orchestrator.logs import setup_logging
+from orchestrator.failures import EXIT_PERMANENT, Failure, classify
+from orchestrator.logs import protect_stdio, setup_logging
 from shm.layout import InstanceLayout
 
 SPEC_ENV = "ORPHEUS_SERVE_CHILD_SPEC"
@@ -31,11 +42,57 @@ class ChildSpec(msgspec.Struct, frozen=True):
 
 
 def _die_with_parent() -> None:
+    proctree.set_pdeathsig(signal.SIGTERM)
+    # Children forked from here on (multiprocessing "fork": vLLM's EngineCore and, from it,
+    # its Workers) get SIGTERM when the process that forked them dies: a kill -9 of the llm
+    # worker then ends its engine (vLLM shuts down cleanly on SIGTERM). Processes started
+    # with multiprocessing "spawn" run _prepare_spawned (below); other fork+exec children
+    # (subprocess) are covered by the group kill.
+    os.register_at_fork(after_in_child=_die_with_parent_in_fork)
+
+
+def _die_with_parent_in_fork() -> None:
+    proctree.set_pdeathsig(signal.SIGTERM)
+
+
+def _kill_own_group(spec: ChildSpec) -> None:
+    """Kill what is left of this process's group (never the caller: it leads the group only
+    when the orchestrator started it, so a test calling main() cannot kill its runner)."""
+    if os.getpgrp() != os.getpid():
+        return
+    result = proctree.kill_tree(
+        os.getpid(),
+        keep_prefix=spec.layout.instance,
+        exclude=[os.getpid()],
+        timeout_s=5.0,
+        tracker_grace_s=None,  # they exit after us, once they have cleaned up what we left
+    )
+    if result.killed:
+        logging.getLogger("orchestrator.child").warning(
+            "killed processes left in this worker's group: %s", result.describe()
+        )
+
+
+def _report_failure(spec: ChildSpec, role: str, failure: Failure) -> None:
+    """Tell the orchestrator (best-effort: it may be gone; the exit code says it too)."""
+    import zmq
+
+    from shm.messages import WorkerFailed, control_encoder
+
+    ctx = zmq.Context()
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+        sock = ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 2000)
+        sock.setsockopt(zmq.SNDTIMEO, 2000)
+        sock.connect(spec.layout.orch)
+        msg = WorkerFailed(role, os.getpid(), failure.cause, failure.fix)
+        try:
+            sock.send(control_encoder.encode(msg))
+        except zmq.ZMQError:
+            pass
+        sock.close()
+    finally:
+        ctx.term()
 
 
 def _cleanup_if_orphaned(spec: ChildSpec) -> None:
@@ -57,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     if os.getppid() != spec.parent_pid:
         return 1  # the orchestrator died before we got here
+    protect_stdio()  # a full log disk must not kill the worker (tqdm, print)
     setup_logging(spec.config.log_format, spec.config.log_level)
     try:
         from setproctitle import setproctitle
@@ -80,13 +138,34 @@ def main(argv: list[str] | None = None) -> int:
             run_gateway(spec.config, spec.layout, index)
     except KeyboardInterrupt:
         pass
-    except Exception:
-        log.exception("%s worker failed", role)
-        return 1
+    except Exception as exc:
+        failure = classify(role, exc, spec.config)
+        if failure is None:
+            log.exception("%s worker failed", role)
+            return 1
+        log.debug("%s worker failed", role, exc_info=True)
+        log.error("%s worker failed permanently: %s", role, failure.line())
+        _report_failure(spec, role, failure)
+        return EXIT_PERMANENT
     finally:
+        _kill_own_group(spec)
         _cleanup_if_orphaned(spec)
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _prepare_spawned() -> None:
+    """In a process a worker started with multiprocessing's "spawn" method (vLLM's EngineCore
+    and Workers when vLLM spawns, e.g. once CUDA is initialised): the same protections as the
+    worker's own, since nothing is inherited but the environment and the open files."""
+    protect_stdio()  # a full log disk must not fail vLLM's weight loading (tqdm on stderr)
+    _die_with_parent()
+
+
+if __name__ == "__mp_main__":
+    # multiprocessing's spawn imports the parent's main module (this one, run with -m) under
+    # this name in every process it starts, before anything else runs there.
+    _prepare_spawned()

@@ -19,7 +19,17 @@ BENCHES = {
     "protocols": "gateway.bench_protocols",
     "load": "loadgen.cli",
     "compare": "loadgen.compare",
+    "soak": "loadgen.soak",
 }
+
+
+def tell(line: str) -> None:
+    """One line on stderr. A full disk under a redirected log must not turn a clean exit
+    code (0, 2, 78) into a traceback and exit 1: the line is lost, the code is kept."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _serve_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -53,24 +63,58 @@ def _with_model_voices(cfg: ServeConfig) -> ServeConfig:
     return msgspec.structs.replace(cfg, llm=msgspec.structs.replace(cfg.llm, voices=voices))
 
 
+def _with_codec_from_model_dir(cfg: ServeConfig, explicit: bool) -> ServeConfig:
+    """``--model DIR`` holding a SNAC checkpoint in ``DIR/snac`` (``orpheus-serve tiny-model``
+    writes one) uses it, unless the codec was set explicitly (``--codec-model``, ``--set
+    codec.model``, ``ORPHEUS_CODEC__MODEL`` or the TOML file)."""
+    import logging
+
+    import msgspec
+
+    from orchestrator.failures import SNAC_FILES
+
+    log = logging.getLogger("orchestrator")
+    local = Path(cfg.llm.model).expanduser() / "snac"
+    if not explicit and all((local / f).is_file() for f in SNAC_FILES):
+        log.info("codec: SNAC from %s (found next to --model; --codec-model overrides)", local)
+        codec = msgspec.structs.replace(cfg.codec, model=str(local))
+        return msgspec.structs.replace(cfg, codec=codec)
+    where = "set explicitly" if explicit else "the default"
+    log.info("codec: SNAC from %s (%s)", cfg.codec.model, where)
+    return cfg
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    from orchestrator.logs import setup_logging
-    from orchestrator.settings import ConfigError, load_config
+    from orchestrator.failures import EXIT_PERMANENT, preflight
+    from orchestrator.logs import protect_stdio, setup_logging
+    from orchestrator.settings import ConfigError, is_set, load_config
 
     try:
-        cfg = load_config(args.config, _serve_flags(args))
+        flags = _serve_flags(args)
+        cfg = load_config(args.config, flags)
     except ConfigError as exc:
-        print(f"orpheus-serve: {exc}", file=sys.stderr)
+        tell(f"orpheus-serve: {exc}")
         return 2
+    protect_stdio()
     setup_logging(cfg.log_format, cfg.log_level)
+    cfg = _with_codec_from_model_dir(cfg, is_set(args.config, flags, "codec", "model"))
+    failure = preflight(cfg)
+    if failure is not None:
+        tell(f"orpheus-serve: {failure.line()}")
+        return EXIT_PERMANENT
     try:
         cfg = _with_model_voices(cfg)
     except ValueError as exc:
-        print(f"orpheus-serve: {exc}", file=sys.stderr)
+        tell(f"orpheus-serve: {exc}")
         return 2
     from orchestrator.supervisor import Supervisor
 
-    return Supervisor(cfg).run()
+    sup = Supervisor(cfg)
+    code = sup.run()
+    if sup.exit_failure is not None:
+        # The one line that says why, last, where a person looks (after the workers' logs).
+        tell(f"orpheus-serve: {sup.exit_failure.line()}")
+    return code
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:

@@ -118,6 +118,32 @@ def load_config(
     return cfg
 
 
+def is_set(
+    toml_path: str | None,
+    flags: Mapping[str, Any] | None,
+    section: str,
+    key: str,
+    environ: Mapping[str, str] | None = None,
+) -> bool:
+    """Whether ``section.key`` was given by the TOML file, the environment or a flag (as
+    opposed to left at its default)."""
+    layers: list[Mapping[str, Any]] = [
+        dict(flags or {}),
+        env_overrides(os.environ if environ is None else environ),
+    ]
+    if toml_path:
+        try:
+            with open(toml_path, "rb") as f:
+                layers.append(tomllib.load(f))
+        except (OSError, tomllib.TOMLDecodeError):
+            pass
+    for layer in layers:
+        table = layer.get(section)
+        if isinstance(table, Mapping) and key in table:
+            return True
+    return False
+
+
 def validate(cfg: ServeConfig) -> None:
     problems: list[str] = []
     if cfg.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

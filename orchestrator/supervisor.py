@@ -5,6 +5,15 @@ socket), gateways once both are warm. The orchestrator publishes ClusterStatus s
 know whether to admit and learn when a worker restarted (its generation is bumped, and the
 gateways fail the streams that worker held). Shutdown (SIGINT/SIGTERM): gateways drain first,
 then the workers stop, then the segments are unlinked.
+
+Each worker is a process group (its own session); when a worker dies or is stopped, what is
+left of its group (vLLM's EngineCore and Worker processes, resource trackers) is killed and
+the shared-memory segments only they had mapped are unlinked before it is restarted
+(``orchestrator.proctree``). The orchestrator is a child subreaper, so orphans stay in reach.
+
+A worker that reports a permanent failure (``WorkerFailed``, or exit code
+``EXIT_PERMANENT``) before it was ever ready stops the server with that exit code and one line
+naming the cause and the fix; so do ``MAX_START_FAILURES`` failed starts in a row.
 """
 
 from __future__ import annotations
@@ -20,12 +29,15 @@ from dataclasses import dataclass, field
 import msgspec
 import zmq
 
+from orchestrator import proctree
 from orchestrator.child import SPEC_ENV, ChildSpec
 from orchestrator.config import ServeConfig
+from orchestrator.failures import EXIT_PERMANENT, Failure
 from shm.layout import InstanceLayout
 from shm.messages import (
     ClusterStatus,
     Heartbeat,
+    WorkerFailed,
     WorkerReady,
     control_encoder,
     orchestrator_decoder,
@@ -37,6 +49,13 @@ log = logging.getLogger(__name__)
 STATUS_PERIOD_S = 0.5
 MAX_BACKOFF_S = 30.0
 STOP_GRACE_S = 15.0
+GIVE_UP_GRACE_S = 3.0
+MAX_START_FAILURES = 5
+"""Starts in a row that end before the worker is ready: then the server gives up (exit 1)."""
+TREE_SNAPSHOT_S = 10.0
+"""How often the shared-memory segments mapped by each worker's process tree are noted (a
+tree killed by the kernel in a cascade may be gone before the orchestrator looks)."""
+ORPHAN_REAP_S = 2.0
 
 
 @dataclass
@@ -51,6 +70,11 @@ class Child:
     last_seen: float = 0.0
     restart_at: float | None = None
     ready_since: float | None = None
+    ever_ready: bool = False
+    failed_starts: int = 0
+    failure: Failure | None = None
+    segments: set[str] = field(default_factory=set)
+    """/dev/shm segments its process tree has been seen to map (not the instance's rings)."""
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -81,10 +105,16 @@ class Supervisor:
         self._last_status: ClusterStatus | None = None
         self._last_status_at = 0.0
         self.metrics_dir = os.path.join(self.layout.socket_dir, "metrics")
+        self.exit_failure: Failure | None = None
+        self._give_up_code = EXIT_PERMANENT
+        self._next_snapshot = 0.0
+        self._next_reap = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> int:
         """Serve until SIGINT/SIGTERM. Returns the process exit code."""
+        if not proctree.become_subreaper():
+            log.warning("cannot become a child subreaper: orphans of a dead worker go to init")
         remove_stale_instances(self.config.shm.run_dir)
         create_instance(self.layout, self.config.shm)
         os.makedirs(self.metrics_dir, exist_ok=True)
@@ -122,6 +152,10 @@ class Supervisor:
                 self._drain_orch(sock)
             now = time.monotonic()
             self._watch(now)
+            if self.exit_failure is not None:
+                log.error("giving up: %s", self.exit_failure.line())
+                return self._give_up_code
+            self._housekeeping(now)
             warm = all(c.ready for c in self.workers)
             if warm and not any(g.proc for g in self.gateways):
                 for g in self.gateways:
@@ -156,11 +190,16 @@ class Supervisor:
             child.last_seen = time.monotonic()
             if isinstance(msg, WorkerReady) and not child.ready:
                 child.ready = True
+                child.ever_ready = True
+                child.failed_starts = 0
                 child.ready_since = child.last_seen
+                self._snapshot(child)
                 log.info(
                     "%s ready (pid %d, %.1fs)%s", child.name, msg.pid,
                     child.last_seen - child.started_at, f": {msg.detail}" if msg.detail else "",
                 )  # fmt: skip
+            elif isinstance(msg, WorkerFailed):
+                child.failure = Failure(msg.cause, msg.fix)
             elif isinstance(msg, Heartbeat):
                 pass
 
@@ -185,6 +224,7 @@ class Supervisor:
         # children in order (gateways drain first).
         child.proc = subprocess.Popen(args, env=self._spec_env(), start_new_session=True)
         child.ready = False
+        child.failure = None
         child.started_at = child.last_seen = time.monotonic()
         child.restart_at = None
         log.info("started %s (pid %d)", child.name, child.proc.pid)
@@ -201,6 +241,13 @@ class Supervisor:
                 code = child.proc.wait()
             if code is not None and child.restart_at is None:
                 self._mark_dead(child)
+                # Gateways learn at once (they fail the worker's streams and stop admitting);
+                # killing what the worker left can take a few seconds.
+                if self._status is not None:
+                    self._publish_status(now, force=True)
+                self._kill_tree(child)
+                if not child.ever_ready and self._start_failed(child, code):
+                    return
                 healthy_for = now - (child.ready_since or now)
                 if healthy_for > 60:
                     child.restarts = 0  # it ran well for a while: restart promptly
@@ -210,6 +257,73 @@ class Supervisor:
                 log.error("%s exited with %s; restarting in %.1fs", child.name, code, delay)
             if child.restart_at is not None and now >= child.restart_at:
                 self._start(child)
+
+    def _start_failed(self, child: Child, code: int) -> bool:
+        """A child died before it was ever ready: True if the server must give up."""
+        child.failed_starts += 1
+        if child.failure is None and code == EXIT_PERMANENT:
+            child.failure = Failure(f"the {child.name} worker cannot start", "see its error above")
+        if child.failure is not None:
+            self.exit_failure, self._give_up_code = child.failure, EXIT_PERMANENT
+            return True
+        if child.failed_starts >= MAX_START_FAILURES:
+            self.exit_failure = Failure(
+                f"the {child.name} worker failed {child.failed_starts} starts in a row "
+                f"(last exit code {code})",
+                "see its errors above",
+            )
+            self._give_up_code = 1
+            return True
+        return False
+
+    def _tracked_pids(self) -> set[int]:
+        return {c.pid for c in (*self.workers, *self.gateways) if c.alive() and c.pid is not None}
+
+    def _snapshot(self, child: Child) -> None:
+        """Note the segments the child's tree maps now (its vLLM queues, created at start)."""
+        if child.alive() and child.pid is not None:
+            tree = {child.pid} | proctree.descendants([child.pid])
+            mapped = proctree.shm_mappings(tree)
+            child.segments |= {s for s in mapped if not s.startswith(self.layout.instance)}
+
+    def _kill_tree(self, child: Child) -> None:
+        """Kill what is left of a dead (or stopped) child's process group and unlink the
+        segments only its tree had mapped."""
+        if child.pid is None:
+            return
+        result = proctree.kill_tree(
+            child.pid, keep_prefix=self.layout.instance, exclude=self._tracked_pids()
+        )
+        unlinked = list(result.unlinked)
+        # Segments noted earlier whose processes were already gone when we looked now.
+        earlier = child.segments - set(unlinked)
+        if earlier:
+            still_used = proctree.shm_mappings(proctree.processes())
+            for name in sorted(earlier - still_used):
+                try:
+                    os.unlink(os.path.join(proctree.SHM_DIR, name))
+                    unlinked.append(name)
+                except OSError:
+                    pass
+        child.segments = set()
+        others = [p for p in result.killed if p != child.pid]
+        if others or unlinked or result.survivors:
+            log.warning(
+                "%s (pid %d) left processes %s and segments %s: killed and unlinked%s",
+                child.name, child.pid, others or "none", unlinked or "none",
+                f"; still alive: {result.survivors}" if result.survivors else "",
+            )  # fmt: skip
+
+    def _housekeeping(self, now: float) -> None:
+        if now >= self._next_snapshot:
+            self._next_snapshot = now + TREE_SNAPSHOT_S
+            for child in self.workers:
+                if child.ready:
+                    self._snapshot(child)
+        if now >= self._next_reap:
+            self._next_reap = now + ORPHAN_REAP_S
+            # Every pid we started, dead or alive: Popen must reap its own children itself.
+            proctree.reap_orphans({c.pid for c in (*self.workers, *self.gateways) if c.pid})
 
     def _mark_dead(self, child: Child) -> None:
         child.ready = False
@@ -268,7 +382,18 @@ class Supervisor:
         self._signal_all(self.gateways, signal.SIGTERM)
         self._wait_all(self.gateways, self.config.drain_timeout_s + STOP_GRACE_S)
         self._signal_all(self.workers, signal.SIGTERM)
-        self._wait_all(self.workers, STOP_GRACE_S)
+        # Giving up on a permanent failure: the other worker may be deep in start-up (vLLM's
+        # engine start does not look at signals), and nothing it holds is worth waiting for.
+        grace = GIVE_UP_GRACE_S if self.exit_failure is not None else STOP_GRACE_S
+        self._wait_all(self.workers, grace)
+        # Whatever a child left behind (it was killed, or stopped without stopping its own
+        # children), and any orphan re-parented to us.
+        for child in (*self.gateways, *self.workers):
+            self._kill_tree(child)
+        stray = proctree.orphans(())
+        if stray:
+            result = proctree.kill_tree(-1, keep_prefix=self.layout.instance, extra=stray)
+            log.warning("killed orphaned processes %s", result.killed)
         for sock in (self._orch, self._status):
             if sock is not None:
                 sock.close(linger=0)

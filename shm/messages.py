@@ -67,6 +67,20 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", frozen=True):
     active_streams: int = 0
 
 
+class WorkerFailed(msgspec.Struct, tag="failed", frozen=True):
+    """worker -> orchestrator: the worker failed in a way that retrying will not fix (model
+    or codec not found, unreadable checkpoint, invalid configuration, port in use, ...).
+
+    Before the worker was ever ready this stops the server (exit code
+    ``orchestrator.failures.EXIT_PERMANENT``) with one line: ``cause`` and ``fix``.
+    """
+
+    role: str
+    pid: int
+    cause: str
+    fix: str
+
+
 class ClusterStatus(msgspec.Struct, tag="status", frozen=True):
     """orchestrator -> gateways (PUB): whether a new stream can be admitted."""
 
@@ -79,7 +93,7 @@ class ClusterStatus(msgspec.Struct, tag="status", frozen=True):
 
 
 ControlMessage = Submit | AppendText | Cancel
-OrchestratorMessage = WorkerReady | Heartbeat
+OrchestratorMessage = WorkerReady | Heartbeat | WorkerFailed
 
 control_encoder = msgspec.msgpack.Encoder()
 control_decoder = msgspec.msgpack.Decoder(ControlMessage)

@@ -8,9 +8,12 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
+from typing import IO
 
+from orchestrator import proctree
 from orchestrator.local_server import free_port, wait_ready
 from shm.records import SAMPLES_PER_FRAME
 from shm.ring import SHM_DIR
@@ -52,22 +55,73 @@ class Server:
         return total
 
 
+def instance_pids(instance: str, sessions: set[int] | None = None) -> list[int]:
+    """Live processes of an instance ``orpheus-<orchestrator pid>``
+    (``orchestrator.proctree.instance_processes``; ``sessions``: its workers' sessions, noted
+    while the orchestrator lived, to look after it died)."""
+    return proctree.instance_processes(int(instance.rsplit("-", 1)[1]), sessions)
+
+
+def child_pid(orchestrator_pid: int, role: str) -> int:
+    """The pid of the orchestrator's child running `role` (llm, codec, gateway)."""
+    out = subprocess.run(
+        # Children retitle themselves "orpheus-serve <role>" (setproctitle) once started.
+        ["pgrep", "-P", str(orchestrator_pid), "-f", f"(orchestrator\\.child |orpheus-serve ){role}"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 1, f"expected one {role} child, found {pids}"
+    return pids[0]
+
+
+def rss_bytes(pids: list[int]) -> int:
+    """Sum of the resident set sizes (VmRSS) of the processes."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+def wait_no_instance_pids(
+    instance: str, timeout_s: float, sessions: set[int] | None = None
+) -> list[int]:
+    """Wait until no process of the instance is alive; returns those left at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while (left := instance_pids(instance, sessions)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
 def make_tiny_model(out: Path) -> Path:
     subprocess.run([EXE, "tiny-model", str(out)], check=True)
     return out
 
 
-def start_server(model: Path, *extra: str, zmq: bool = False) -> Server:
-    """Start the server on free loopback ports and wait until ``/ready``."""
+def start_server(
+    model: Path,
+    *extra: str,
+    zmq: bool = False,
+    codec_model: bool = True,
+    log: IO[bytes] | None = None,
+) -> Server:
+    """Start the server on free loopback ports and wait until ``/ready``.
+
+    ``codec_model=False`` leaves out ``--codec-model`` (the server finds ``model/snac``);
+    ``log``: where the server's stdout and stderr go (a file; default: inherited)."""
     port = free_port()
     zmq_endpoint = f"tcp://127.0.0.1:{free_port()}" if zmq else ""
-    cmd = [
-        EXE, "serve", "--model", str(model), "--codec-model", str(model / "snac"),
-        "--device", "cpu", "--port", str(port), *extra,
-    ]  # fmt: skip
+    cmd = [EXE, "serve", "--model", str(model), "--device", "cpu", "--port", str(port), *extra]
+    if codec_model:
+        cmd += ["--codec-model", str(model / "snac")]
     if zmq:
         cmd += ["--set", f"gateway.zmq_endpoint={zmq_endpoint}"]
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log)
     srv = Server(proc, f"http://127.0.0.1:{port}", zmq_endpoint)
     try:
         wait_ready(srv.url, proc.poll, START_TIMEOUT_S)

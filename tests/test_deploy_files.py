@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from orchestrator.failures import EXIT_PERMANENT
 from orchestrator.settings import load_config
 from orchestrator.supervisor import STOP_GRACE_S
 
@@ -140,7 +141,8 @@ def test_systemd_unit_structure(path: Path) -> None:
     assert s["KillMode"] == "mixed"
     assert seconds(s["TimeoutStopSec"]) > min_stop_timeout_s()
     assert s["Restart"] == "on-failure"
-    assert "2" in s["RestartPreventExitStatus"].split()  # configuration error: exit 2
+    # Configuration error (2) and permanent start-up failure (78): no restart loop.
+    assert {"2", str(EXIT_PERMANENT)} <= set(s["RestartPreventExitStatus"].split())
     assert unit["Service"]["EnvironmentFile"]
     assert s["User"] and s["User"] != "root"
     assert unit["Install"]["WantedBy"] == ["multi-user.target"]
@@ -203,7 +205,7 @@ def test_supervisord_structure() -> None:
     assert p["stopsignal"] == "TERM"
     assert int(p["stopwaitsecs"]) > min_stop_timeout_s()
     assert p["stopasgroup"] == "false" and p["killasgroup"] == "false"
-    assert {"0", "2"} <= set(p["exitcodes"].split(","))
+    assert {"0", "2", str(EXIT_PERMANENT)} <= set(p["exitcodes"].split(","))
     assert p["autorestart"] == "unexpected"
 
 
@@ -232,7 +234,7 @@ def test_supervisord_parsed_by_supervisor(tmp_path: Path) -> None:
     assert proc.stopwaitsecs > min_stop_timeout_s()
     assert proc.killasgroup is False and proc.stopasgroup is False
     assert proc.autorestart is RestartWhenExitUnexpected
-    assert 2 in proc.exitcodes and 0 in proc.exitcodes
+    assert {0, 2, EXIT_PERMANENT} <= set(proc.exitcodes)
     orpheus_env = {k: v for k, v in proc.environment.items() if k.startswith("ORPHEUS_")}
     assert load_config(str(PROD_TOML), None, orpheus_env).shm.run_dir == "/tmp"
 
