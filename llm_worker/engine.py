@@ -130,9 +130,24 @@ def engine_args(
         generation_config="vllm",
         logits_processors=logits_processors or None,
         disable_log_stats=False,
+        # Multi-LoRA for LoRA voices; prefix caching (vLLM's default) keeps custom voices'
+        # reference prefixes, and is stated here because custom voices depend on it.
+        enable_prefix_caching=True,
+        **_lora_args(config),
         enable_log_requests=False,
         **({"profiler_config": profiler} if profiler is not None else {}),
     )
+
+
+def _lora_args(config: LLMConfig) -> dict[str, object]:
+    if not config.lora_enabled:
+        return {}
+    return {
+        "enable_lora": True,
+        "max_loras": config.max_loras,
+        "max_lora_rank": config.max_lora_rank,
+        "max_cpu_loras": config.max_cpu_loras,
+    }
 
 
 class StepHook(StatLoggerBase):

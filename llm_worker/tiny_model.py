@@ -174,6 +174,7 @@ def _model_config() -> dict:
         "orpheus": {
             "voices": list(ENGLISH_VOICES),
             "emotion_tags": list(EMOTION_TAGS),
+            "zero_shot": True,
             "description": "tiny random-weight test model: it makes noise, not speech",
         },
     }

@@ -49,8 +49,9 @@ def _with_model_voices(cfg: ServeConfig) -> ServeConfig:
 
     from llm_worker.model_info import load_model_info
 
-    voices = list(load_model_info(cfg.llm).voices)
-    return msgspec.structs.replace(cfg, llm=msgspec.structs.replace(cfg.llm, voices=voices))
+    info = load_model_info(cfg.llm)
+    llm = msgspec.structs.replace(cfg.llm, voices=list(info.voices), zero_shot=info.zero_shot)
+    return msgspec.structs.replace(cfg, llm=llm)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
