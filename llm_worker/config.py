@@ -59,6 +59,9 @@ class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     it answers ``POST /v1/audio/voices`` and requests for such voices with 400."""
     sampling: VoiceSampling = VoiceSampling()
     voice_sampling: dict[str, VoiceSampling] = {}
+    enable_prefix_caching: bool = True
+    """vLLM's prefix cache: a custom voice's reference turn (hundreds to thousands of tokens)
+    is computed once and reused by every request with the voice. Off only to measure it."""
     lora_voices: dict[str, LoraVoice] = {}
     """LoRA voices: voice name -> adapter. A request for one runs with its adapter (vLLM
     multi-LoRA); the base model's voices are unaffected."""

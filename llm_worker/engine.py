@@ -132,7 +132,7 @@ def engine_args(
         disable_log_stats=False,
         # Multi-LoRA for LoRA voices; prefix caching (vLLM's default) keeps custom voices'
         # reference prefixes, and is stated here because custom voices depend on it.
-        enable_prefix_caching=True,
+        enable_prefix_caching=config.enable_prefix_caching,
         **_lora_args(config, device),
         enable_log_requests=False,
         **({"profiler_config": profiler} if profiler is not None else {}),

@@ -19,6 +19,7 @@ BENCHES = {
     "protocols": "gateway.bench_protocols",
     "load": "loadgen.cli",
     "compare": "loadgen.compare",
+    "voices": "llm_worker.bench_voices",
 }
 
 
