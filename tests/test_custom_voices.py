@@ -404,3 +404,57 @@ def test_messages_are_structs() -> None:
         encode_reply_decoder.decode(msgspec.msgpack.encode(EncodeReply(3, error="x"))).error == "x"
     )
     asyncio.get_event_loop_policy()  # (asyncio imported for the async tests' plugin)
+
+
+def test_zero_shot_support_is_the_models_configuration(tmp_path: Path) -> None:
+    import json
+
+    from llm_worker.model_info import load_model_info
+
+    (tmp_path / "config.json").write_text(json.dumps({"orpheus": {"voices": ["tara"]}}))
+    assert load_model_info(LLMConfig(model=str(tmp_path))).zero_shot is False
+    assert load_model_info(LLMConfig(model=str(tmp_path), zero_shot=True)).zero_shot is True
+    (tmp_path / "config.json").write_text(
+        json.dumps({"orpheus": {"voices": ["tara"], "zero_shot": True}})
+    )
+    assert load_model_info(LLMConfig(model=str(tmp_path))).zero_shot is True
+    from llm_worker.tiny_model import _model_config
+
+    assert _model_config()["orpheus"]["zero_shot"] is True, "the test model declares it"
+
+
+async def test_two_gateways_see_the_same_voices(
+    layout: InstanceLayout, tmp_path: Path, encode_server: EncodeServer
+) -> None:
+    """Two gateway instances on one state directory: made through one, listed and deleted
+    through the other."""
+    import tempfile
+
+    from shm.segments import destroy_instance
+
+    other = InstanceLayout(
+        instance=f"orpheus-{os.getpid()}-t{os.urandom(3).hex()}",
+        run_dir=tempfile.mkdtemp(prefix="orpheus-test-"),
+    )
+    os.makedirs(other.socket_dir)
+    serve = _serve(tmp_path)
+    try:
+        async with (
+            running_gateway(layout, serve=serve) as a,
+            running_gateway(other, serve=serve) as b,
+            aiohttp.ClientSession() as s,
+        ):
+            clip = wav_bytes(tone(3.5), RATE)
+            async with s.post(f"{a.url}/v1/audio/voices", data=_form("shared", clip, "Hi.")) as r:
+                assert r.status == 201
+            async with s.get(f"{b.url}/v1/audio/voices") as r:
+                assert "shared" in (await r.json())["voices"]
+            async with s.post(f"{b.url}/v1/audio/voices", data=_form("shared", clip, "Hi.")) as r:
+                assert r.status == 409
+            async with s.delete(f"{b.url}/v1/audio/voices/shared") as r:
+                assert r.status == 200
+            async with s.get(f"{a.url}/v1/audio/voices") as r:
+                assert "shared" not in (await r.json())["voices"]
+    finally:
+        destroy_instance(other)
+        os.rmdir(other.run_dir)
