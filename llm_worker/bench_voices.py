@@ -8,6 +8,8 @@ Two measurements (tiny Orpheus-vocabulary model, random weights, CPU build):
   (first use: the reference turn is prefilled) and then ``--reuses`` more times with other
   text (reuse: with the cache, only the new turn is prefilled). A built-in voice (a ~15-token
   prompt) is interleaved as the floor. Requests are sequential, one at a time.
+- ``prefill``: the same comparison in the engine alone (in-process, CPU time of the steps up
+  to a request's first token), without the pipeline's fixed costs around it.
 - ``lora``: the engine step cost with 0, 1 and 4 active LoRA adapters at ``--streams``
   streams, against an engine without LoRA. One in-process engine per variant, stepped in
   lockstep (one decode step of each variant, order rotated every step) so that the shared
@@ -144,6 +146,80 @@ def print_ttfb(res: dict[str, Any]) -> None:
         print(f"reuse, cache off / cache on: {off['reuse_median_s'] / on['reuse_median_s']:.2f}x")
 
 
+# -- prefill of the reference turn, in the engine alone ----------------------------------------
+
+
+def run_prefill(args: argparse.Namespace, model: Path) -> dict[str, Any]:
+    """Time to the first token in the engine alone (in-process, CPU ms of the steps until the
+    request's first token): a custom voice's first request vs later ones, cache on and off."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import EngineArgs, LLMEngine, SamplingParams
+
+    from llm_worker.prompt import PromptBuilder
+
+    builder = PromptBuilder.from_pretrained(str(model))
+    rng = np.random.default_rng(0)
+    frames = int(args.ref_seconds * 24_000 / 2048) + 1
+    prefixes = [
+        builder.build_reference(
+            "This is the reference clip of a benchmark voice.",
+            rng.integers(0, 4096, size=(frames, 7)),
+        )
+        for _ in range(args.voices)
+    ]
+    out: dict[str, Any] = {"reference_prompt_tokens": len(prefixes[0])}
+    for name, cache in (("prefix cache on", True), ("prefix cache off", False)):
+        engine = LLMEngine.from_engine_args(
+            EngineArgs(
+                model=str(model), dtype="float32", max_model_len=2048, max_num_seqs=4,
+                kv_cache_memory_bytes=64 << 20, enforce_eager=True, seed=0,
+                enable_prefix_caching=cache,
+            )
+        )  # fmt: skip
+        ids = iter(range(1, 1 << 30))
+
+        def first_token_ms(prompt: list[int], engine: Any = engine, ids: Any = ids) -> float:
+            n = next(ids)
+            params = SamplingParams(max_tokens=1, temperature=0.6, seed=n)
+            engine.add_request(str(n), {"prompt_token_ids": prompt}, params)
+            c0 = time.process_time()
+            while engine.has_unfinished_requests():
+                engine.step()
+            return (time.process_time() - c0) * 1e3
+
+        first_token_ms(builder.build("tara", "Warm up."))
+        first, reuse, builtin = [], [], []
+        for v, prefix in enumerate(prefixes):
+            first.append(first_token_ms([*prefix, *builder.build_plain(TEXTS[v])]))
+            for k in range(args.reuses):
+                text = f"{TEXTS[(v + k + 1) % len(TEXTS)]} ({k})"
+                reuse.append(first_token_ms([*prefix, *builder.build_plain(text)]))
+                builtin.append(first_token_ms(builder.build("tara", text)))
+        out[name] = {
+            "first_use_ms": first,
+            "reuse_ms": reuse,
+            "builtin_ms": builtin,
+            "first_use_median_ms": statistics.median(first),
+            "reuse_median_ms": statistics.median(reuse),
+            "builtin_median_ms": statistics.median(builtin),
+        }
+        del engine
+    return out
+
+
+def print_prefill(res: dict[str, Any]) -> None:
+    print(
+        f"\nengine time to first token (CPU ms, median; reference turn "
+        f"{res['reference_prompt_tokens']} tokens, in-process engine)"
+    )
+    print(f"{'variant':<18}{'first use':>11}{'reuse':>9}{'built-in':>10}{'reuse/first':>13}")
+    for name in ("prefix cache on", "prefix cache off"):
+        r = res[name]
+        ratio = r["reuse_median_ms"] / r["first_use_median_ms"]
+        print(f"{name:<18}{r['first_use_median_ms']:>11.1f}{r['reuse_median_ms']:>9.1f}"
+              f"{r['builtin_median_ms']:>10.1f}{ratio:>13.2f}")  # fmt: skip
+
+
 # -- LoRA step cost ------------------------------------------------------------------------------
 
 
@@ -248,7 +324,7 @@ def print_lora(res: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="orpheus-serve bench voices", description=__doc__)
-    p.add_argument("--part", choices=["ttfb", "lora", "all"], default="all")
+    p.add_argument("--part", choices=["ttfb", "prefill", "lora", "all"], default="all")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--voices", type=int, default=3, help="custom voices (first uses)")
     p.add_argument("--reuses", type=int, default=4, help="requests per voice after its first")
@@ -279,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
             result["ttfb"]["settings"] = {"voices": args.voices, "reuses": args.reuses,
                                           "ref_seconds": args.ref_seconds}  # fmt: skip
             print_ttfb({k: v for k, v in result["ttfb"].items() if k != "settings"})
+        if args.part in ("prefill", "all"):
+            result["prefill"] = run_prefill(args, model)
+            print_prefill(result["prefill"])
         if args.part in ("lora", "all"):
             result["lora"] = run_lora(args, model)
             print_lora(result["lora"])
