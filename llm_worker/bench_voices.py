@@ -168,42 +168,53 @@ def run_prefill(args: argparse.Namespace, model: Path) -> dict[str, Any]:
         for _ in range(args.voices)
     ]
     out: dict[str, Any] = {"reference_prompt_tokens": len(prefixes[0])}
-    for name, cache in (("prefix cache on", True), ("prefix cache off", False)):
-        engine = LLMEngine.from_engine_args(
+    # Both engines first (a second in-process engine cannot be built after the first is gone).
+    engines = {
+        name: LLMEngine.from_engine_args(
             EngineArgs(
                 model=str(model), dtype="float32", max_model_len=2048, max_num_seqs=4,
                 kv_cache_memory_bytes=64 << 20, enforce_eager=True, seed=0,
                 enable_prefix_caching=cache,
             )
-        )  # fmt: skip
-        ids = iter(range(1, 1 << 30))
+        )
+        for name, cache in (("prefix cache on", True), ("prefix cache off", False))
+    }  # fmt: skip
+    ids = iter(range(1, 1 << 30))
 
-        def first_token_ms(prompt: list[int], engine: Any = engine, ids: Any = ids) -> float:
-            n = next(ids)
-            params = SamplingParams(max_tokens=1, temperature=0.6, seed=n)
-            engine.add_request(str(n), {"prompt_token_ids": prompt}, params)
-            c0 = time.process_time()
-            while engine.has_unfinished_requests():
-                engine.step()
-            return (time.process_time() - c0) * 1e3
+    def first_token_ms(engine: Any, prompt: list[int]) -> float:
+        n = next(ids)
+        params = SamplingParams(max_tokens=1, temperature=0.6, seed=n)
+        engine.add_request(str(n), {"prompt_token_ids": prompt}, params)
+        c0 = time.process_time()
+        while engine.has_unfinished_requests():
+            engine.step()
+        return (time.process_time() - c0) * 1e3
 
-        first_token_ms(builder.build("tara", "Warm up."))
-        first, reuse, builtin = [], [], []
-        for v, prefix in enumerate(prefixes):
-            first.append(first_token_ms([*prefix, *builder.build_plain(TEXTS[v])]))
-            for k in range(args.reuses):
-                text = f"{TEXTS[(v + k + 1) % len(TEXTS)]} ({k})"
-                reuse.append(first_token_ms([*prefix, *builder.build_plain(text)]))
-                builtin.append(first_token_ms(builder.build("tara", text)))
+    times: dict[str, dict[str, list[float]]] = {
+        name: {"first": [], "reuse": [], "builtin": []} for name in engines
+    }
+    for engine in engines.values():
+        first_token_ms(engine, builder.build("tara", "Warm up."))
+    for v, prefix in enumerate(prefixes):  # the variants alternate request by request
+        for name, engine in engines.items():
+            times[name]["first"].append(
+                first_token_ms(engine, [*prefix, *builder.build_plain(TEXTS[v])])
+            )
+        for k in range(args.reuses):
+            text = f"{TEXTS[(v + k + 1) % len(TEXTS)]} ({k})"
+            for name, engine in engines.items():
+                t = times[name]
+                t["reuse"].append(first_token_ms(engine, [*prefix, *builder.build_plain(text)]))
+                t["builtin"].append(first_token_ms(engine, builder.build("tara", text)))
+    for name, t in times.items():
         out[name] = {
-            "first_use_ms": first,
-            "reuse_ms": reuse,
-            "builtin_ms": builtin,
-            "first_use_median_ms": statistics.median(first),
-            "reuse_median_ms": statistics.median(reuse),
-            "builtin_median_ms": statistics.median(builtin),
+            "first_use_ms": t["first"],
+            "reuse_ms": t["reuse"],
+            "builtin_ms": t["builtin"],
+            "first_use_median_ms": statistics.median(t["first"]),
+            "reuse_median_ms": statistics.median(t["reuse"]),
+            "builtin_median_ms": statistics.median(t["builtin"]),
         }
-        del engine
     return out
 
 
