@@ -288,11 +288,11 @@ class LLMWorker:
 
     async def _start_segment(self, s: Stream, text: str, budget: int | None) -> None:
         s.segment += 1
-        text = normalise_tags(text, self._tags)
+        spoken = normalise_tags(text, self._tags)
         if s.prefix is not None:
-            prompt = [*s.prefix, *self._prompts.build_plain(text)]
+            prompt = [*s.prefix, *self._prompts.build_plain(spoken)]
         else:
-            prompt = self._prompts.build(s.speaker, text)
+            prompt = self._prompts.build(s.speaker, spoken)
         try:
             params = segment_params(
                 self._config, s.plan, s.segment, len(text), len(prompt), budget, s.sampling_kwargs
