@@ -458,3 +458,18 @@ async def test_two_gateways_see_the_same_voices(
     finally:
         destroy_instance(other)
         os.rmdir(other.run_dir)
+
+
+def test_voice_configuration_is_checked() -> None:
+    from orchestrator.settings import ConfigError, load_config
+
+    for bad in (
+        {"llm": {"max_lora_rank": 12}},
+        {"voices": {"min_seconds": 40.0}},
+        {"llm": {"lora_voices": {"bad name": {"path": "/x"}}}},
+        {"llm": {"voices": ["tara"], "lora_voices": {"tara": {"path": "/x"}}}},
+    ):
+        with pytest.raises(ConfigError):
+            load_config(None, bad, {})
+    ok = load_config(None, {"llm": {"lora_voices": {"ava": {"path": "/x"}}}}, {})
+    assert ok.llm.lora_enabled and ok.llm.lora_voices["ava"].path == "/x"
