@@ -17,9 +17,11 @@ from types import FrameType
 
 import torch
 import zmq
+from snac import SNAC
 
 from codec_worker import metrics
 from codec_worker.decoder import WindowDecoder
+from codec_worker.encoder import EncodeServer, VoiceEncoder
 from codec_worker.engine import DecodeEngine
 from codec_worker.host_memory import retain_freed_memory
 from codec_worker.output import RingSink
@@ -40,8 +42,9 @@ HEARTBEAT_S = 1.0
 MAX_SLEEP_S = 0.25
 
 
-def build_engine(config: ServeConfig) -> tuple[DecodeEngine, float]:
-    """Load the codec and warm it on every hot window shape. Returns (engine, warm-up s)."""
+def build_engine(config: ServeConfig, snac: SNAC | None = None) -> tuple[DecodeEngine, float]:
+    """Load the codec (unless given) and warm it on every hot window shape. Returns
+    (engine, warm-up s)."""
     cfg = config.codec
     device = torch.device(config.device)
     if device.type == "cuda":
@@ -52,7 +55,9 @@ def build_engine(config: ServeConfig) -> tuple[DecodeEngine, float]:
         retain_freed_memory()
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
-    engine = DecodeEngine.for_config(WindowDecoder(load_snac(cfg.model, "cpu")), cfg, device)
+    if snac is None:
+        snac = load_snac(cfg.model, "cpu")
+    engine = DecodeEngine.for_config(WindowDecoder(snac), cfg, device)
     return engine, engine.warmup()
 
 
@@ -67,7 +72,11 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
 
     cfg = config.codec
     t0 = time.monotonic()
-    engine, warm_s = build_engine(config)
+    snac = load_snac(cfg.model, "cpu")
+    engine, warm_s = build_engine(config, snac)
+    # Custom voices: reference clips are encoded on a thread of this process (encoder.py).
+    encoder = EncodeServer(VoiceEncoder(snac.to(config.device), config.device), layout.encode)
+    encoder.start()
     reader = RingReader(
         layout.code_ring, spin_us=config.shm.spin_us, recheck_ms=config.shm.recheck_ms
     )
@@ -119,6 +128,7 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
     finally:
         if profiler is not None:
             profiler.finish()
+        encoder.stop()
         orch.close(linger=0)
         reader.close()
         for w in writers:

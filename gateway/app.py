@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import os
@@ -10,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import web
 
-from gateway import baseten_ws, elevenlabs
+from gateway import baseten_ws, custom_voices, elevenlabs
 from gateway.errors import APIError
 from gateway.omni_ws import OMNI_PATH, omni_handler
 from gateway.service import Gateway
@@ -146,8 +147,13 @@ def build_app(gateway: Gateway) -> web.Application:
         body, content_type = gateway.metrics.exposition()
         return web.Response(body=body, headers={"Content-Type": content_type})
 
+    custom = gateway.custom_voices
+    listing = gateway.voices.listing
+
     async def voices(_: web.Request) -> web.Response:
-        return json_response(gateway.voices.listing)
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(None, custom.listing, listing.aliases, listing.default)
+        return json_response(body)
 
     async def list_models(_: web.Request) -> web.Response:
         return json_response(models)
@@ -166,6 +172,10 @@ def build_app(gateway: Gateway) -> web.Application:
         elevenlabs.TIMESTAMPS_PATH, elevenlabs.stream_handler(gateway, timestamps=True)
     )
     app.router.add_get("/v1/audio/voices", voices)
+    app.router.add_post("/v1/audio/voices", custom_voices.create_handler(custom))
+    app.router.add_delete("/v1/audio/voices/{voice_id}", custom_voices.delete_handler(custom))
+    app.router.add_post("/v1/admin/lora", custom_voices.lora_load_handler(custom))
+    app.router.add_delete("/v1/admin/lora/{name}", custom_voices.lora_unload_handler(custom))
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)

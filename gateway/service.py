@@ -23,6 +23,7 @@ import msgspec
 
 from gateway.admission import Admission
 from gateway.cluster import ClusterWatcher, worker_lost
+from gateway.custom_voices import CustomVoices
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
 from gateway.pcm_pump import pump_pcm
@@ -187,6 +188,9 @@ class Gateway:
         self.metrics = metrics
         self.voices = VoiceCatalog(
             g.voice_aliases, config.llm.voices or list(ENGLISH_VOICES), config.llm.default_voice
+        )
+        self.custom_voices = CustomVoices(
+            config, layout, self.voices.model_voices, list(g.voice_aliases)
         )
         self.control = ControlChannel(layout.control)
         self.registry = StreamRegistry(

@@ -11,6 +11,15 @@ class VoiceSampling(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkn
     repetition_penalty: float = 1.1
 
 
+class LoraVoice(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    path: str
+    """The adapter: a local directory (PEFT layout: adapter_config.json and weights) or a
+    Hugging Face name."""
+    speaker: str | None = None
+    """The name the fine-tune was trained with, for the prompt ``"{speaker}: {text}"``
+    (None: the voice's own name)."""
+
+
 class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     model: str = "canopylabs/orpheus-3b-0.1-ft"
     """HF name or local path of the Orpheus checkpoint (weights + tokenizer)."""
@@ -45,8 +54,28 @@ class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     voices: list[str] | None = None
     """Voices the model knows; None reads them from the model directory or uses the English set."""
     default_voice: str = "tara"
+    zero_shot: bool | None = None
+    """Whether the model takes custom voices made from reference audio (zero-shot). None:
+    what its config.json declares (``orpheus.zero_shot``); a checkpoint that does not declare
+    it answers ``POST /v1/audio/voices`` and requests for such voices with 400."""
     sampling: VoiceSampling = VoiceSampling()
     voice_sampling: dict[str, VoiceSampling] = {}
+    enable_prefix_caching: bool = True
+    """vLLM's prefix cache: a custom voice's reference turn (hundreds to thousands of tokens)
+    is computed once and reused by every request with the voice. Off only to measure it."""
+    lora_voices: dict[str, LoraVoice] = {}
+    """LoRA voices: voice name -> adapter. A request for one runs with its adapter (vLLM
+    multi-LoRA); the base model's voices are unaffected."""
+    enable_lora: bool = False
+    """Build the engine with multi-LoRA even with no ``lora_voices`` (for adapters loaded at
+    run time through the admin API). On when ``lora_voices`` is not empty."""
+    max_loras: int = 4
+    """Most adapters in one engine batch (vLLM ``max_loras``)."""
+    max_lora_rank: int = 16
+    """Largest adapter rank accepted (vLLM ``max_lora_rank``: 1, 8, 16, 32, 64, 128, 256,
+    320 or 512)."""
+    max_cpu_loras: int | None = None
+    """Adapters kept loaded in host memory (vLLM ``max_cpu_loras``; None: ``max_loras``)."""
     max_tokens_per_char: float = 7.0
     """Cap on audio tokens per input character (about 7 frames of codes per second of speech)."""
     min_max_tokens: int = 350
@@ -59,3 +88,7 @@ class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ring_full_timeout_s: float = 10.0
     """How long the worker waits for space in a full code ring before it fails the stream
     it is writing (ERROR "backpressure")."""
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.enable_lora or bool(self.lora_voices)

@@ -130,9 +130,31 @@ def engine_args(
         generation_config="vllm",
         logits_processors=logits_processors or None,
         disable_log_stats=False,
+        # Multi-LoRA for LoRA voices; prefix caching (vLLM's default) keeps custom voices'
+        # reference prefixes, and is stated here because custom voices depend on it.
+        enable_prefix_caching=config.enable_prefix_caching,
+        **_lora_args(config, device),
         enable_log_requests=False,
         **({"profiler_config": profiler} if profiler is not None else {}),
     )
+
+
+LORA_CPU_FIX = "llm_worker.lora_cpu.LoraCpuFix"
+
+
+def _lora_args(config: LLMConfig, device: str) -> dict[str, object]:
+    if not config.lora_enabled:
+        return {}
+    args: dict[str, object] = {
+        "enable_lora": True,
+        "max_loras": config.max_loras,
+        "max_lora_rank": config.max_lora_rank,
+        "max_cpu_loras": config.max_cpu_loras,
+    }
+    if device == "cpu":
+        # vLLM's CPU LoRA ops apply the last adapter to requests without one (lora_cpu.py).
+        args["worker_extension_cls"] = LORA_CPU_FIX
+    return args
 
 
 class StepHook(StatLoggerBase):

@@ -36,7 +36,9 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from llm_worker import metrics as M
 from llm_worker import tokens as T
+from llm_worker.custom_voices import ZeroShotVoices
 from llm_worker.engine import describe_engine, start_engine
+from llm_worker.lora import LoraVoices
 from llm_worker.model_info import ModelInfo, load_model_info
 from llm_worker.profiling import engine_profiler_config, profile_on_trigger
 from llm_worker.prompt import PromptBuilder
@@ -46,8 +48,16 @@ from orchestrator.config import ServeConfig
 from orchestrator.heap import settle as settle_heap
 from orchestrator.profiling import ProfileTrigger
 from shm.layout import InstanceLayout
-from shm.messages import Heartbeat, WorkerReady, control_decoder, control_encoder
+from shm.messages import (
+    AdminReply,
+    Heartbeat,
+    WorkerReady,
+    admin_request_decoder,
+    control_decoder,
+    control_encoder,
+)
 from shm.ring import RingWriter
+from shm.voices import LoraRegistry, VoiceStore
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +121,9 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
     control = ctx.socket(zmq.PULL)
     control.setsockopt(zmq.LINGER, 0)
     control.bind(layout.control)
+    admin = ctx.socket(zmq.ROUTER)
+    admin.setsockopt(zmq.LINGER, 0)
+    admin.bind(layout.admin)
     writer = RingWriter(layout.code_ring, recheck_ms=config.shm.recheck_ms)
     sampling = setup_sampling(cfg, f"{layout.instance}-prevented", config.device)
     engine: AsyncLLM | None = None
@@ -133,7 +146,11 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
         if stop.is_set():
             log.info("llm worker stopped during start-up")
             return
-        worker = LLMWorker(cfg, engine, writer, prompts, info, sampling.hooks)
+        store = VoiceStore(config.voices.state_dir)
+        custom = ZeroShotVoices(store, prompts, info.zero_shot)
+        loras = LoraVoices(cfg, LoraRegistry(config.voices.state_dir), info.voices, store)
+        await loras.restore(engine)
+        worker = LLMWorker(cfg, engine, writer, prompts, info, sampling.hooks, custom, loras)
         detail = (
             f"{engine_info.describe()}; warm-up {warm_s:.1f}s; "
             f"ready in {time.monotonic() - t0:.1f}s"
@@ -145,6 +162,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
         tasks = [
             asyncio.create_task(worker.run(), name="pump"),
             asyncio.create_task(_control_loop(control, worker), name="control"),
+            asyncio.create_task(_admin_loop(admin, engine, loras), name="admin"),
             asyncio.create_task(_heartbeat_loop(orch, worker, engine, sampling), name="heartbeat"),
         ]
         if trigger is not None:
@@ -171,6 +189,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
             # vLLM's default grace period before it kills its processes.
             engine.shutdown(timeout=ENGINE_SHUTDOWN_S)
         control.close(linger=0)
+        admin.close(linger=0)
         orch.close(linger=0)
         writer.close()
         sampling.close()
@@ -196,6 +215,27 @@ async def _control_loop(sock: zmq.asyncio.Socket, worker: LLMWorker) -> None:
             log.warning("undecodable control message dropped: %s", e)
             continue
         await worker.handle(msg)
+
+
+async def _admin_loop(sock: zmq.asyncio.Socket, engine: AsyncLLM, loras: LoraVoices) -> None:
+    """Admin requests (LoRA load/unload) from the gateways, one at a time."""
+    while True:
+        frames = await sock.recv_multipart()
+        if len(frames) != 2:
+            continue
+        ident, raw = frames
+        try:
+            req = admin_request_decoder.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            log.warning("undecodable admin request dropped: %s", e)
+            continue
+        try:
+            reply = await loras.handle(engine, req)
+        except Exception as e:
+            log.exception("admin request failed")
+            reply = AdminReply(req.request_id, 500, "internal_error", f"{type(e).__name__}: {e}")
+        with contextlib.suppress(zmq.ZMQError):
+            await sock.send_multipart([ident, control_encoder.encode(reply)])
 
 
 async def _heartbeat_loop(

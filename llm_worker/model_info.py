@@ -4,7 +4,12 @@ Voices belong to the model's configuration (ORPHEUS.md): English checkpoints kno
 tara, leah, ...; the multilingual research checkpoints know others. They are read from the
 ``"orpheus"`` table of the checkpoint's ``config.json``::
 
-    "orpheus": {"voices": ["tara", "leah", ...], "emotion_tags": ["laugh", ...]}
+    "orpheus": {"voices": ["tara", "leah", ...], "emotion_tags": ["laugh", ...],
+                "zero_shot": true}
+
+``zero_shot`` declares that the checkpoint continues a previous turn's voice (the pretrained
+Orpheus checkpoints do; a fine-tune on named speakers may not): custom voices made from
+reference audio are served only then (``[llm] zero_shot`` overrides it).
 
 (``orpheus-serve tiny-model`` writes it; for a published checkpoint that lacks it, set
 ``[llm] voices`` or accept the English set). This module is import-light (json, msgspec):
@@ -34,6 +39,8 @@ class ModelInfo(msgspec.Struct, frozen=True):
     emotion_tags: tuple[str, ...]
     source: str
     """Where the voices came from: "config" (llm.voices), a file path, or "default"."""
+    zero_shot: bool = False
+    """Whether the checkpoint declares zero-shot voices (config.json ``orpheus.zero_shot``)."""
 
 
 def find_model_file(model: str, filename: str) -> Path | None:
@@ -76,4 +83,7 @@ def load_model_info(config: LLMConfig) -> ModelInfo:
         raise ValueError(
             f"default_voice {config.default_voice!r} is not one of the model's voices {voices}"
         )
-    return ModelInfo(voices=voices, emotion_tags=tags, source=source)
+    zero_shot = (
+        bool(table.get("zero_shot", False)) if config.zero_shot is None else config.zero_shot
+    )
+    return ModelInfo(voices=voices, emotion_tags=tags, source=source, zero_shot=zero_shot)

@@ -1,4 +1,4 @@
-"""Orpheus prompt token ids (ORPHEUS.md, "Prompt").
+"""Orpheus prompt token ids (ORPHEUS.md, "Prompt"), for built-in and custom voices.
 
 ``START_OF_HUMAN``, the Llama-3 tokenization of ``"{voice}: {text}"`` (beginning with BOS),
 ``END_OF_TEXT``, ``END_OF_HUMAN``, ``START_OF_AI``, ``START_OF_SPEECH``.
@@ -6,15 +6,29 @@
 The text is the user's: special-token names in it (``<|eot_id|>``, ``<custom_token_3>``)
 are tokenized as plain text, never as control ids, so no input can forge a prompt
 boundary or an audio token. Emotion tags (``<laugh>``) are plain text to the model too.
+
+A custom (zero-shot) voice is a previous turn: its reference transcript and the reference
+audio's codes, then the text to speak, with no voice name::
+
+    START_OF_HUMAN, ref_text, END_OF_TEXT, END_OF_HUMAN, START_OF_AI, START_OF_SPEECH,
+    ref_audio_tokens, END_OF_SPEECH, END_OF_AI,
+    START_OF_HUMAN, target_text, END_OF_TEXT, END_OF_HUMAN, START_OF_AI, START_OF_SPEECH
+
+Texts are tokenized as for a built-in voice (BOS first, as Orpheus's own zero-shot example
+does); the audio tokens are the frames' ids exactly as the model emits them
+(:func:`llm_worker.codes.frames_to_tokens`). The first line and a half are the same for
+every request with the voice: vLLM's prefix cache keeps them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from llm_worker import tokens as T
+from llm_worker.codes import frames_to_tokens
 from llm_worker.model_info import find_model_file
 
 
@@ -45,6 +59,16 @@ class PromptBuilder:
     def build(self, voice: str, text: str) -> list[int]:
         """Prompt ids for one piece of text spoken by ``voice``."""
         return self._wrap(self._tok.encode(f"{voice}: {text}", add_special_tokens=True).ids)
+
+    def build_reference(self, transcript: str, frames: np.ndarray) -> list[int]:
+        """The prefix of a custom voice: its reference turn (transcript, then the audio)."""
+        text = self._wrap(self._tok.encode(transcript, add_special_tokens=True).ids)
+        audio = frames_to_tokens(frames).tolist()
+        return [*text, *audio, T.END_OF_SPEECH, T.END_OF_AI]
+
+    def build_plain(self, text: str) -> list[int]:
+        """The turn that follows a custom voice's prefix: the text alone, no voice name."""
+        return self._wrap(self._tok.encode(text, add_special_tokens=True).ids)
 
     def build_many(self, voice: str, texts: list[str]) -> list[list[int]]:
         """Prompt ids for several pieces (one batched tokenizer call)."""

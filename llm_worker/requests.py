@@ -44,11 +44,21 @@ def _check(ok: bool, message: str) -> None:
         raise BadRequest(message)
 
 
-def plan_request(submit: Submit, config: LLMConfig, info: ModelInfo) -> RequestPlan:
-    """Validate ``submit`` and resolve its sampling: the voice's defaults, then overrides."""
-    voice = (submit.voice or config.default_voice).strip().lower()
+def voice_of(submit: Submit, config: LLMConfig) -> str:
+    """The voice a request names, as voices are matched (stripped, lower case)."""
+    return (submit.voice or config.default_voice).strip().lower()
+
+
+def plan_request(
+    submit: Submit, config: LLMConfig, info: ModelInfo, extra_voice: bool = False
+) -> RequestPlan:
+    """Validate ``submit`` and resolve its sampling: the voice's defaults, then overrides.
+    ``extra_voice``: the voice is not the model's but known to the worker (custom, LoRA)."""
+    voice = voice_of(submit, config)
     _check(
-        voice in info.voices, f"unknown voice {submit.voice!r}; voices: {', '.join(info.voices)}"
+        extra_voice or voice in info.voices,
+        f"unknown voice {submit.voice!r}; voices: {', '.join(info.voices)} "
+        "(and the custom voices listed by GET /v1/audio/voices)",
     )
     _check(
         submit.text_open or bool(submit.text.strip()),

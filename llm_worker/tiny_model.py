@@ -174,6 +174,7 @@ def _model_config() -> dict:
         "orpheus": {
             "voices": list(ENGLISH_VOICES),
             "emotion_tags": list(EMOTION_TAGS),
+            "zero_shot": True,
             "description": "tiny random-weight test model: it makes noise, not speech",
         },
     }
@@ -265,6 +266,61 @@ def _plant_slot_circuit(w: dict[str, torch.Tensor]) -> None:
     norm[_SLOT_DIMS] = _SLOT_GAIN
     norm[_EOS_DIM] = _EOS_GAIN
     norm[[_BIAS_DIM, _START_DIM]] = 0.0
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_LORA_SHAPES = {  # (in, out) of each target module of the tiny model
+    "q_proj": (HIDDEN, HEADS * HEAD_DIM),
+    "k_proj": (HIDDEN, KV_HEADS * HEAD_DIM),
+    "v_proj": (HIDDEN, KV_HEADS * HEAD_DIM),
+    "o_proj": (HEADS * HEAD_DIM, HIDDEN),
+    "gate_proj": (HIDDEN, INTERMEDIATE),
+    "up_proj": (HIDDEN, INTERMEDIATE),
+    "down_proj": (INTERMEDIATE, HIDDEN),
+}
+_LORA_MODULE = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
+                "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}  # fmt: skip
+
+
+def write_random_lora(dir: Path, seed: int = 1, rank: int = 8, scale: float = 0.5) -> Path:
+    """A PEFT LoRA adapter for the tiny model with random A and B (both non-zero, unlike a
+    fresh PEFT adapter whose B is zero): a stand-in for a fine-tuned voice whose outputs
+    differ from the base model's and from another seed's. ``scale`` sets the size of the
+    change (std of B). Loads with vLLM's multi-LoRA (and with PEFT)."""
+    dir = Path(dir)
+    dir.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for layer in range(LAYERS):
+        for name in LORA_TARGETS:
+            fan_in, fan_out = _LORA_SHAPES[name]
+            prefix = f"base_model.model.model.layers.{layer}.{_LORA_MODULE[name]}.{name}"
+            a = torch.randn(rank, fan_in, generator=g) / fan_in**0.5
+            b = torch.randn(fan_out, rank, generator=g) * scale
+            tensors[f"{prefix}.lora_A.weight"] = a.contiguous()
+            tensors[f"{prefix}.lora_B.weight"] = b.contiguous()
+    save_file(tensors, str(dir / "adapter_model.safetensors"), metadata={"format": "pt"})
+    _write_json(
+        dir / "adapter_config.json",
+        {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": "orpheus-tiny",
+            "r": rank,
+            "lora_alpha": rank,
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "target_modules": list(LORA_TARGETS),
+            "fan_in_fan_out": False,
+            "inference_mode": True,
+            "modules_to_save": None,
+        },
+    )
+    (dir / "README.txt").write_text(
+        f"Random LoRA adapter (seed {seed}, rank {rank}) for the tiny Orpheus test model, "
+        "written by orpheus-serve tiny-model --lora: a stand-in for a fine-tuned voice.\n"
+    )
+    return dir
 
 
 def _write_json(path: Path, obj: dict) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 import msgspec
 import numpy as np
 from vllm.inputs.engine import tokens_input
+from vllm.lora.request import LoRARequest
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.engine.output_processor import RequestOutputCollector
@@ -42,10 +43,19 @@ from llm_worker import metrics as M
 from llm_worker import tokens as T
 from llm_worker.codes import CODE_DTYPE, FrameAssembler
 from llm_worker.config import LLMConfig
+from llm_worker.custom_voices import ZeroShotVoices
+from llm_worker.lora import LoraVoices
 from llm_worker.model_info import ModelInfo
 from llm_worker.prompt import PromptBuilder
 from llm_worker.repetition import RepetitionGuard
-from llm_worker.requests import BadRequest, RequestPlan, plan_request, segment_params, split_budget
+from llm_worker.requests import (
+    BadRequest,
+    RequestPlan,
+    plan_request,
+    segment_params,
+    split_budget,
+    voice_of,
+)
 from llm_worker.text import TextStream, normalise_tags, split_text
 from shm.messages import AppendText, Cancel, ControlMessage, Submit
 from shm.records import RecordKind, StreamEnd, StreamError, end_encoder
@@ -71,6 +81,12 @@ class Stream:
     text: TextStream | None
     """Open text (``text_open``): more may arrive. None once the text is complete."""
     sampling_kwargs: dict[str, Any] | None = None
+    prefix: tuple[int, ...] | None = None
+    """A custom voice's prompt prefix (its reference turn), fixed when the stream starts."""
+    lora: LoRARequest | None = None
+    """A LoRA voice's adapter, fixed when the stream starts."""
+    speaker: str = ""
+    """The name in the prompt ``"{speaker}: {text}"`` (built-in and LoRA voices)."""
     counter: Any = None
     """The stream's slot on the prevented-token board (sampling package), if any."""
     segment: int = -1
@@ -105,8 +121,12 @@ class LLMWorker:
         prompts: PromptBuilder,
         info: ModelInfo,
         sampling: SamplingHooks | None = None,
+        custom: ZeroShotVoices | None = None,
+        loras: LoraVoices | None = None,
     ) -> None:
         self._config = config
+        self._custom = custom
+        self._loras = loras
         self._engine = engine
         self._writer = writer
         self._prompts = prompts
@@ -174,7 +194,18 @@ class LLMWorker:
             log.error("duplicate stream id %#x ignored (a gateway bug)", msg.stream_id)
             return
         try:
-            plan = plan_request(msg, self._config, self._info)
+            voice = voice_of(msg, self._config)
+            prefix: tuple[int, ...] | None = None
+            lora: LoRARequest | None = None
+            speaker = voice
+            if voice not in self._info.voices:
+                if self._loras is not None and (lv := self._loras.get(voice)) is not None:
+                    lora, speaker = lv.request, lv.speaker
+                elif self._custom is not None:
+                    prefix = self._custom.prefix(voice)
+            plan = plan_request(
+                msg, self._config, self._info, prefix is not None or lora is not None
+            )
             if msg.text_open and plan.total_tokens is not None:
                 raise BadRequest(
                     "max_tokens fixes the length of a complete text: not with text_open"
@@ -197,6 +228,7 @@ class LLMWorker:
                 else deque(split_budget(plan.total_tokens, [len(p) for p in parts]))
             )
         s = Stream(msg.stream_id, plan, row, pieces, budgets, text)
+        s.prefix, s.lora, s.speaker = prefix, lora, speaker
         s.counter = self._sampling.acquire()
         s.sampling_kwargs = self._sampling.kwargs(plan.repetition_penalty, s.counter)
         self._streams[s.stream_id] = s
@@ -256,7 +288,11 @@ class LLMWorker:
 
     async def _start_segment(self, s: Stream, text: str, budget: int | None) -> None:
         s.segment += 1
-        prompt = self._prompts.build(s.plan.voice, normalise_tags(text, self._tags))
+        spoken = normalise_tags(text, self._tags)
+        if s.prefix is not None:
+            prompt = [*s.prefix, *self._prompts.build_plain(spoken)]
+        else:
+            prompt = self._prompts.build(s.speaker, spoken)
         try:
             params = segment_params(
                 self._config, s.plan, s.segment, len(text), len(prompt), budget, s.sampling_kwargs
@@ -268,7 +304,9 @@ class LLMWorker:
         self._assembler.reset(s.row)
         self._guard.reset(s.row)
         try:
-            s.collector = await self._engine.add_request(rid, tokens_input(prompt), params)
+            s.collector = await self._engine.add_request(
+                rid, tokens_input(prompt), params, lora_request=s.lora
+            )
         except EngineDeadError:
             raise
         except ValueError as e:  # vLLM's validation errors are ValueErrors

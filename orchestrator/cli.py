@@ -20,6 +20,7 @@ BENCHES = {
     "load": "loadgen.cli",
     "compare": "loadgen.compare",
     "soak": "loadgen.soak",
+    "voices": "llm_worker.bench_voices",
 }
 
 
@@ -59,8 +60,9 @@ def _with_model_voices(cfg: ServeConfig) -> ServeConfig:
 
     from llm_worker.model_info import load_model_info
 
-    voices = list(load_model_info(cfg.llm).voices)
-    return msgspec.structs.replace(cfg, llm=msgspec.structs.replace(cfg.llm, voices=voices))
+    info = load_model_info(cfg.llm)
+    llm = msgspec.structs.replace(cfg.llm, voices=list(info.voices), zero_shot=info.zero_shot)
+    return msgspec.structs.replace(cfg, llm=llm)
 
 
 def _with_codec_from_model_dir(cfg: ServeConfig, explicit: bool) -> ServeConfig:
@@ -119,12 +121,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from codec_worker.snac_model import write_random_snac
-    from llm_worker.tiny_model import write_tiny_model
+    from llm_worker.tiny_model import write_random_lora, write_tiny_model
 
     out = Path(args.dir)
     write_tiny_model(out, seed=args.seed)
     write_random_snac(out / "snac", seed=args.seed)
     print(f"wrote the tiny Orpheus test model to {out} and a random-weight SNAC to {out / 'snac'}")
+    for i, name in enumerate(args.lora or []):
+        path = write_random_lora(out / "lora" / name, seed=args.seed * 1000 + i + 1)
+        print(f"wrote a random LoRA adapter (a stand-in LoRA voice) to {path}")
     print("random weights: what they say is noise, not speech")
     return 0
 
@@ -165,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tiny-model", help="write the deterministic tiny test model + random SNAC")
     t.add_argument("dir")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument(
+        "--lora", action="append", metavar="NAME",
+        help="also write a random LoRA adapter to DIR/lora/NAME (repeatable)",
+    )  # fmt: skip
 
     c = sub.add_parser("say", help="synthesize TEXT to a WAV file through a running server")
     c.add_argument("text")

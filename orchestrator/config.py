@@ -14,6 +14,7 @@ from codec_worker.config import CodecConfig
 from gateway.config import GatewayConfig
 from llm_worker.config import LLMConfig
 from shm.config import ShmConfig
+from shm.voices import VoicesConfig
 
 
 class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -24,6 +25,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     codec: CodecConfig = CodecConfig()
     gateway: GatewayConfig = GatewayConfig()
     shm: ShmConfig = ShmConfig()
+    voices: VoicesConfig = VoicesConfig()
     drain_timeout_s: float = 30.0
     ready_timeout_s: float = 900.0
     """How long the workers may take to become warm before the orchestrator gives up."""

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from orchestrator.config import ServeConfig
+from shm.voices import ID_RE as VOICE_ID_RE
 
 ENV_PREFIX = "ORPHEUS_"
 # Variables under the prefix that are not configuration keys: the child spec and the
@@ -170,6 +171,20 @@ def validate(cfg: ServeConfig) -> None:
         problems.append(f"llm.model_runner {llm.model_runner!r} is not auto|v1|v2")
     elif llm.model_runner == "v2" and cfg.device == "cpu":
         problems.append("llm.model_runner v2 needs the GPU build of vLLM (--device cuda)")
+    if llm.max_lora_rank not in (1, 8, 16, 32, 64, 128, 256, 320, 512):
+        problems.append("llm.max_lora_rank must be one of 1 8 16 32 64 128 256 320 512 (vLLM's)")
+    if llm.max_loras < 1:
+        problems.append("llm.max_loras must be >= 1")
+    for name in llm.lora_voices:
+        if not VOICE_ID_RE.match(name.strip().lower()):
+            problems.append(f"llm.lora_voices: {name!r} is not a voice name (letters, digits, _-.)")
+        elif name.strip().lower() in (llm.voices or []):
+            problems.append(f"llm.lora_voices: {name!r} is also a voice of the model")
+    v = cfg.voices
+    if not 0 < v.min_seconds <= v.max_seconds:
+        problems.append("voices: 0 < min_seconds <= max_seconds")
+    if v.max_voices < 0:
+        problems.append("voices.max_voices must be >= 0")
     if cfg.heartbeat_timeout_s <= 1:
         problems.append("heartbeat_timeout_s must be > 1")
     g = cfg.gateway

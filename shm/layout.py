@@ -50,6 +50,17 @@ class InstanceLayout(msgspec.Struct, frozen=True):
         """orchestrator binds PUB; gateways connect SUB (ClusterStatus)."""
         return self._ipc("status")
 
+    @property
+    def encode(self) -> str:
+        """codec_worker binds ROUTER; gateways connect DEALER (EncodeRequest/EncodeReply:
+        reference clips of custom voices to SNAC codes)."""
+        return self._ipc("encode")
+
+    @property
+    def admin(self) -> str:
+        """llm_worker binds ROUTER; gateways connect DEALER (LoraLoad/LoraUnload/AdminReply)."""
+        return self._ipc("admin")
+
     def _ring(self, name: str) -> RingEndpoints:
         return RingEndpoints(
             segment=f"{self.instance}-{name}",

@@ -92,6 +92,51 @@ class ClusterStatus(msgspec.Struct, tag="status", frozen=True):
     codec_generation: int = 0
 
 
+class EncodeRequest(msgspec.Struct, tag="encode", frozen=True):
+    """gateway -> codec_worker (DEALER -> ROUTER ``layout.encode``): encode a reference clip.
+
+    ``pcm`` is float32 little-endian mono at 24 kHz (already resampled and checked by the
+    gateway, which never touches torch)."""
+
+    request_id: int
+    pcm: bytes
+
+
+class EncodeReply(msgspec.Struct, tag="encoded", frozen=True):
+    """codec_worker -> gateway: the clip's SNAC code frames (int16 LE, ``(frames, 7)`` in
+    Orpheus slot order), or ``error`` (then ``codes`` is empty)."""
+
+    request_id: int
+    codes: bytes = b""
+    error: str = ""
+
+
+class LoraLoad(msgspec.Struct, tag="lora_load", frozen=True):
+    """gateway -> llm_worker (DEALER -> ROUTER ``layout.admin``): load a LoRA voice."""
+
+    request_id: int
+    name: str
+    path: str
+    speaker: str | None = None
+
+
+class LoraUnload(msgspec.Struct, tag="lora_unload", frozen=True):
+    """gateway -> llm_worker: unload a LoRA voice loaded at run time."""
+
+    request_id: int
+    name: str
+
+
+class AdminReply(msgspec.Struct, tag="admin_reply", frozen=True):
+    """llm_worker -> gateway: the outcome of an admin request, as an HTTP status."""
+
+    request_id: int
+    status: int
+    code: str = ""
+    message: str = ""
+
+
+AdminRequest = LoraLoad | LoraUnload
 ControlMessage = Submit | AppendText | Cancel
 OrchestratorMessage = WorkerReady | Heartbeat | WorkerFailed
 
@@ -99,3 +144,7 @@ control_encoder = msgspec.msgpack.Encoder()
 control_decoder = msgspec.msgpack.Decoder(ControlMessage)
 orchestrator_decoder = msgspec.msgpack.Decoder(OrchestratorMessage)
 status_decoder = msgspec.msgpack.Decoder(ClusterStatus)
+encode_request_decoder = msgspec.msgpack.Decoder(EncodeRequest)
+encode_reply_decoder = msgspec.msgpack.Decoder(EncodeReply)
+admin_request_decoder = msgspec.msgpack.Decoder(AdminRequest)
+admin_reply_decoder = msgspec.msgpack.Decoder(AdminReply)

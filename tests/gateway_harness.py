@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
@@ -65,6 +66,7 @@ async def running_gateway(
     layout: InstanceLayout,
     *,
     backend: dict[str, Any] | None = None,
+    serve: dict[str, Any] | None = None,
     **gateway_cfg: Any,
 ) -> AsyncIterator[Harness]:
     """A gateway serving HTTP on a free port, with a synthetic backend behind it."""
@@ -74,6 +76,8 @@ async def running_gateway(
     if gateway_cfg.pop("zmq", False):
         gateway_cfg["zmq_endpoint"] = f"ipc://{layout.socket_dir}/zmq-clients"
     config = serve_config(**gateway_cfg)
+    if serve:  # other sections of the configuration ([voices], [llm], ...)
+        config = msgspec.structs.replace(config, **serve)
     gw = Gateway(config, layout, 0, GatewayMetrics(CollectorRegistry()))
     runner: web.AppRunner | None = None
     zmq_front: ZmqFrontend | None = None

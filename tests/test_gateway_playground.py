@@ -3,8 +3,12 @@ voices load, audio streams into Web Audio, TTFB is shown, errors are shown."""
 
 from __future__ import annotations
 
+import io
 import os
+import wave
+from pathlib import Path
 
+import numpy as np
 import pytest
 from gateway_harness import running_gateway
 
@@ -67,3 +71,70 @@ async def test_playground_streams_audio_in_headless_chromium(layout: InstanceLay
             assert not h.backend.submitted()[-1].text_open
         finally:
             await browser.close()
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent")
+async def test_playground_makes_a_custom_voice_from_an_uploaded_clip(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    """Upload a clip, name it, type its words: the voice is made (the real SNAC encoder on
+    the encode socket), listed, selected, and spoken with."""
+    from playwright.async_api import async_playwright
+
+    from codec_worker.encoder import EncodeServer, VoiceEncoder
+    from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm, random_snac
+    from llm_worker.config import LLMConfig
+    from shm.voices import VoicesConfig
+
+    t = np.arange(int(3.5 * 16_000)) / 16_000
+    (tmp_path / "me.wav").write_bytes(_wav(0.3 * np.sin(2 * np.pi * 200 * t), 16_000))
+    (tmp_path / "short.wav").write_bytes(_wav(0.3 * np.sin(2 * np.pi * 200 * t[:8000]), 16_000))
+    encoder = EncodeServer(
+        VoiceEncoder(fuse_weight_norm(random_snac(1, SNAC_24KHZ_SMALL))), layout.encode
+    )
+    encoder.start()
+    serve = {"voices": VoicesConfig(state_dir=str(tmp_path / "state")),
+             "llm": LLMConfig(zero_shot=True, voices=["tara", "leah"])}  # fmt: skip
+    try:
+        async with (
+            running_gateway(
+                layout, backend={"realtime": True, "voices": ["tara", "me"]}, serve=serve
+            ) as h,
+            async_playwright() as p,
+        ):
+            browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+            try:
+                page = await browser.new_page()
+                await page.goto(h.url + "/")
+                await page.wait_for_function("window.playground && window.playground.loaded")
+                await page.fill("#voice-name", "Me")
+                await page.fill("#voice-transcript", "Hello, this is my voice.")
+                await page.set_input_files("#voice-file", str(tmp_path / "short.wav"))
+                await page.click("#create-voice")
+                await page.wait_for_function("window.playground.voiceError", timeout=30_000)
+                assert await page.evaluate("window.playground.voiceError") == "audio_too_short"
+                await page.set_input_files("#voice-file", str(tmp_path / "me.wav"))
+                await page.click("#create-voice")
+                await page.wait_for_function("window.playground.createdVoice", timeout=60_000)
+                assert await page.evaluate("window.playground.createdVoice") == "me"
+                assert "me" in await page.evaluate("window.playground.voices")
+                assert await page.input_value("#voice") == "me"
+                await page.fill("#text", "Now in my voice.")
+                await page.fill("#max-tokens", str(7 * 4))
+                await page.click("#speak")
+                await page.wait_for_function("window.playground.state === 'done'", timeout=30_000)
+                assert h.backend.submitted()[-1].voice == "me"
+            finally:
+                await browser.close()
+    finally:
+        encoder.stop()
+
+
+def _wav(x: np.ndarray, rate: int) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((x * 32767).astype("<i2").tobytes())
+    return buf.getvalue()

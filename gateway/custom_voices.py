@@ -1,0 +1,464 @@
+"""Custom voices in the gateway: ``POST/GET /v1/audio/voices``, ``DELETE /v1/audio/voices/{id}``,
+and the LoRA admin calls ``POST /v1/admin/lora``, ``DELETE /v1/admin/lora/{name}``.
+
+A zero-shot voice is made here, in four steps:
+
+1. the multipart form is read (``name``, ``audio`` (or ``audio_sample``), ``transcript``,
+   optional ``description``) within ``voices.max_upload_bytes``;
+2. the audio is decoded and resampled to 24 kHz mono float with PyAV (FFmpeg: any container
+   and codec it reads), on a thread so that the event loop keeps streaming; its length
+   (``voices.min_seconds`` .. ``voices.max_seconds``), rate and level are checked;
+3. the codec worker encodes it with SNAC's encoder (``EncodeRequest`` over its ROUTER
+   ``layout.encode``; the gateway never touches torch);
+4. the codes and the transcript are stored in the state directory (:mod:`shm.voices`),
+   where every gateway and the llm_worker read them. The voice's id is its name in lower
+   case; from then on it is a ``voice`` in every API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import itertools
+import math
+import os
+from typing import Any
+
+import av
+import msgspec
+import numpy as np
+import zmq
+import zmq.asyncio
+from aiohttp import BodyPartReader, web
+
+from gateway.errors import APIError
+from orchestrator.config import ServeConfig
+from shm.layout import InstanceLayout
+from shm.messages import (
+    AdminReply,
+    EncodeReply,
+    EncodeRequest,
+    LoraLoad,
+    LoraUnload,
+    admin_reply_decoder,
+    control_encoder,
+    encode_reply_decoder,
+)
+from shm.voices import (
+    LoraRegistry,
+    TooManyVoices,
+    VoiceExists,
+    VoicesConfig,
+    VoiceStore,
+    VoiceSummary,
+    new_record,
+    voice_id,
+)
+
+SAMPLE_RATE = 24_000
+SAMPLES_PER_FRAME = 2048
+MIN_INPUT_RATE = 16_000
+"""Below this the clip cannot carry what SNAC's 24 kHz codes describe (8 kHz telephone
+audio makes a muffled voice): refused as a wrong sample format."""
+MAX_CHANNELS = 8
+MAX_DESCRIPTION_CHARS = 500
+PROMPT_OVERHEAD_TOKENS = 16
+ADMIN_TIMEOUT_S = 120.0
+_ids = itertools.count(1)
+
+
+class LoraListing(msgspec.Struct, frozen=True):
+    id: str
+    path: str
+    speaker: str
+    source: str
+    """"config" ([llm] lora_voices) or "runtime" (the admin API)."""
+    type: str = "lora"
+
+
+class VoiceListing(msgspec.Struct, frozen=True):
+    """Body of ``GET /v1/audio/voices``."""
+
+    voices: list[str]
+    """Every voice a request may name: built-in, custom, LoRA."""
+    aliases: dict[str, str]
+    default: str
+    builtin: list[str]
+    custom: list[VoiceSummary]
+    lora: list[LoraListing]
+    zero_shot: bool
+    """Whether the model takes custom voices made from reference audio."""
+
+
+class CreatedVoice(msgspec.Struct, frozen=True):
+    id: str
+    name: str
+    description: str
+    created_at: int
+    duration_s: float
+    frames: int
+    object: str = "audio.voice"
+    type: str = "zero_shot"
+
+
+def _bad(code: str, message: str, param: str | None = None, status: int = 400) -> APIError:
+    return APIError(status, code, message, param=param)
+
+
+# -- audio ---------------------------------------------------------------------------------------
+
+
+def decode_reference(data: bytes, cfg: VoicesConfig) -> np.ndarray:
+    """The clip as float32 mono 24 kHz, checked; APIError 400 for what cannot be a voice."""
+    try:
+        container = av.open(io.BytesIO(data), mode="r")
+    except (av.error.FFmpegError, ValueError, OSError, EOFError) as e:
+        raise _bad(
+            "invalid_audio", f"audio: not an audio file FFmpeg can read ({e})", "audio"
+        ) from None
+    limit = int((cfg.max_seconds + 0.5) * SAMPLE_RATE)
+    chunks: list[np.ndarray] = []
+    n = 0
+    with container:
+        if not container.streams.audio:
+            raise _bad("invalid_audio", "audio: the file has no audio stream", "audio")
+        stream = container.streams.audio[0]
+        ctx = stream.codec_context
+        rate = ctx.sample_rate or 0
+        channels = ctx.channels or 0
+        if rate < MIN_INPUT_RATE:
+            raise _bad(
+                "unsupported_sample_format",
+                f"audio: sample rate {rate} Hz; at least {MIN_INPUT_RATE} Hz is needed",
+                "audio",
+            )
+        if channels > MAX_CHANNELS:
+            raise _bad(
+                "unsupported_sample_format",
+                f"audio: {channels} channels; at most {MAX_CHANNELS}",
+                "audio",
+            )
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+        try:
+            for frame in container.decode(stream):
+                for out in resampler.resample(frame):
+                    arr = out.to_ndarray().reshape(-1)
+                    chunks.append(arr)
+                    n += len(arr)
+                if n > limit:
+                    break
+            else:
+                for out in resampler.resample(None):
+                    arr = out.to_ndarray().reshape(-1)
+                    chunks.append(arr)
+                    n += len(arr)
+        except (av.error.FFmpegError, ValueError) as e:
+            raise _bad("invalid_audio", f"audio: undecodable ({e})", "audio") from None
+    seconds = n / SAMPLE_RATE
+    if n > limit or seconds > cfg.max_seconds:
+        raise _bad(
+            "audio_too_long",
+            f"audio: longer than {cfg.max_seconds:g} s; send a clip of "
+            f"{cfg.min_seconds:g}-{cfg.max_seconds:g} s",
+            "audio",
+        )
+    if seconds < cfg.min_seconds:
+        raise _bad(
+            "audio_too_short",
+            f"audio: {seconds:.2f} s; send a clip of {cfg.min_seconds:g}-{cfg.max_seconds:g} s",
+            "audio",
+        )
+    pcm = np.concatenate(chunks).astype(np.float32, copy=False)
+    if not np.isfinite(pcm).all():
+        raise _bad("invalid_audio", "audio: holds NaN or infinite samples", "audio")
+    np.clip(pcm, -1.0, 1.0, out=pcm)
+    rms = float(np.sqrt(np.mean(np.square(pcm, dtype=np.float64))))
+    level = 20 * math.log10(rms) if rms > 0 else -math.inf
+    if level < cfg.silence_dbfs:
+        raise _bad(
+            "audio_silent",
+            f"audio: silent (level {level:.1f} dBFS, below {cfg.silence_dbfs:g})",
+            "audio",
+        )
+    return pcm
+
+
+# -- request/reply to the workers ----------------------------------------------------------------
+
+
+async def _call(
+    ctx: zmq.asyncio.Context, endpoint: str, msg: msgspec.Struct, timeout_s: float
+) -> bytes | None:
+    """One request on a fresh DEALER (these calls are rare); None on timeout."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+        await sock.send(control_encoder.encode(msg))
+        if await sock.poll(int(timeout_s * 1000)) == 0:
+            return None
+        return await sock.recv()
+    finally:
+        sock.close(linger=0)
+
+
+class CustomVoices:
+    """What the HTTP handlers need: the store, the clients to the workers, the names taken."""
+
+    def __init__(
+        self, config: ServeConfig, layout: InstanceLayout, builtin: list[str], aliases: list[str]
+    ) -> None:
+        self.config = config
+        self.cfg = config.voices
+        self.layout = layout
+        self.store = VoiceStore(self.cfg.state_dir)
+        self.loras = LoraRegistry(self.cfg.state_dir)
+        self.builtin = list(builtin)
+        self.reserved = {v.lower() for v in builtin} | {a.lower() for a in aliases}
+        self.ctx = zmq.asyncio.Context.instance()
+
+    @property
+    def zero_shot(self) -> bool:
+        return bool(self.config.llm.zero_shot)
+
+    def lora_listing(self) -> list[LoraListing]:
+        out = {
+            voice_id(name): LoraListing(voice_id(name), v.path, v.speaker or name, "config")
+            for name, v in self.config.llm.lora_voices.items()
+        }
+        for e in self.loras.entries():
+            out.setdefault(e.name, LoraListing(e.name, e.path, e.speaker or e.name, "runtime"))
+        return sorted(out.values(), key=lambda v: v.id)
+
+    def listing(self, aliases: dict[str, str], default: str) -> VoiceListing:
+        custom = self.store.list()
+        lora = self.lora_listing()
+        return VoiceListing(
+            voices=[*self.builtin, *(c.id for c in custom), *(v.id for v in lora)],
+            aliases=aliases,
+            default=default,
+            builtin=self.builtin,
+            custom=custom,
+            lora=lora,
+            zero_shot=self.zero_shot,
+        )
+
+    async def encode(self, pcm: np.ndarray) -> np.ndarray:
+        req = EncodeRequest(next(_ids) | (os.getpid() << 32), pcm.astype("<f4").tobytes())
+        raw = await _call(self.ctx, self.layout.encode, req, self.cfg.encode_timeout_s)
+        if raw is None:
+            raise APIError(
+                503,
+                "codec_unavailable",
+                f"the codec worker did not encode the clip within {self.cfg.encode_timeout_s:g} s",
+                retry_after_s=self.config.gateway.retry_after_s,
+            )
+        reply: EncodeReply = encode_reply_decoder.decode(raw)
+        if reply.error:
+            raise APIError(500, "encode_failed", f"encoding the clip failed: {reply.error}")
+        return np.frombuffer(reply.codes, dtype="<i2").reshape(-1, 7)
+
+    async def admin(self, msg: LoraLoad | LoraUnload) -> AdminReply:
+        raw = await _call(self.ctx, self.layout.admin, msg, ADMIN_TIMEOUT_S)
+        if raw is None:
+            raise APIError(
+                503, "upstream_unavailable", "the llm worker did not answer the admin request"
+            )
+        return admin_reply_decoder.decode(raw)
+
+
+# -- handlers ------------------------------------------------------------------------------------
+
+
+async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], bytes]:
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise APIError(413, "request_too_large", f"the body is over {max_bytes} bytes")
+    if not request.content_type.startswith("multipart/form-data"):
+        raise _bad(
+            "invalid_request",
+            "send multipart/form-data with name, audio, transcript and optional description",
+        )
+    reader = await request.multipart()
+    fields: dict[str, str] = {}
+    audio: bytes | None = None
+    total = 0
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader):
+            raise _bad("invalid_request", "nested multipart bodies are not accepted")
+        name = part.name or ""
+        buf = bytearray()
+        while chunk := await part.read_chunk(64 * 1024):
+            total += len(chunk)
+            if total > max_bytes:
+                raise APIError(413, "request_too_large", f"the body is over {max_bytes} bytes")
+            buf += chunk
+        if name in ("audio", "audio_sample", "file"):
+            audio = bytes(buf)
+        elif name in ("name", "transcript", "description"):
+            try:
+                fields[name] = buf.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _bad("invalid_request", f"{name}: not UTF-8 text", name) from None
+    if audio is None or not audio:
+        raise _bad("missing_audio", "audio: the reference clip (a file field) is missing", "audio")
+    return fields, audio
+
+
+def create_handler(
+    voices: CustomVoices,
+) -> Any:
+    async def handler(request: web.Request) -> web.Response:
+        cfg = voices.cfg
+        if not voices.zero_shot:
+            raise _bad(
+                "zero_shot_unsupported",
+                f"the model {voices.config.llm.model!r} does not declare zero-shot voices "
+                "(config.json 'orpheus.zero_shot'): custom voices from reference audio "
+                "are not available with it",
+            )
+        fields, audio = await _read_form(request, cfg.max_upload_bytes)
+        name = fields.get("name", "").strip()
+        if not name:
+            raise _bad("missing_name", "name: required", "name")
+        try:
+            vid = voice_id(name)
+        except ValueError as e:
+            raise _bad("invalid_name", f"name: {e}", "name") from None
+        transcript = " ".join(fields.get("transcript", "").split())
+        if not transcript:
+            raise _bad(
+                "empty_transcript",
+                "transcript: required, the words spoken in the clip",
+                "transcript",
+            )
+        if len(transcript) > cfg.max_transcript_chars or "\x00" in transcript:
+            raise _bad(
+                "invalid_transcript",
+                f"transcript: at most {cfg.max_transcript_chars} characters, no NUL",
+                "transcript",
+            )
+        description = fields.get("description", "").strip()
+        if len(description) > MAX_DESCRIPTION_CHARS:
+            raise _bad(
+                "invalid_description",
+                f"description: at most {MAX_DESCRIPTION_CHARS} characters",
+                "description",
+            )
+        if vid in voices.reserved or any(v.id == vid for v in voices.lora_listing()):
+            raise _bad("voice_exists", f"name: {vid!r} is taken", "name", status=409)
+        if voices.store.stat_key(vid) is not None:
+            raise _bad("voice_exists", f"name: a custom voice {vid!r} exists", "name", status=409)
+        loop = asyncio.get_running_loop()
+        pcm = await loop.run_in_executor(None, decode_reference, audio, cfg)
+        seconds = len(pcm) / SAMPLE_RATE
+        frames = await voices.encode(pcm)
+        llm = voices.config.llm
+        need = (
+            len(frames) * 7 + len(transcript.encode()) + PROMPT_OVERHEAD_TOKENS + llm.min_max_tokens
+        )
+        if need > llm.max_model_len:
+            raise _bad(
+                "audio_too_long",
+                f"audio: {seconds:.1f} s of reference ({len(frames) * 7} tokens) leaves too "
+                f"little room for speech within llm.max_model_len {llm.max_model_len}; "
+                "send a shorter clip",
+                "audio",
+            )
+        record = new_record(vid, name, transcript, description, frames, seconds)
+        try:
+            await loop.run_in_executor(None, voices.store.create, record, cfg.max_voices)
+        except VoiceExists:
+            raise _bad(
+                "voice_exists", f"name: a custom voice {vid!r} exists", "name", 409
+            ) from None
+        except TooManyVoices:
+            raise _bad(
+                "too_many_voices",
+                f"the server holds its limit of {cfg.max_voices} custom voices; delete one first",
+                status=409,
+            ) from None
+        body = CreatedVoice(
+            id=vid,
+            name=name,
+            description=description,
+            created_at=record.created_at,
+            duration_s=record.duration_s,
+            frames=record.frames,
+        )
+        return web.Response(
+            body=msgspec.json.encode(body), status=201, content_type="application/json"
+        )
+
+    return handler
+
+
+def delete_handler(voices: CustomVoices) -> Any:
+    async def handler(request: web.Request) -> web.Response:
+        vid = request.match_info["voice_id"].strip().lower()
+        if vid in voices.reserved:
+            raise _bad("builtin_voice", f"{vid!r} is a built-in voice: it cannot be deleted")
+        if any(v.id == vid for v in voices.lora_listing()):
+            raise _bad(
+                "lora_voice", f"{vid!r} is a LoRA voice: unload it with DELETE /v1/admin/lora/{vid}"
+            )
+        loop = asyncio.get_running_loop()
+        if not await loop.run_in_executor(None, voices.store.delete, vid):
+            raise APIError(404, "voice_not_found", f"no custom voice {vid!r}", param="voice_id")
+        return web.Response(
+            body=msgspec.json.encode({"id": vid, "object": "audio.voice.deleted", "deleted": True}),
+            content_type="application/json",
+        )
+
+    return handler
+
+
+class LoraLoadBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str
+    path: str
+    speaker: str | None = None
+
+
+def _admin_allowed(voices: CustomVoices) -> None:
+    if not voices.config.gateway.api_keys:
+        raise APIError(
+            403,
+            "admin_disabled",
+            "admin calls need API keys: set gateway.api_keys (the key middleware checks them)",
+        )
+
+
+def _admin_response(reply: AdminReply) -> web.Response:
+    if reply.status != 200:
+        raise APIError(reply.status, reply.code or "admin_error", reply.message)
+    return web.Response(
+        body=msgspec.json.encode({"id": reply.message, "object": "lora.voice", "ok": True}),
+        content_type="application/json",
+    )
+
+
+def lora_load_handler(voices: CustomVoices) -> Any:
+    async def handler(request: web.Request) -> web.Response:
+        _admin_allowed(voices)
+        try:
+            body = msgspec.json.decode(await request.read(), type=LoraLoadBody)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise _bad("invalid_request", f"body: {e}") from None
+        try:
+            name = voice_id(body.name)
+        except ValueError as e:
+            raise _bad("invalid_name", f"name: {e}", "name") from None
+        if name in voices.reserved or voices.store.stat_key(name) is not None:
+            raise _bad("voice_exists", f"name: {name!r} is taken", "name", status=409)
+        reply = await voices.admin(LoraLoad(next(_ids), name, body.path, body.speaker))
+        return _admin_response(reply)
+
+    return handler
+
+
+def lora_unload_handler(voices: CustomVoices) -> Any:
+    async def handler(request: web.Request) -> web.Response:
+        _admin_allowed(voices)
+        name = request.match_info["name"].strip().lower()
+        return _admin_response(await voices.admin(LoraUnload(next(_ids), name)))
+
+    return handler

@@ -1,0 +1,303 @@
+"""Custom voices (the ``[voices]`` table): zero-shot voices made from reference audio, kept in
+a state directory that every gateway and the llm_worker read.
+
+One file per voice, ``<state_dir>/voices/<id>.voice`` (a msgpack :class:`VoiceRecord`: the
+transcript and the reference audio's SNAC code frames). Files are written atomically: the
+record goes to a temporary file in the same directory, is fsynced, and is *linked* to its
+final name (``link`` fails if the name exists, so two gateways creating the same name race
+safely: one wins, the other answers 409); the directory is fsynced after. Creation holds an
+``flock`` on ``.lock`` so that the voice limit holds across processes. Deleting unlinks the
+file: a stream that already started keeps the prompt it was given.
+
+Import-light (msgspec, numpy, the standard library): the gateway (which never touches torch)
+and the llm_worker both use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+VOICE_SUFFIX = ".voice"
+ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
+"""A custom voice id: what a request names as ``voice`` (lower case, as voices are matched)."""
+FRAME_CODES = 7
+
+
+class VoicesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    state_dir: str = "~/.local/state/orpheus-serve"
+    """Directory of the server's durable state; custom voices live in its ``voices/``. Every
+    gateway and the llm_worker of a node (and nodes sharing a volume) must see the same one."""
+    max_voices: int = 100
+    """Most custom (zero-shot) voices the state directory may hold."""
+    min_seconds: float = 3.0
+    """Shortest reference clip accepted (after resampling to 24 kHz mono)."""
+    max_seconds: float = 30.0
+    """Longest reference clip accepted. Its codes are a prompt prefix: 30 s is about 2,460
+    tokens, which must fit in ``llm.max_model_len`` with room for speech."""
+    max_upload_bytes: int = 16 << 20
+    """Largest ``POST /v1/audio/voices`` body (the audio file and the form fields)."""
+    silence_dbfs: float = -50.0
+    """A clip whose RMS level is below this (dB full scale) is refused as silent."""
+    max_transcript_chars: int = 1000
+    """Longest reference transcript accepted (it is tokenized into every request's prompt)."""
+    encode_timeout_s: float = 60.0
+    """How long the gateway waits for the codec worker to encode a reference clip."""
+
+
+class VoiceRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One custom voice as stored (and as the llm_worker reads it)."""
+
+    id: str
+    name: str
+    transcript: str
+    description: str = ""
+    created_at: int
+    """Unix seconds."""
+    duration_s: float
+    """Length of the reference clip at 24 kHz."""
+    codes: bytes
+    """The reference audio's SNAC code frames: int16 little-endian, ``(frames, 7)`` in
+    Orpheus slot order (what the model emits)."""
+
+    @property
+    def frames(self) -> int:
+        return len(self.codes) // (2 * FRAME_CODES)
+
+    def code_frames(self) -> np.ndarray:
+        return np.frombuffer(self.codes, dtype="<i2").reshape(-1, FRAME_CODES)
+
+
+class VoiceSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """A custom voice as listed (no codes)."""
+
+    id: str
+    name: str
+    description: str
+    created_at: int
+    duration_s: float
+    frames: int
+    type: str = "zero_shot"
+
+
+class VoiceExists(Exception):
+    pass
+
+
+class TooManyVoices(Exception):
+    pass
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(VoiceRecord)
+
+
+def voice_id(name: str) -> str:
+    """The id of a voice called ``name``; ValueError if the name cannot be one."""
+    vid = name.strip().lower()
+    if not ID_RE.match(vid):
+        raise ValueError(
+            "name must be 1-64 characters of letters, digits, '_', '-' or '.', "
+            "starting with a letter or digit"
+        )
+    return vid
+
+
+def resolve_state_dir(path: str) -> Path:
+    return Path(os.path.expanduser(os.path.expandvars(path)))
+
+
+class VoiceStore:
+    """The ``voices/`` directory of a state directory (created on first use)."""
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.directory = resolve_state_dir(str(state_dir)) / "voices"
+
+    def _ensure(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def path(self, vid: str) -> Path:
+        if not ID_RE.match(vid):
+            raise ValueError(f"not a voice id: {vid!r}")
+        return self.directory / f"{vid}{VOICE_SUFFIX}"
+
+    def _ids(self) -> Iterator[str]:
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return
+        for n in names:
+            if n.endswith(VOICE_SUFFIX) and ID_RE.match(vid := n[: -len(VOICE_SUFFIX)]):
+                yield vid
+
+    def ids(self) -> list[str]:
+        return sorted(self._ids())
+
+    def get(self, vid: str) -> VoiceRecord | None:
+        """The voice, or None if there is none by that id (or the id is malformed)."""
+        if not ID_RE.match(vid):
+            return None
+        try:
+            data = self.path(vid).read_bytes()
+        except FileNotFoundError:
+            return None
+        return _decoder.decode(data)
+
+    def stat_key(self, vid: str) -> tuple[int, int] | None:
+        """(inode, mtime ns) of the voice's file, None if absent: a cache key that changes
+        when a voice is deleted and made again under the same id."""
+        try:
+            st = self.path(vid).stat()
+        except (FileNotFoundError, ValueError):
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def list(self) -> list[VoiceSummary]:
+        out = []
+        for vid in self.ids():
+            try:
+                r = self.get(vid)
+            except (msgspec.DecodeError, OSError):
+                continue  # a damaged file is skipped here; the llm_worker answers it 400
+            if r is not None:
+                out.append(
+                    VoiceSummary(
+                        id=r.id,
+                        name=r.name,
+                        description=r.description,
+                        created_at=r.created_at,
+                        duration_s=r.duration_s,
+                        frames=r.frames,
+                    )
+                )
+        return out
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self._ensure()
+        fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def create(self, record: VoiceRecord, max_voices: int) -> None:
+        """Store ``record`` atomically. VoiceExists if the id is taken, TooManyVoices at the
+        limit (both checked under the store's lock, so they hold across processes)."""
+        final = self.path(record.id)
+        with self._locked():
+            if final.exists():
+                raise VoiceExists(record.id)
+            if sum(1 for _ in self._ids()) >= max_voices:
+                raise TooManyVoices(max_voices)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(_encoder.encode(record))
+                    f.flush()
+                    os.fsync(f.fileno())
+                try:
+                    os.link(tmp, final)  # atomic, and never replaces an existing voice
+                except FileExistsError:
+                    raise VoiceExists(record.id) from None
+            finally:
+                os.unlink(tmp)
+            self._sync_dir()
+
+    def delete(self, vid: str) -> bool:
+        """Remove a voice; False if there was none."""
+        try:
+            self.path(vid).unlink()
+        except (FileNotFoundError, ValueError):
+            return False
+        self._sync_dir()
+        return True
+
+    def _sync_dir(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def new_record(
+    vid: str, name: str, transcript: str, description: str, frames: np.ndarray, seconds: float
+) -> VoiceRecord:
+    codes = np.ascontiguousarray(frames, dtype="<i2").reshape(-1, FRAME_CODES)
+    return VoiceRecord(
+        id=vid,
+        name=name,
+        transcript=transcript,
+        description=description,
+        created_at=int(time.time()),
+        duration_s=round(seconds, 3),
+        codes=codes.tobytes(),
+    )
+
+
+# -- LoRA voices loaded at run time ------------------------------------------------------------
+
+
+class LoraEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """A LoRA voice loaded through the admin API (``<state_dir>/lora/<name>.json``), so that
+    a restarted llm_worker loads it again and every gateway lists it."""
+
+    name: str
+    path: str
+    speaker: str | None = None
+
+
+_lora_encoder = msgspec.json.Encoder()
+_lora_decoder = msgspec.json.Decoder(LoraEntry)
+
+
+class LoraRegistry:
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.directory = resolve_state_dir(str(state_dir)) / "lora"
+
+    def entries(self) -> list[LoraEntry]:
+        try:
+            names = sorted(os.listdir(self.directory))
+        except FileNotFoundError:
+            return []
+        out = []
+        for n in names:
+            if not n.endswith(".json") or n.startswith("."):
+                continue
+            try:
+                out.append(_lora_decoder.decode((self.directory / n).read_bytes()))
+            except (msgspec.DecodeError, msgspec.ValidationError, OSError):
+                continue
+        return out
+
+    def save(self, entry: LoraEntry) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(_lora_encoder.encode(entry))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.directory / f"{voice_id(entry.name)}.json")
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def delete(self, name: str) -> bool:
+        try:
+            (self.directory / f"{voice_id(name)}.json").unlink()
+        except (FileNotFoundError, ValueError):
+            return False
+        return True

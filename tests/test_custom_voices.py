@@ -1,0 +1,475 @@
+"""Custom (zero-shot) voices without the engine: prompt layout, SNAC encode/decode, the store,
+the llm_worker's lookup, and the gateway's API with the real SNAC encoder behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import math
+import os
+import threading
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import av
+import msgspec
+import numpy as np
+import pytest
+import torch
+from gateway_harness import running_gateway
+
+from codec_worker.encoder import EncodeServer, VoiceEncoder
+from codec_worker.levels import frames_to_levels
+from codec_worker.snac_model import SNAC_24KHZ, SNAC_24KHZ_SMALL, fuse_weight_norm, random_snac
+from gateway.custom_voices import decode_reference
+from gateway.errors import APIError
+from llm_worker import tokens as T
+from llm_worker.codes import FrameAssembler
+from llm_worker.config import LLMConfig
+from llm_worker.custom_voices import ZeroShotVoices
+from llm_worker.model_info import ModelInfo
+from llm_worker.prompt import PromptBuilder
+from llm_worker.requests import BadRequest, plan_request
+from llm_worker.tiny_model import build_tokenizer
+from shm.layout import InstanceLayout
+from shm.messages import Submit
+from shm.voices import TooManyVoices, VoiceExists, VoicesConfig, VoiceStore, new_record, voice_id
+
+RATE = 24_000
+
+
+# -- clips ---------------------------------------------------------------------------------------
+
+
+def tone(seconds: float, rate: int = RATE, amplitude: float = 0.3, channels: int = 1) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    x = amplitude * np.sin(2 * np.pi * 220 * t) * (1 + 0.3 * np.sin(2 * np.pi * 3 * t))
+    return np.repeat(x[:, None], channels, axis=1).astype(np.float32)
+
+
+def wav_bytes(x: np.ndarray, rate: int) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(x.shape[1])
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(x, -1, 1) * 32767).astype("<i2").tobytes())
+    return buf.getvalue()
+
+
+def encoded_bytes(x: np.ndarray, rate: int, container: str, codec: str) -> bytes:
+    """A clip in a compressed format, written by PyAV (as a client's file would be)."""
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=container) as out:
+        st = out.add_stream(codec, rate=rate)
+        st.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(
+            (x[:, 0] * 32767).astype(np.int16)[None], format="s16", layout="mono"
+        )
+        frame.sample_rate = rate
+        for p in st.encode(frame):
+            out.mux(p)
+        for p in st.encode(None):
+            out.mux(p)
+    return buf.getvalue()
+
+
+# -- prompt layout -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def builder(tmp_path_factory: pytest.TempPathFactory) -> PromptBuilder:
+    d = tmp_path_factory.mktemp("tok")
+    build_tokenizer().save(str(d / "tokenizer.json"))
+    return PromptBuilder.from_pretrained(str(d))
+
+
+def test_zero_shot_prompt_layout_is_the_issue_template(builder: PromptBuilder) -> None:
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 4096, size=(5, 7)).astype("<i2")
+    prefix = builder.build_reference("The quick brown fox.", frames)
+    turn = builder.build_plain("Hello there!")
+    ref_text = builder._tok.encode("The quick brown fox.", add_special_tokens=True).ids
+    target = builder._tok.encode("Hello there!", add_special_tokens=True).ids
+    assert ref_text[0] == T.BOS and target[0] == T.BOS
+    audio = [T.AUDIO_TOKEN_BASE + (p % 7) * 4096 + int(c) for p, c in enumerate(frames.reshape(-1))]
+    expected = [
+        128259, *ref_text, 128009, 128260, 128261, 128257,  # human: ref text; AI: speech
+        *audio, 128258, 128262,  # the reference audio, end of speech, end of AI
+        128259, *target, 128009, 128260, 128261, 128257,  # human: target text; AI: speech
+    ]  # fmt: skip
+    assert [*prefix, *turn] == expected
+    assert "tara" not in builder._tok.decode(turn), "no voice name in a zero-shot turn"
+
+
+def test_reference_tokens_are_laid_out_as_the_model_emits_them(builder: PromptBuilder) -> None:
+    """The worker's own token -> frame mapping reads the prefix's audio back exactly."""
+    rng = np.random.default_rng(1)
+    frames = rng.integers(0, 4096, size=(9, 7)).astype("<i2")
+    frames[0, 0] = 0  # code 0 is valid and must not shift anything
+    prefix = builder.build_reference("x", frames)
+    start = prefix.index(T.START_OF_SPEECH) + 1
+    audio = np.array(prefix[start : prefix.index(T.END_OF_SPEECH)], dtype=np.int64)
+    fa = FrameAssembler(4)
+    row = fa.open()
+    step = fa.map(np.array([row]), np.array([len(audio)]), audio)
+    assert step.invalid_tokens.sum() == 0
+    np.testing.assert_array_equal(step.frames, frames)
+
+
+# -- SNAC encode/decode --------------------------------------------------------------------------
+
+
+def test_encoder_frames_are_snac_codes_in_orpheus_slot_order() -> None:
+    snac = fuse_weight_norm(random_snac(3, SNAC_24KHZ_SMALL))
+    x = tone(1.0)[:, 0]
+    frames = VoiceEncoder(snac).encode(x)
+    assert frames.dtype == np.dtype("<i2") and frames.shape == (math.ceil(len(x) / 2048), 7)
+    with torch.inference_mode():
+        ref = snac.encode(torch.from_numpy(x)[None, None])
+    got = frames_to_levels(torch.from_numpy(frames.astype(np.int64))[None])
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_round_trip_through_the_real_snac_architecture() -> None:
+    """Full-size SNAC 24 kHz (random weights): the clip's frames, regrouped as the codec worker
+    regroups what the model emits, decode (SNAC's decoder, same noise) to exactly what SNAC's
+    own encode -> decode gives, 2048 samples per frame, covering the clip."""
+    snac = fuse_weight_norm(random_snac(0, SNAC_24KHZ))
+    x = tone(3.2)[:, 0]
+    frames = VoiceEncoder(snac).encode(x)
+    assert len(frames) == math.ceil(len(x) / 2048)
+    assert ((frames >= 0) & (frames < 4096)).all()
+    with torch.inference_mode():
+        levels = frames_to_levels(torch.from_numpy(frames.astype(np.int64))[None])
+        torch.manual_seed(0)
+        ours = snac.decode(list(levels))
+        torch.manual_seed(0)
+        theirs = snac.decode(snac.encode(torch.from_numpy(x)[None, None]))
+    assert ours.shape[-1] == len(frames) * 2048 >= len(x)
+    torch.testing.assert_close(ours, theirs)
+
+
+# -- the store -----------------------------------------------------------------------------------
+
+
+def _record(vid: str, frames: int = 4) -> object:
+    codes = np.arange(frames * 7, dtype=np.int16).reshape(frames, 7)
+    return new_record(vid, vid.upper(), "Hello.", "d", codes, 3.5)
+
+
+def test_store_create_list_get_delete(tmp_path: Path) -> None:
+    store = VoiceStore(tmp_path)
+    store.create(_record("anna"), max_voices=2)
+    store.create(_record("bob", 6), max_voices=2)
+    assert store.ids() == ["anna", "bob"]
+    assert [v.frames for v in store.list()] == [4, 6]
+    rec = store.get("anna")
+    assert rec is not None and rec.transcript == "Hello." and rec.code_frames().shape == (4, 7)
+    with pytest.raises(VoiceExists):
+        store.create(_record("anna"), max_voices=5)
+    with pytest.raises(TooManyVoices):
+        store.create(_record("carl"), max_voices=2)
+    assert VoiceStore(tmp_path).ids() == ["anna", "bob"], "another process sees the same set"
+    assert store.delete("anna") and not store.delete("anna")
+    assert store.get("anna") is None
+    leftovers = [n for n in os.listdir(store.directory) if n not in ("bob.voice", ".lock")]
+    assert leftovers == [], "no temporary file is left behind"
+
+
+def test_store_concurrent_creates_of_one_name_have_one_winner(tmp_path: Path) -> None:
+    results: list[str] = []
+
+    def make(i: int) -> None:
+        try:
+            VoiceStore(tmp_path).create(_record("same", 4 + i), max_voices=10)
+            results.append("ok")
+        except VoiceExists:
+            results.append("exists")
+
+    threads = [threading.Thread(target=make, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["exists"] * 7 + ["ok"]
+
+
+def test_voice_ids() -> None:
+    assert voice_id(" My.Voice-1 ") == "my.voice-1"
+    for bad in ["", "-x", "a b", "x" * 65, "a/b", "é"]:
+        with pytest.raises(ValueError):
+            voice_id(bad)
+
+
+# -- the llm_worker's side -----------------------------------------------------------------------
+
+
+def test_worker_prefix_follows_the_store(tmp_path: Path, builder: PromptBuilder) -> None:
+    store = VoiceStore(tmp_path)
+    voices = ZeroShotVoices(store, builder, supported=True)
+    assert voices.prefix("anna") is None
+    store.create(_record("anna", 4), max_voices=5)
+    first = voices.prefix("anna")
+    assert first is not None and voices.prefix("anna") is first, "cached while unchanged"
+    store.delete("anna")
+    assert voices.prefix("anna") is None, "a deleted voice is gone at once"
+    store.create(_record("anna", 6), max_voices=5)
+    again = voices.prefix("anna")
+    assert again is not None and len(again) == len(first) + 14, "made again: the new codes"
+    with pytest.raises(BadRequest, match="zero-shot"):
+        ZeroShotVoices(store, builder, supported=False).prefix("anna")
+
+
+def test_plan_accepts_a_custom_voice_only_when_the_worker_knows_it() -> None:
+    info = ModelInfo(voices=("tara",), emotion_tags=(), source="test")
+    msg = Submit(stream_id=1, text="Hi.", voice="Anna")
+    with pytest.raises(BadRequest, match="unknown voice"):
+        plan_request(msg, LLMConfig(), info)
+    assert plan_request(msg, LLMConfig(), info, extra_voice=True).voice == "anna"
+
+
+# -- decoding the upload -------------------------------------------------------------------------
+
+CFG = VoicesConfig(min_seconds=3.0, max_seconds=8.0)
+
+
+@pytest.mark.parametrize(
+    ("container", "codec"),
+    [("wav", None), ("mp3", "libmp3lame"), ("ogg", "libopus"), ("flac", "flac")],
+)
+def test_any_format_pyav_reads_becomes_24k_mono(container: str, codec: str | None) -> None:
+    rate = 48_000 if codec == "libopus" else 44_100
+    x = tone(4.0, rate, channels=2 if codec is None else 1)
+    data = wav_bytes(x, rate) if codec is None else encoded_bytes(x, rate, container, codec)
+    pcm = decode_reference(data, CFG)
+    assert pcm.dtype == np.float32
+    assert abs(len(pcm) / RATE - 4.0) < 0.1
+    assert 0.1 < float(np.abs(pcm).max()) <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (b"this is not audio at all" * 100, "invalid_audio"),
+        (wav_bytes(tone(1.0), RATE), "audio_too_short"),
+        (wav_bytes(tone(9.0), RATE), "audio_too_long"),
+        (wav_bytes(np.zeros((RATE * 4, 1), np.float32), RATE), "audio_silent"),
+        (wav_bytes(tone(4.0, 8000), 8000), "unsupported_sample_format"),
+    ],
+    ids=["not-audio", "too-short", "too-long", "silent", "8khz"],
+)
+def test_bad_clips_are_named(data: bytes, code: str) -> None:
+    with pytest.raises(APIError) as e:
+        decode_reference(data, CFG)
+    assert e.value.status == 400 and e.value.code == code, e.value.message
+
+
+# -- the HTTP API, with the real SNAC encoder on the encode socket --------------------------------
+
+
+@pytest.fixture
+def encode_server(layout: InstanceLayout) -> Iterator[EncodeServer]:
+    snac = fuse_weight_norm(random_snac(5, SNAC_24KHZ_SMALL))
+    srv = EncodeServer(VoiceEncoder(snac), layout.encode)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def _form(
+    name: str | None, audio: bytes | None, transcript: str | None, **extra: str
+) -> aiohttp.FormData:
+    f = aiohttp.FormData(default_to_multipart=True)
+    if name is not None:
+        f.add_field("name", name)
+    if transcript is not None:
+        f.add_field("transcript", transcript)
+    for k, v in extra.items():
+        f.add_field(k, v)
+    if audio is not None:
+        f.add_field("audio", audio, filename="clip.wav", content_type="audio/wav")
+    return f
+
+
+def _serve(tmp_path: Path, zero_shot: bool = True, **voices: object) -> dict[str, object]:
+    return {
+        "voices": VoicesConfig(state_dir=str(tmp_path), max_seconds=8.0, **voices),  # type: ignore[arg-type]
+        "llm": LLMConfig(zero_shot=zero_shot, voices=["tara", "leah"]),
+    }
+
+
+async def test_create_list_delete_over_http(
+    layout: InstanceLayout, tmp_path: Path, encode_server: EncodeServer
+) -> None:
+    clip = wav_bytes(tone(3.5, 44_100), 44_100)
+    async with (
+        running_gateway(layout, serve=_serve(tmp_path, max_voices=2)) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        async with s.post(
+            f"{h.url}/v1/audio/voices", data=_form("Anna", clip, "Hello.", description="warm")
+        ) as r:
+            body = await r.json()
+            assert r.status == 201, body
+        assert body["id"] == "anna" and body["frames"] == math.ceil(3.5 * RATE / 2048)
+        assert encode_server.served == 1
+        async with s.get(f"{h.url}/v1/audio/voices") as r:
+            listing = await r.json()
+        assert listing["voices"] == ["tara", "leah", "anna"] and listing["zero_shot"] is True
+        assert listing["custom"][0]["description"] == "warm"
+        stored = VoiceStore(tmp_path).get("anna")
+        assert stored is not None and stored.frames == body["frames"]
+        # every bad input gets its 4xx, named
+        cases = [
+            (_form("anna", clip, "Hi."), 409, "voice_exists"),
+            (_form("alloy", clip, "Hi."), 409, "voice_exists"),
+            (_form("tara", clip, "Hi."), 409, "voice_exists"),
+            (_form("b", clip, "   "), 400, "empty_transcript"),
+            (_form("b", clip, None), 400, "empty_transcript"),
+            (_form("b c", clip, "Hi."), 400, "invalid_name"),
+            (_form("b", None, "Hi."), 400, "missing_audio"),
+            (_form("b", b"RIFF garbage" * 50, "Hi."), 400, "invalid_audio"),
+            (_form("b", wav_bytes(tone(1.0), RATE), "Hi."), 400, "audio_too_short"),
+            (_form("b", wav_bytes(tone(9.0), RATE), "Hi."), 400, "audio_too_long"),
+            (_form("b", wav_bytes(np.zeros((RATE * 4, 1), np.float32), RATE), "Hi."), 400, "audio_silent"),
+            (_form("b", wav_bytes(tone(4.0, 8000), 8000), "Hi."), 400, "unsupported_sample_format"),
+        ]  # fmt: skip
+        for form, status, code in cases:
+            async with s.post(f"{h.url}/v1/audio/voices", data=form) as r:
+                err = await r.json()
+                assert (r.status, err["error"]["code"]) == (status, code), err
+        async with s.post(f"{h.url}/v1/audio/voices", json={"name": "x"}) as r:
+            assert r.status == 400
+        async with s.post(f"{h.url}/v1/audio/voices", data=_form("bob", clip, "Hi.")) as r:
+            assert r.status == 201
+        async with s.post(f"{h.url}/v1/audio/voices", data=_form("carl", clip, "Hi.")) as r:
+            err = await r.json()
+            assert (r.status, err["error"]["code"]) == (409, "too_many_voices")
+        async with s.delete(f"{h.url}/v1/audio/voices/anna") as r:
+            assert r.status == 200 and (await r.json())["deleted"] is True
+        async with s.delete(f"{h.url}/v1/audio/voices/anna") as r:
+            assert r.status == 404
+        async with s.delete(f"{h.url}/v1/audio/voices/tara") as r:
+            assert r.status == 400
+        assert VoiceStore(tmp_path).ids() == ["bob"]
+
+
+async def test_upload_limit_and_unsupported_model(
+    layout: InstanceLayout, tmp_path: Path, encode_server: EncodeServer
+) -> None:
+    clip = wav_bytes(tone(3.5), RATE)
+    async with (
+        running_gateway(layout, serve=_serve(tmp_path, max_upload_bytes=50_000)) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        async with s.post(f"{h.url}/v1/audio/voices", data=_form("a", clip, "Hi.")) as r:
+            assert r.status == 413
+    async with (
+        running_gateway(layout, serve=_serve(tmp_path, zero_shot=False)) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        async with s.post(f"{h.url}/v1/audio/voices", data=_form("a", clip, "Hi.")) as r:
+            err = await r.json()
+        assert r.status == 400 and err["error"]["code"] == "zero_shot_unsupported"
+        assert "zero-shot" in err["error"]["message"]
+    assert encode_server.served == 0
+
+
+async def test_codec_worker_away_is_a_503(layout: InstanceLayout, tmp_path: Path) -> None:
+    serve = _serve(tmp_path, encode_timeout_s=0.5)
+    async with running_gateway(layout, serve=serve) as h, aiohttp.ClientSession() as s:
+        async with s.post(
+            f"{h.url}/v1/audio/voices", data=_form("a", wav_bytes(tone(3.5), RATE), "Hi.")
+        ) as r:
+            err = await r.json()
+        assert r.status == 503 and err["error"]["code"] == "codec_unavailable"
+    assert VoiceStore(tmp_path).ids() == []
+
+
+def test_messages_are_structs() -> None:
+    from shm.messages import (
+        EncodeReply,
+        EncodeRequest,
+        encode_reply_decoder,
+        encode_request_decoder,
+    )
+
+    raw = msgspec.msgpack.encode(EncodeRequest(3, b"\x00" * 8))
+    assert encode_request_decoder.decode(raw).request_id == 3
+    assert (
+        encode_reply_decoder.decode(msgspec.msgpack.encode(EncodeReply(3, error="x"))).error == "x"
+    )
+    asyncio.get_event_loop_policy()  # (asyncio imported for the async tests' plugin)
+
+
+def test_zero_shot_support_is_the_models_configuration(tmp_path: Path) -> None:
+    import json
+
+    from llm_worker.model_info import load_model_info
+
+    (tmp_path / "config.json").write_text(json.dumps({"orpheus": {"voices": ["tara"]}}))
+    assert load_model_info(LLMConfig(model=str(tmp_path))).zero_shot is False
+    assert load_model_info(LLMConfig(model=str(tmp_path), zero_shot=True)).zero_shot is True
+    (tmp_path / "config.json").write_text(
+        json.dumps({"orpheus": {"voices": ["tara"], "zero_shot": True}})
+    )
+    assert load_model_info(LLMConfig(model=str(tmp_path))).zero_shot is True
+    from llm_worker.tiny_model import _model_config
+
+    assert _model_config()["orpheus"]["zero_shot"] is True, "the test model declares it"
+
+
+async def test_two_gateways_see_the_same_voices(
+    layout: InstanceLayout, tmp_path: Path, encode_server: EncodeServer
+) -> None:
+    """Two gateway instances on one state directory: made through one, listed and deleted
+    through the other."""
+    import tempfile
+
+    from shm.segments import destroy_instance
+
+    other = InstanceLayout(
+        instance=f"orpheus-{os.getpid()}-t{os.urandom(3).hex()}",
+        run_dir=tempfile.mkdtemp(prefix="orpheus-test-"),
+    )
+    os.makedirs(other.socket_dir)
+    serve = _serve(tmp_path)
+    try:
+        async with (
+            running_gateway(layout, serve=serve) as a,
+            running_gateway(other, serve=serve) as b,
+            aiohttp.ClientSession() as s,
+        ):
+            clip = wav_bytes(tone(3.5), RATE)
+            async with s.post(f"{a.url}/v1/audio/voices", data=_form("shared", clip, "Hi.")) as r:
+                assert r.status == 201
+            async with s.get(f"{b.url}/v1/audio/voices") as r:
+                assert "shared" in (await r.json())["voices"]
+            async with s.post(f"{b.url}/v1/audio/voices", data=_form("shared", clip, "Hi.")) as r:
+                assert r.status == 409
+            async with s.delete(f"{b.url}/v1/audio/voices/shared") as r:
+                assert r.status == 200
+            async with s.get(f"{a.url}/v1/audio/voices") as r:
+                assert "shared" not in (await r.json())["voices"]
+    finally:
+        destroy_instance(other)
+        os.rmdir(other.run_dir)
+
+
+def test_voice_configuration_is_checked() -> None:
+    from orchestrator.settings import ConfigError, load_config
+
+    for bad in (
+        {"llm": {"max_lora_rank": 12}},
+        {"voices": {"min_seconds": 40.0}},
+        {"llm": {"lora_voices": {"bad name": {"path": "/x"}}}},
+        {"llm": {"voices": ["tara"], "lora_voices": {"tara": {"path": "/x"}}}},
+    ):
+        with pytest.raises(ConfigError):
+            load_config(None, bad, {})
+    ok = load_config(None, {"llm": {"lora_voices": {"ava": {"path": "/x"}}}}, {})
+    assert ok.llm.lora_enabled and ok.llm.lora_voices["ava"].path == "/x"
