@@ -122,11 +122,10 @@ def check_sampling() -> dict[str, Any]:
 def check_sampler() -> dict[str, Any]:
     import os
 
+    from vllm.v1.sample.ops.topk_topp_sampler import flashinfer_sampler_supported
     from vllm.v1.sample.sampler import Sampler
 
     from llm_worker.engine import prepare_engine_environment
-
-    from vllm.v1.sample.ops.topk_topp_sampler import flashinfer_sampler_supported
 
     prepare_engine_environment()
     sampler = Sampler()  # V1's
