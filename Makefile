@@ -63,7 +63,7 @@ demo: install
 
 test: install checkov install-vllm025
 	-scripts/vllm033/fetch_source.sh $(VLLM033_SRC)
-	ORPHEUS_VLLM033_SRC=$(VLLM033_SRC) $(BIN)/python -m pytest -q -ra
+	VLLM033_SOURCE_DIR=$(VLLM033_SRC) $(BIN)/python -m pytest -q -ra
 	@echo "== the engine-facing tests again, on vLLM 0.25.1 (the GPU machine's version)"
 	$(VENV025)/bin/python -m pytest -q -ra $(VLLM025_TESTS)
 

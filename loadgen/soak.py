@@ -12,7 +12,8 @@ Examples::
 
 - ``complete``: an HTTP stream read to its end; its audio length is checked;
 - ``disconnect``: an HTTP stream dropped by the client at a random point;
-- ``ws_cancel``: a WebSocket stream cancelled (``{"type": "cancel"}``) after some audio;
+- ``ws_cancel``: a vLLM-Omni WebSocket session closed by the client after some audio (a
+  barge-in: the generation is cancelled into vLLM);
 - ``slow_reader``: an HTTP stream read in small pieces with pauses (a slow network);
 - ``bad_request``: an invalid request (unknown voice, empty input, bad JSON): must be 400;
 
@@ -47,6 +48,8 @@ from orchestrator import proctree
 from shm.ring import SHM_DIR
 
 BYTES_PER_FRAME = 2048 * 2
+WS_REFUSALS = {"server_busy": 429, "queue_timeout": 429, "draining": 503, "workers_not_ready": 503}
+"""Error codes with which the gateway refuses a stream it cannot admit (and their HTTP status)."""
 SCENARIOS = {
     "complete": 4,
     "disconnect": 2,
@@ -279,15 +282,18 @@ class Soak:
                 s.detail = f"{s.audio_bytes} bytes, expected {frames * BYTES_PER_FRAME}"
 
     async def _ws_cancel(self, session: aiohttp.ClientSession, s: Stream, frames: int) -> None:
+        """vLLM-Omni's streaming protocol at /v1/audio/speech/stream: a barge-in is the client
+        closing the socket after some audio, which cancels the generation into vLLM."""
         t_sent = time.monotonic()
         hang = self.args.hang_s
         body = self._body(frames)
-        start = {"type": "start", "input": body["input"], "voice": body["voice"],
-                 "final": True, "max_tokens": body["max_tokens"]}  # fmt: skip
+        config = {"type": "session.config", "voice": body["voice"], "response_format": "pcm",
+                  "stream_audio": True, "split_granularity": "none"}  # fmt: skip
         async with session.ws_connect(f"{self.url}/v1/audio/speech/stream") as ws:
-            await ws.send_str(json.dumps(start))
+            await ws.send_str(json.dumps(config))
+            await ws.send_str(json.dumps({"type": "input.text", "text": body["input"]}))
+            await ws.send_str('{"type": "input.done"}')
             cancel_after = self.rng.randint(1, 4) * BYTES_PER_FRAME
-            cancelled = False
             while True:
                 try:
                     msg = await ws.receive(timeout=hang)
@@ -297,24 +303,28 @@ class Soak:
                 if msg.type == aiohttp.WSMsgType.BINARY:
                     self._got_first(s, t_sent)
                     s.audio_bytes += len(msg.data)
-                    if not cancelled and s.audio_bytes >= cancel_after:
-                        await ws.send_str('{"type": "cancel"}')
-                        cancelled = True
+                    if s.audio_bytes >= cancel_after:
+                        await ws.close()  # the barge-in
+                        s.status, s.outcome = 200, "cancelled"
+                        return
                 elif msg.type == aiohttp.WSMsgType.TEXT:
                     data = json.loads(msg.data)
-                    if data.get("type") == "done":
-                        s.status = 200
-                        s.outcome = "cancelled" if data.get("reason") == "cancelled" else "ok"
-                        s.detail = str(data.get("reason"))
-                        return
-                    if data.get("type") == "error":
-                        s.detail = str(data)[:200]  # the close that follows tells its status
-                else:  # closed: 4000 + the HTTP status for an error
-                    if ws.close_code in (4429, 4503):
-                        s.outcome, s.status = "refused", ws.close_code - 4000
-                    else:
-                        s.outcome = "cancelled" if cancelled else "failed"
-                        s.detail = f"closed {ws.close_code} {s.detail}".strip()
+                    kind = data.get("type")
+                    if kind == "error":
+                        s.detail = str(data)[:200]
+                        if data.get("code") in WS_REFUSALS:
+                            s.outcome, s.status = "refused", WS_REFUSALS[data["code"]]
+                            return
+                    elif kind in ("audio.done", "session.done"):
+                        if data.get("error"):
+                            s.outcome = "failed"
+                            return
+                        if kind == "session.done" or s.audio_bytes:
+                            s.status, s.outcome = 200, "ok"
+                            return
+                else:
+                    s.outcome = "failed"
+                    s.detail = f"closed {ws.close_code} {s.detail}".strip()
                     return
 
     async def _bad_request(self, session: aiohttp.ClientSession, s: Stream) -> None:

@@ -6,7 +6,7 @@ Parametrized over two sources (tests/vllm_source.py):
   0.25.1 in .venv-vllm025);
 - vLLM 0.33's source (what ``pip install vllm`` gives on an H100: CUDA only, Model Runner
   V2 by default), fetched by scripts/vllm033/fetch_source.sh and read with ``ast`` alone.
-  ``ORPHEUS_VLLM033_SRC`` names the directory (default: the script's cache). Without a
+  ``VLLM033_SOURCE_DIR`` names the directory (default: the script's cache). Without a
   network the fetch fails and these cases skip, saying so.
 
 The names checked are read from the project's files wherever they can be (its vLLM
@@ -54,7 +54,7 @@ V2_PROCESSORS_SINCE = (0, 32)
 
 
 def vllm033_dir() -> Path:
-    if env := os.environ.get("ORPHEUS_VLLM033_SRC"):
+    if env := os.environ.get("VLLM033_SOURCE_DIR"):
         return Path(env)
     cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache_home / "orpheus-serve" / f"vllm-{VLLM033}-src"
