@@ -33,7 +33,7 @@ from gateway.service import Gateway
 from gateway.speech_http import Handler
 from gateway.streams import StreamFailed
 from gateway.text_units import Unit, UnitSplitter
-from gateway.utterance import Lane, drain_while_open, speak_unit
+from gateway.utterance import Lane, drain_while_open, serve_websocket, speak_unit
 from shm.messages import SamplingOverrides
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,6 @@ PATH = "/v1/baseten/orpheus/websocket"
 API = "baseten"
 END = "__END__"
 UNIT_MAX_CHARS = 280
-HEARTBEAT_S = 30.0
 
 
 class StartMessage(msgspec.Struct, kw_only=True):
@@ -178,15 +177,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
 
 
 def baseten_handler(gateway: Gateway) -> Handler:
-    g = gateway.config.gateway
-
     async def orpheus_websocket(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=g.max_body_bytes, heartbeat=HEARTBEAT_S)
-        await ws.prepare(request)
-        with contextlib.suppress(ConnectionError):
-            await _serve(ws, request, gateway)
-        if not ws.closed:
-            await ws.close()
-        return ws
+        return await serve_websocket(request, gateway, lambda ws: _serve(ws, request, gateway))
 
     return orpheus_websocket

@@ -55,7 +55,7 @@ from gateway.service import Gateway
 from gateway.speech_http import Handler, read_body
 from gateway.streams import StreamFailed
 from gateway.text_units import Unit, UnitSplitter
-from gateway.utterance import Lane, pcm_ms, speak_unit
+from gateway.utterance import Lane, pcm_ms, serve_websocket, speak_unit
 from shm.messages import SamplingOverrides
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,6 @@ MAX_CONTEXTS = 16
 """Open contexts per socket (ElevenLabs allows 5; clients that leave contexts open while
 they start new ones are common, so this is more generous)."""
 UNIT_MAX_CHARS = 280
-HEARTBEAT_S = 30.0
 
 
 def output_format(request: web.Request) -> OutputFormat:
@@ -338,19 +337,15 @@ def _inactivity(request: web.Request) -> float:
 
 
 def multi_stream_handler(gateway: Gateway) -> Handler:
-    g = gateway.config.gateway
-
     async def multi_stream_input(request: web.Request) -> web.StreamResponse:
         fmt = output_format(request)  # refused with an HTTP error before the upgrade
         voice = voice_of(request, gateway)
         inactivity_s = _inactivity(request)
-        ws = web.WebSocketResponse(max_msg_size=g.max_body_bytes, heartbeat=HEARTBEAT_S)
-        await ws.prepare(request)
-        with contextlib.suppress(ConnectionError):
-            await _serve_ws(ws, request, gateway, voice, fmt, inactivity_s)
-        if not ws.closed:
-            await ws.close()
-        return ws
+        return await serve_websocket(
+            request,
+            gateway,
+            lambda ws: _serve_ws(ws, request, gateway, voice, fmt, inactivity_s),
+        )
 
     return multi_stream_input
 

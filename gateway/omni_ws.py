@@ -45,14 +45,13 @@ from gateway.service import Gateway
 from gateway.speech_http import Handler
 from gateway.streams import StreamFailed
 from gateway.text_units import Granularity, Unit, UnitSplitter
-from gateway.utterance import Lane, drain_while_open, pcm_ms, speak_unit
+from gateway.utterance import Lane, drain_while_open, pcm_ms, serve_websocket, speak_unit
 from shm.messages import SamplingOverrides
 
 log = logging.getLogger(__name__)
 
 OMNI_PATH = "/v1/audio/speech/stream"
 API = "ws"
-HEARTBEAT_S = 30.0
 UNIT_MAX_CHARS = 280
 
 OmniFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac", "ulaw", "alaw"]
@@ -431,15 +430,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
 
 
 def omni_handler(gateway: Gateway) -> Handler:
-    g = gateway.config.gateway
-
     async def speech_stream(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=g.max_body_bytes, heartbeat=HEARTBEAT_S)
-        await ws.prepare(request)
-        with contextlib.suppress(ConnectionError):
-            await _serve(ws, request, gateway)
-        if not ws.closed:
-            await ws.close()
-        return ws
+        return await serve_websocket(request, gateway, lambda ws: _serve(ws, request, gateway))
 
     return speech_stream

@@ -145,3 +145,25 @@ async def drain_while_open(ws: web.WebSocketResponse, lane: Lane) -> bool:
         return True
     await lane.cancel()
     return False
+
+
+WS_HEARTBEAT_S = 30.0
+"""Ping interval of the streaming WebSocket protocols: a dead peer is noticed within two."""
+
+
+async def serve_websocket(
+    request: web.Request,
+    gateway: Gateway,
+    serve: Callable[[web.WebSocketResponse], Awaitable[None]],
+) -> web.WebSocketResponse:
+    """Upgrade ``request``, run one protocol's ``serve`` on the socket, close it however that
+    ended (a client gone mid-write is the normal end of a barge-in, not an error)."""
+    ws = web.WebSocketResponse(
+        max_msg_size=gateway.config.gateway.max_body_bytes, heartbeat=WS_HEARTBEAT_S
+    )
+    await ws.prepare(request)
+    with contextlib.suppress(ConnectionError):
+        await serve(ws)
+    if not ws.closed:
+        await ws.close()
+    return ws
