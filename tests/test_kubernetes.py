@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.app import build_app
 from gateway.metrics import GatewayMetrics
+from gateway.service import Gateway
 from gateway.zmq_protocol import endpoint_for
 from orchestrator.config import ServeConfig
 from orchestrator.settings import load_config
@@ -37,6 +38,15 @@ from orchestrator.supervisor import STOP_GRACE_S
 from shm.admission import segment_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _routes_only_gateway() -> Gateway:
+    """What ``build_app`` reads of a gateway to lay out its routes (no process behind it)."""
+    return SimpleNamespace(  # type: ignore[return-value]
+        config=ServeConfig(), custom_voices=None, voices=SimpleNamespace(listing=None)
+    )
+
+
 KUBE = ROOT / "deploy" / "kubernetes"
 OVERLAYS = {"gpu": "orpheus", "gpu-hpa": "orpheus", "cpu-dev": "orpheus-dev"}
 """Each overlay and the namespace it deploys to."""
@@ -114,7 +124,7 @@ def served_config(objs: list[Obj], tmp: Path) -> ServeConfig:
 @functools.cache
 def routes() -> set[tuple[str, str]]:
     """(method, path) of every route of the gateway's aiohttp application."""
-    app = build_app(SimpleNamespace(config=ServeConfig()))  # type: ignore[arg-type]
+    app = build_app(_routes_only_gateway())
     return {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource}
 
 
