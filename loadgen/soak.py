@@ -129,7 +129,7 @@ EXPECTED = {
     "disconnect": {"disconnected", "ok", "refused"},
     "ws_cancel": {"cancelled", "ok", "refused"},
     "slow_reader": {"ok", "refused"},
-    "bad_request": {"rejected"},
+    "bad_request": {"rejected", "refused"},  # admission is decided before the voice is read
     "flood": {"ok", "refused"},
 }
 
@@ -340,7 +340,8 @@ class Soak:
             req = session.post(url, json=body)
         async with req as r:
             s.status = r.status
-            s.outcome = "rejected" if r.status == 400 else "failed"
+            refused = r.status in (429, 503) and "Retry-After" in r.headers
+            s.outcome = "rejected" if r.status == 400 else "refused" if refused else "failed"
             s.detail = kind if r.status == 400 else f"{kind}: {r.status}"
 
     async def run_one(self, session: aiohttp.ClientSession, scenario: str) -> None:

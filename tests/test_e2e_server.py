@@ -167,8 +167,9 @@ def test_client_disconnect_cancels_into_vllm(server: Server) -> None:
     assert server.metric("orpheus_gateway_active_streams") == 0
 
 
-async def _elevenlabs_barge_in(url: str) -> tuple[int, bool]:
-    ws_url = url + "/v1/text-to-speech/tara/multi-stream-input?output_format=pcm_16000"
+async def _elevenlabs_barge_in(server: Server) -> tuple[int, bool, float]:
+    ws_url = server.url + "/v1/text-to-speech/tara/multi-stream-input?output_format=pcm_16000"
+    running = 0.0
     audio = 0
     async with aiohttp.ClientSession() as session, session.ws_connect(ws_url) as ws:
         await ws.send_json({"text": " ", "context_id": "turn"})
@@ -179,26 +180,30 @@ async def _elevenlabs_barge_in(url: str) -> tuple[int, bool]:
             msg = json.loads((await ws.receive(120)).data)
             assert "error" not in msg, msg
             audio += len(base64.b64decode(msg.get("audio") or ""))
+        # Whether the sentence is still generating when the user barges in (the random tiny
+        # model may have ended it already on a loaded machine: then there is nothing to cancel).
+        running = server.metric("vllm:num_requests_running")
         await ws.send_json({"context_id": "turn", "close_context": True})  # the user barges in
         while True:
             msg = json.loads((await ws.receive(60)).data)
             if msg.get("isFinal"):
-                return audio, True
+                return audio, True, running
 
 
 def test_elevenlabs_barge_in_aborts_the_vllm_request(server: Server) -> None:
     """A barge-in on the ElevenLabs multi-context socket (close_context with text still
     coming) cancels the context's generation all the way into vLLM."""
     before = server.metric("orpheus_llm_streams_total", outcome="cancelled")
-    audio, final = asyncio.run(_elevenlabs_barge_in(server.url))
+    audio, final, running_at_barge_in = asyncio.run(_elevenlabs_barge_in(server))
     assert audio > 0 and final
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         cancelled = server.metric("orpheus_llm_streams_total", outcome="cancelled")
         running = server.metric("vllm:num_requests_running")
-        if cancelled > before and running == 0:
+        if running == 0 and (cancelled > before or not running_at_barge_in):
             break
         time.sleep(0.5)
-    assert cancelled == before + 1, "the barge-in reached the llm_worker as a cancel"
+    if running_at_barge_in:
+        assert cancelled == before + 1, "the barge-in reached the llm_worker as a cancel"
     assert running == 0, "the vLLM request was aborted, not left generating"
     assert server.metric("orpheus_gateway_active_streams") == 0
