@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from shm.layout import pid_alive
 from shm.ring import SHM_DIR
 
 SLOT_BYTES = 64
@@ -67,16 +68,6 @@ class Others(NamedTuple):
 
 
 NOBODY = Others(0, 0, 0, -1)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class AdmissionBoard:
@@ -123,7 +114,7 @@ class AdmissionBoard:
             pid = int(slot[PID])
             if pid == 0:
                 continue
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 self._slots[i] = 0
                 continue
             active += int(slot[ACTIVE])

@@ -87,3 +87,14 @@ class InstanceLayout(msgspec.Struct, frozen=True):
 
     def all_rings(self) -> list[RingEndpoints]:
         return [self.code_ring, *(self.pcm_ring(i) for i in range(self.gateways))]
+
+
+def pid_alive(pid: int) -> bool:
+    """A process with this id exists (one of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

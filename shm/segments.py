@@ -14,21 +14,11 @@ import shutil
 
 from shm.admission import create_admission_segment, unlink_admission_segment
 from shm.config import ShmConfig
-from shm.layout import SEGMENT_PREFIX, InstanceLayout
+from shm.layout import SEGMENT_PREFIX, InstanceLayout, pid_alive
 from shm.ring import SHM_DIR, create_ring, unlink_ring
 
 log = logging.getLogger(__name__)
 _INSTANCE_RE = re.compile(rf"^{re.escape(SEGMENT_PREFIX)}(\d+)(?:-|$)")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def create_instance(layout: InstanceLayout, cfg: ShmConfig) -> None:
@@ -66,7 +56,7 @@ def remove_stale_instances(run_dir: str) -> list[str]:
             continue
         for name in names:
             m = _INSTANCE_RE.match(name)
-            if not m or _pid_alive(int(m.group(1))):
+            if not m or pid_alive(int(m.group(1))):
                 continue
             path = os.path.join(directory, name)
             if is_shm:
