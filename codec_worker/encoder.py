@@ -22,6 +22,7 @@ from snac import SNAC
 
 from codec_worker.levels import levels_to_frames
 from shm.messages import EncodeReply, control_encoder, encode_request_decoder
+from shm.records import CODE_DTYPE
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class VoiceEncoder:
             codes = self._encode(x)
         l0, l1, l2 = (c.cpu() for c in codes)
         frames = levels_to_frames(l0, l1, l2)[0]
-        return frames.numpy().astype("<i2")
+        return frames.numpy().astype(CODE_DTYPE)
 
     def _encode(self, x: torch.Tensor) -> list[torch.Tensor]:
         audio = self._snac.preprocess(x.reshape(1, 1, -1))

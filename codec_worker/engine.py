@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from codec_worker.config import CodecConfig
 from codec_worker.decoder import WindowDecoder, WindowKey, WindowPlan
-from codec_worker.levels import FRAME_CODES
+from common.codec_config import CodecConfig
+from shm.records import CODE_DTYPE, FRAME_CODES
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class DecodeEngine:
             for n in sizes:
                 if n > max(self.cfg.max_batch, MIN_COMPILED_ROWS):
                     continue
-                codes = np.zeros((key.frames, FRAME_CODES), np.int16)
+                codes = np.zeros((key.frames, FRAME_CODES), CODE_DTYPE)
                 self.submit([(key, [DecodeRequest(codes, 0, 0)] * n)]).wait()
         dt = time.perf_counter() - t0
         log.info(

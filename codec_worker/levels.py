@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-FRAME_CODES = 7
-CODEBOOK_SIZE = 4096
+from shm.records import CODEBOOK_SIZE
+
 SLOT_ORDER = (0, 1, 4, 2, 3, 5, 6)
 """Slots regrouped by level: [level 0 | level 1 (2 codes) | level 2 (4 codes)]."""
 

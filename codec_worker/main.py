@@ -9,14 +9,12 @@ flight, dispatch the next, sleep on the ring's doorbell when there is nothing to
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
 from types import FrameType
 
 import torch
-import zmq
 from snac import SNAC
 
 from codec_worker import metrics
@@ -28,17 +26,15 @@ from codec_worker.output import RingSink
 from codec_worker.profiling import CodecProfiler
 from codec_worker.service import CodecService
 from codec_worker.snac_model import load_snac
-from orchestrator.config import ServeConfig
-from orchestrator.heap import settle as settle_heap
-from orchestrator.profiling import ProfileTrigger
+from common.config import ServeConfig
+from common.link import WorkerLink
+from common.profiling import ProfileTrigger
 from shm.layout import InstanceLayout
-from shm.messages import Heartbeat, WorkerReady, control_encoder
 from shm.ring import RingReader, RingWriter
 
 log = logging.getLogger(__name__)
 
 ROLE = "codec"
-HEARTBEAT_S = 1.0
 MAX_SLEEP_S = 0.25
 
 
@@ -86,10 +82,7 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
     ]
     sink = RingSink(writers, cfg.pcm_stall_timeout_s)
     service = CodecService(cfg, engine, sink, layout.gateways)
-    orch = zmq.Context.instance().socket(zmq.PUSH)
-    orch.setsockopt(zmq.LINGER, 0)
-    orch.connect(layout.orch)
-    pid = os.getpid()
+    link = WorkerLink(layout.orch, ROLE)
     detail = (
         f"SNAC from {cfg.model} on {config.device}, compile={cfg.compile}, "
         f"warm-up {warm_s:.1f}s, loaded in {time.monotonic() - t0:.1f}s"
@@ -99,11 +92,9 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
     if trigger is not None:
         profiler = CodecProfiler(trigger, engine)
         log.info("profiling hooks armed: %s", trigger.directory)
-    settle_heap()  # start-up is over: keep the collector off the model and the imports
-    orch.send(control_encoder.encode(WorkerReady(ROLE, pid, detail)))
+    link.ready(detail)
     log.info("codec worker ready: %s", detail)
     try:
-        next_beat = 0.0
         while not stop.is_set():
             records = reader.poll()
             if records:
@@ -111,9 +102,7 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
                 reader.release()
             service.pump()
             now = time.monotonic()
-            if now >= next_beat:
-                next_beat = now + HEARTBEAT_S
-                orch.send(control_encoder.encode(Heartbeat(ROLE, pid, len(service.streams))))
+            if link.beat_if_due(len(service.streams), now):
                 _observe_rings(reader, sink, layout)
                 if profiler is not None:
                     profiler.check_trigger()
@@ -121,7 +110,7 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
                 profiler.finish()
             if service.busy or reader.has_data():
                 continue
-            sleep = min(service.next_wakeup_s(now), next_beat - now, MAX_SLEEP_S)
+            sleep = min(service.next_wakeup_s(now), link.seconds_to_beat(now), MAX_SLEEP_S)
             if sleep > 0:
                 reader.wait(sleep)
         service.drain()
@@ -129,7 +118,7 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
         if profiler is not None:
             profiler.finish()
         encoder.stop()
-        orch.close(linger=0)
+        link.close()
         reader.close()
         for w in writers:
             w.close()

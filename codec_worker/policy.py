@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from codec_worker.config import CodecConfig
 from codec_worker.decoder import WindowKey
-from codec_worker.levels import FRAME_CODES
-from shm.records import SAMPLE_RATE, SAMPLES_PER_FRAME, StreamEnd
+from common.codec_config import CodecConfig
+from shm.records import CODE_DTYPE, FRAME_CODES, SAMPLE_RATE, SAMPLES_PER_FRAME, StreamEnd
 
 FRAME_S = SAMPLES_PER_FRAME / SAMPLE_RATE
 
@@ -36,7 +35,7 @@ class StreamState:
     gateway: int
     seed: int
     created: float
-    frames: np.ndarray = field(default_factory=lambda: np.empty((64, FRAME_CODES), np.int16))
+    frames: np.ndarray = field(default_factory=lambda: np.empty((64, FRAME_CODES), CODE_DTYPE))
     base: int = 0
     """Absolute index of ``frames[0]``; older frames were dropped once no window needs them."""
     received: int = 0
@@ -63,7 +62,7 @@ class StreamState:
             cap = self.frames.shape[0]
             if keep + n > cap // 2:
                 cap = max(cap * 2, 1 << (keep + n).bit_length())
-            buf = np.empty((cap, FRAME_CODES), np.int16) if cap != self.frames.shape[0] else None
+            buf = np.empty((cap, FRAME_CODES), CODE_DTYPE) if cap != self.frames.shape[0] else None
             target = self.frames if buf is None else buf
             target[:keep] = self.frames[drop:stored]
             self.frames = target

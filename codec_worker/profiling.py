@@ -1,6 +1,6 @@
 """The codec worker's profiling hook: one torch-profiler capture per trigger.
 
-Armed by ``ORPHEUS_PROFILE_DIR`` (orchestrator.profiling). The main loop checks the trigger
+Armed by ``ORPHEUS_PROFILE_DIR`` (common.profiling). The main loop checks the trigger
 with its heartbeat (once a second) and, while a capture runs, whether it is over: an
 attribute read per loop iteration. The trace is ``DIR/codec-<pid>.pt.trace.json.gz``.
 """
@@ -17,7 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity
 
 from codec_worker.engine import DecodeEngine
-from orchestrator.profiling import ProfileTrigger
+from common.profiling import ProfileTrigger
 
 log = logging.getLogger(__name__)
 

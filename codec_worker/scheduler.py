@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from codec_worker.config import CodecConfig
 from codec_worker.policy import StreamState, Window, WindowPolicy
+from common.codec_config import CodecConfig
 
 _EWMA = 0.2
 

@@ -26,15 +26,18 @@ import msgspec
 import numpy as np
 
 from codec_worker import metrics
-from codec_worker.config import CodecConfig
 from codec_worker.decoder import WindowKey
 from codec_worker.engine import DecodeEngine, DecodeRequest, PendingBatch
-from codec_worker.levels import FRAME_CODES, invalid_code_count
+from codec_worker.levels import invalid_code_count
 from codec_worker.noise import decode_seed
 from codec_worker.output import RecordSink
 from codec_worker.policy import StreamState, Window, WindowPolicy
 from codec_worker.scheduler import Scheduler
+from common.codec_config import CodecConfig
 from shm.records import (
+    CODE_DTYPE,
+    FRAME_BYTES,
+    FRAME_CODES,
     RecordKind,
     StreamEnd,
     StreamError,
@@ -45,7 +48,6 @@ from shm.records import (
 
 log = logging.getLogger(__name__)
 
-FRAME_BYTES = FRAME_CODES * 2
 DEAD_TTL_S = 600.0
 """How long ids of failed streams are remembered if the llm_worker never ends them."""
 
@@ -118,7 +120,7 @@ class CodecService:
         elif len(payload) % FRAME_BYTES:
             self._fail(s, "bad_codes", f"codes payload of {len(payload)} bytes is not whole frames")
         else:
-            codes = np.frombuffer(payload, dtype="<i2").reshape(-1, FRAME_CODES)
+            codes = np.frombuffer(payload, dtype=CODE_DTYPE).reshape(-1, FRAME_CODES)
             bad = invalid_code_count(codes)
             if bad:
                 self._fail(s, "bad_codes", f"{bad} codes outside [0, 4096) from frame {seq}")

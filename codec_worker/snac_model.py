@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -120,32 +119,3 @@ def load_snac(name_or_path: str, device: torch.device | str = "cpu", *, fuse: bo
     if fuse:
         fuse_weight_norm(model)
     return model.to(device)
-
-
-def random_snac(seed: int, config: dict[str, Any] | None = None) -> SNAC:
-    """SNAC's architecture with deterministic random weights (PyTorch's default init)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = SNAC(**(config or SNAC_24KHZ))
-    return model.float().eval().requires_grad_(False)
-
-
-def write_random_snac(
-    directory: str | os.PathLike[str], seed: int = 0, config: dict[str, Any] | None = None
-) -> Path:
-    """Write the real 24 kHz architecture (or ``config``) with random weights in the
-    checkpoint layout. The result loads with ``load_snac(directory)`` and with
-    ``SNAC.from_pretrained``.
-    """
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    config = config or SNAC_24KHZ
-    model = random_snac(seed, config)
-    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    torch.save(model.state_dict(), out / WEIGHTS_FILE)
-    (out / "README.txt").write_text(
-        "SNAC 24 kHz architecture with random weights (seed "
-        f"{seed}), written by orpheus-serve for tests and the demo.\n"
-        "Random weights: it decodes to noise, not speech.\n"
-    )
-    return out

@@ -14,7 +14,6 @@ Process entry point: ``gateway.main.run``. Modules, each with one job:
   ``alignment`` (estimated character and word times)
 - ``zmq_protocol``, ``zmq_server``, ``zmq_client``: the ZeroMQ protocol, server, client
 - ``metrics``: Prometheus metrics; ``static/index.html``: the playground page
-- ``synthetic_backend``, ``bench``, ``bench_client``: test/benchmark harness (not served)
 
 The API is documented in docs/api.md.
 """

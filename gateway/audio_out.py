@@ -31,7 +31,7 @@ from gateway.encoders import (
     make_encoder,
     wav_header,
 )
-from shm.records import SAMPLE_RATE
+from shm.records import PCM_DTYPE, SAMPLE_RATE
 
 Codec = Literal["pcm", "wav", "mp3", "opus", "aac", "flac", "ulaw", "alaw"]
 SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
@@ -116,7 +116,7 @@ class G711Encoder:
         self._table = g711_table(law)
 
     def encode(self, pcm: bytes) -> bytes:
-        samples = np.frombuffer(pcm, dtype="<i2").astype(np.int32) + 32768
+        samples = np.frombuffer(pcm, dtype=PCM_DTYPE).astype(np.int32) + 32768
         return self._table[samples].tobytes()
 
     def finish(self) -> bytes:
@@ -144,7 +144,7 @@ class Resampler:
     def encode(self, pcm: bytes) -> bytes:
         if not pcm:
             return b""
-        samples = np.frombuffer(pcm, dtype="<i2").reshape(1, -1)
+        samples = np.frombuffer(pcm, dtype=PCM_DTYPE).reshape(1, -1)
         frame = av.AudioFrame.from_ndarray(samples, format="s16", layout="mono")
         frame.sample_rate = self._in_rate
         frame.time_base = self._time_base

@@ -31,8 +31,8 @@ import zmq
 import zmq.asyncio
 from aiohttp import BodyPartReader, web
 
+from common.config import ServeConfig
 from gateway.errors import APIError
-from orchestrator.config import ServeConfig
 from shm.layout import InstanceLayout
 from shm.messages import (
     AdminReply,
@@ -44,6 +44,7 @@ from shm.messages import (
     control_encoder,
     encode_reply_decoder,
 )
+from shm.records import CODE_DTYPE, FRAME_CODES
 from shm.voices import (
     LoraRegistry,
     TooManyVoices,
@@ -256,7 +257,7 @@ class CustomVoices:
         reply: EncodeReply = encode_reply_decoder.decode(raw)
         if reply.error:
             raise APIError(500, "encode_failed", f"encoding the clip failed: {reply.error}")
-        return np.frombuffer(reply.codes, dtype="<i2").reshape(-1, 7)
+        return np.frombuffer(reply.codes, dtype=CODE_DTYPE).reshape(-1, FRAME_CODES)
 
     async def admin(self, msg: LoraLoad | LoraUnload) -> AdminReply:
         raw = await _call(self.ctx, self.layout.admin, msg, ADMIN_TIMEOUT_S)

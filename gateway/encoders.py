@@ -20,7 +20,7 @@ from typing import Protocol
 import av
 import numpy as np
 
-from shm.records import SAMPLE_RATE
+from shm.records import PCM_DTYPE, SAMPLE_RATE
 
 CONTENT_TYPES: dict[str, str] = {
     "pcm": "audio/pcm",
@@ -111,7 +111,7 @@ class WavEncoder:
 
 def pcm_frame(pcm: bytes, pts: int, rate: int = SAMPLE_RATE) -> av.AudioFrame:
     frame = av.AudioFrame.from_ndarray(
-        np.frombuffer(pcm, dtype=np.int16).reshape(1, -1), format="s16", layout="mono"
+        np.frombuffer(pcm, dtype=PCM_DTYPE).reshape(1, -1), format="s16", layout="mono"
     )
     frame.sample_rate = rate
     frame.time_base = _TIME_BASE if rate == SAMPLE_RATE else Fraction(1, rate)

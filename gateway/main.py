@@ -12,29 +12,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import resource
 import signal
 import socket
 
 import uvloop
-import zmq
 from aiohttp import web
 from prometheus_client import REGISTRY
 
+from common.config import ServeConfig
+from common.link import WorkerLink
 from gateway.app import build_app
 from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
 from gateway.zmq_protocol import endpoint_for
 from gateway.zmq_server import ZmqFrontend
-from orchestrator.config import ServeConfig
-from orchestrator.heap import settle as settle_heap
 from shm.layout import InstanceLayout
-from shm.messages import Heartbeat, WorkerReady, control_encoder
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = 1.0
 FIRST_STATUS_TIMEOUT_S = 10.0
 LISTEN_BACKLOG = 4096
 
@@ -109,31 +105,15 @@ async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None
         zmq_front = ZmqFrontend(gateway, endpoint_for(g.zmq_endpoint, index))
         zmq_task = asyncio.create_task(zmq_front.run(), name="zmq-frontend")
 
-    orch = zmq.Context.instance().socket(zmq.PUSH)
-    orch.setsockopt(zmq.LINGER, 0)
-    orch.setsockopt(zmq.SNDHWM, 16)
-    orch.connect(layout.orch)
-    pid = os.getpid()
     role = role_name(index)
-
-    def tell(msg: WorkerReady | Heartbeat) -> None:
-        with contextlib.suppress(zmq.Again):
-            orch.send(control_encoder.encode(msg), zmq.NOBLOCK)
-
+    link = WorkerLink(layout.orch, role)
     # Ready means able to serve: wait for the orchestrator's first ClusterStatus (it publishes
     # one every 0.5 s) so that the first request is not refused for want of it.
     if not await gateway.cluster.wait_first(FIRST_STATUS_TIMEOUT_S):
         log.warning("no ClusterStatus after %.0f s; reporting ready anyway", FIRST_STATUS_TIMEOUT_S)
-    settle_heap()  # start-up is over: keep the collector off the app and the imports
-    tell(WorkerReady(role=role, pid=pid, detail=f"http://{g.host}:{g.port}"))
-    log.info("%s listening on %s:%d (pid %d)", role, g.host, g.port, pid)
-
-    async def heartbeat() -> None:
-        while True:
-            tell(Heartbeat(role=role, pid=pid, active_streams=gateway.active_streams))
-            await asyncio.sleep(HEARTBEAT_S)
-
-    beat = asyncio.create_task(heartbeat(), name="heartbeat")
+    link.ready(f"http://{g.host}:{g.port}")
+    log.info("%s listening on %s:%d (pid %d)", role, g.host, g.port, link.pid)
+    beat = asyncio.create_task(link.beat_forever(lambda: gateway.active_streams), name="heartbeat")
     try:
         await stop.wait()
         gateway.begin_drain()
@@ -155,7 +135,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None
                 await zmq_task
         await gateway.close()
         await runner.cleanup()
-        orch.close(linger=0)
+        link.close()
 
 
 def run(config: ServeConfig, layout: InstanceLayout, index: int) -> None:

@@ -21,6 +21,7 @@ from types import TracebackType
 
 import msgspec
 
+from common.config import ServeConfig
 from gateway.admission import Admission
 from gateway.cluster import ClusterWatcher, worker_lost
 from gateway.custom_voices import CustomVoices
@@ -31,7 +32,6 @@ from gateway.schemas import SpeechParams, check_text
 from gateway.streams import PcmStream, StreamRegistry
 from gateway.upstream import ControlChannel, UpstreamUnavailable
 from gateway.voices import ENGLISH_VOICES, VoiceCatalog
-from orchestrator.config import ServeConfig
 from shm.admission import AdmissionBoard
 from shm.layout import InstanceLayout
 from shm.messages import ClusterStatus

@@ -23,9 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from llm_worker import tokens as T
-
-CODE_DTYPE = np.dtype("<i2")
-"""The ring's CODES payload: little-endian int16, slot order 0..6 per frame."""
+from shm.records import CODE_DTYPE, CODEBOOK_SIZE, FRAME_CODES
 
 
 class StepFrames(NamedTuple):
@@ -52,14 +50,14 @@ class FrameAssembler:
     """Maps audio tokens to frames for many streams at once; one row per stream."""
 
     def __init__(self, capacity: int = 64) -> None:
-        self._partial = np.zeros((0, T.FRAME_TOKENS), dtype=CODE_DTYPE)
+        self._partial = np.zeros((0, FRAME_CODES), dtype=CODE_DTYPE)
         self._partial_bad = np.zeros(0, dtype=bool)
         self._pos = np.zeros(0, dtype=np.int64)
         self._free: list[int] = []
         self._grow(capacity)
         # Scratch reused across calls (grown on demand): frames touched, and the output.
-        self._touched = np.zeros((0, T.FRAME_TOKENS), dtype=CODE_DTYPE)
-        self._out = np.zeros((0, T.FRAME_TOKENS), dtype=CODE_DTYPE)
+        self._touched = np.zeros((0, FRAME_CODES), dtype=CODE_DTYPE)
+        self._out = np.zeros((0, FRAME_CODES), dtype=CODE_DTYPE)
 
     # -- rows ---------------------------------------------------------------------------
 
@@ -68,7 +66,7 @@ class FrameAssembler:
         if capacity <= old:
             return
         self._partial = np.concatenate(
-            [self._partial, np.zeros((capacity - old, T.FRAME_TOKENS), dtype=CODE_DTYPE)]
+            [self._partial, np.zeros((capacity - old, FRAME_CODES), dtype=CODE_DTYPE)]
         )
         self._partial_bad = np.concatenate([self._partial_bad, np.zeros(capacity - old, bool)])
         self._pos = np.concatenate([self._pos, np.zeros(capacity - old, np.int64)])
@@ -100,7 +98,7 @@ class FrameAssembler:
 
     def pending_tokens(self, row: int) -> int:
         """Tokens of the row's incomplete frame (lost if the generation ends here)."""
-        return int(self._pos[row] % T.FRAME_TOKENS)
+        return int(self._pos[row] % FRAME_CODES)
 
     # -- mapping ------------------------------------------------------------------------
 
@@ -119,25 +117,25 @@ class FrameAssembler:
         entry_of_tok = np.repeat(np.arange(n_entries), lens)
         tok_start = np.cumsum(lens) - lens
         pos = p0[entry_of_tok] + (np.arange(len(tokens)) - tok_start[entry_of_tok])
-        slot = pos % T.FRAME_TOKENS
-        codes = tokens - T.AUDIO_TOKEN_BASE - slot * T.CODEBOOK_SIZE
-        invalid = (codes < 0) | (codes >= T.CODEBOOK_SIZE)
+        slot = pos % FRAME_CODES
+        codes = tokens - T.AUDIO_TOKEN_BASE - slot * CODEBOOK_SIZE
+        invalid = (codes < 0) | (codes >= CODEBOOK_SIZE)
 
         # Frames this step touches: per entry, from the one holding p0 to the one holding
         # the last new token; numbered consecutively across entries.
         has = lens > 0
-        first = p0 // T.FRAME_TOKENS
-        n_frames = np.where(has, (p0 + lens - 1) // T.FRAME_TOKENS - first + 1, 0)
+        first = p0 // FRAME_CODES
+        n_frames = np.where(has, (p0 + lens - 1) // FRAME_CODES - first + 1, 0)
         frame_base = np.cumsum(n_frames) - n_frames
         total = int(n_frames.sum())
-        frame_of_tok = frame_base[entry_of_tok] + pos // T.FRAME_TOKENS - first[entry_of_tok]
+        frame_of_tok = frame_base[entry_of_tok] + pos // FRAME_CODES - first[entry_of_tok]
 
         if len(self._touched) < total:
-            self._touched = np.zeros((2 * total, T.FRAME_TOKENS), dtype=CODE_DTYPE)
+            self._touched = np.zeros((2 * total, FRAME_CODES), dtype=CODE_DTYPE)
             self._out = np.zeros_like(self._touched)
         touched = self._touched[:total]
         # A frame begun in an earlier step resumes from the row's table.
-        resumed = has & (p0 % T.FRAME_TOKENS != 0)
+        resumed = has & (p0 % FRAME_CODES != 0)
         touched[frame_base[resumed]] = self._partial[rows[resumed]]
         bad = np.zeros(total, dtype=bool)
         bad[frame_base[resumed]] = self._partial_bad[rows[resumed]]
@@ -145,12 +143,12 @@ class FrameAssembler:
         touched[frame_of_tok, slot] = codes.astype(CODE_DTYPE, copy=False)
         bad[frame_of_tok[invalid]] = True
         complete = np.zeros(total, dtype=bool)
-        complete[frame_of_tok[slot == T.FRAME_TOKENS - 1]] = True
+        complete[frame_of_tok[slot == FRAME_CODES - 1]] = True
         keep = complete & ~bad
 
         # An entry ending mid-frame parks that frame in its row.
         end = p0 + lens
-        parked = has & (end % T.FRAME_TOKENS != 0)
+        parked = has & (end % FRAME_CODES != 0)
         last = frame_base + n_frames - 1
         self._partial[rows[parked]] = touched[last[parked]]
         self._partial_bad[rows[parked]] = bad[last[parked]]
@@ -170,18 +168,18 @@ class FrameAssembler:
         """The steady state of decoding: one new token per stream. The token goes straight
         into its row's frame; a slot-6 token completes it."""
         pos = self._pos[rows]
-        slot = pos % T.FRAME_TOKENS
-        codes = tokens - T.AUDIO_TOKEN_BASE - slot * T.CODEBOOK_SIZE
-        invalid = (codes < 0) | (codes >= T.CODEBOOK_SIZE)
+        slot = pos % FRAME_CODES
+        codes = tokens - T.AUDIO_TOKEN_BASE - slot * CODEBOOK_SIZE
+        invalid = (codes < 0) | (codes >= CODEBOOK_SIZE)
         self._partial[rows, slot] = codes.astype(CODE_DTYPE, copy=False)
         bad = np.where(slot == 0, invalid, self._partial_bad[rows] | invalid)
         self._partial_bad[rows] = bad
         self._pos[rows] = pos + 1
-        complete = slot == T.FRAME_TOKENS - 1
+        complete = slot == FRAME_CODES - 1
         keep = complete & ~bad
         n_keep = int(keep.sum())
         if len(self._out) < n_keep:
-            self._touched = np.zeros((2 * n_keep, T.FRAME_TOKENS), dtype=CODE_DTYPE)
+            self._touched = np.zeros((2 * n_keep, FRAME_CODES), dtype=CODE_DTYPE)
             self._out = np.zeros_like(self._touched)
         frames = self._out[:n_keep]
         np.take(self._partial, rows[keep], axis=0, out=frames)
@@ -195,5 +193,5 @@ class FrameAssembler:
 
 def frames_to_tokens(frames: np.ndarray) -> np.ndarray:
     """The audio token ids that encode ``frames`` ((n, 7) codes): the inverse mapping."""
-    offsets = T.AUDIO_TOKEN_BASE + np.arange(T.FRAME_TOKENS, dtype=np.int64) * T.CODEBOOK_SIZE
+    offsets = T.AUDIO_TOKEN_BASE + np.arange(FRAME_CODES, dtype=np.int64) * CODEBOOK_SIZE
     return (np.asarray(frames, dtype=np.int64) + offsets).reshape(-1)

@@ -26,7 +26,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
-from llm_worker.config import LLMConfig
+from common.llm_config import LLMConfig
 from llm_worker.model_info import find_model_file
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from itertools import count
 from vllm.lora.request import LoRARequest
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from llm_worker.config import LLMConfig
+from common.llm_config import LLMConfig
 from shm.messages import AdminReply, AdminRequest, LoraLoad, LoraUnload
 from shm.voices import LoraEntry, LoraRegistry, VoiceStore, voice_id
 

@@ -34,6 +34,9 @@ from vllm.inputs.engine import tokens_input
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
+from common.config import ServeConfig
+from common.link import WorkerLink
+from common.profiling import ProfileTrigger
 from llm_worker import metrics as M
 from llm_worker import tokens as T
 from llm_worker.custom_voices import ZeroShotVoices
@@ -44,27 +47,23 @@ from llm_worker.profiling import engine_profiler_config, profile_on_trigger
 from llm_worker.prompt import PromptBuilder
 from llm_worker.sampling_setup import SamplingSetup, setup_sampling
 from llm_worker.worker import LLMWorker
-from orchestrator.config import ServeConfig
-from orchestrator.heap import settle as settle_heap
-from orchestrator.profiling import ProfileTrigger
 from shm.layout import InstanceLayout
 from shm.messages import (
     AdminReply,
-    Heartbeat,
-    WorkerReady,
     admin_request_decoder,
     control_decoder,
     control_encoder,
 )
+from shm.records import FRAME_CODES
 from shm.ring import RingWriter
 from shm.voices import LoraRegistry, VoiceStore
 
 log = logging.getLogger(__name__)
 
 ROLE = "llm"
-HEARTBEAT_S = 1.0
 ENGINE_STATS_S = 10.0
-WARMUP_TOKENS = 4 * T.FRAME_TOKENS
+STATS_POLL_S = 1.0
+WARMUP_TOKENS = 4 * FRAME_CODES
 ENGINE_SHUTDOWN_S = 2.0
 
 
@@ -115,9 +114,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
     log.info("voices (%s): %s", info.source, ", ".join(info.voices))
 
     ctx = zmq.asyncio.Context()
-    orch = ctx.socket(zmq.PUSH)
-    orch.setsockopt(zmq.LINGER, 0)
-    orch.connect(layout.orch)
+    link = WorkerLink(layout.orch, ROLE, ctx)
     control = ctx.socket(zmq.PULL)
     control.setsockopt(zmq.LINGER, 0)
     control.bind(layout.control)
@@ -129,6 +126,12 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
     engine: AsyncLLM | None = None
     worker: LLMWorker | None = None
     tasks: list[asyncio.Task[None]] = []
+
+    def engine_alive() -> None:
+        # A dead engine must not look alive to the orchestrator: raising ends the heartbeat
+        # task, which ends the worker (exit non-zero, restarted).
+        if engine is not None and engine.errored:
+            raise engine.dead_error
 
     def on_step() -> None:
         if worker is not None:
@@ -155,15 +158,17 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
             f"{engine_info.describe()}; warm-up {warm_s:.1f}s; "
             f"ready in {time.monotonic() - t0:.1f}s"
         )
-        settle_heap()  # start-up is over: keep the collector off the engine and the imports
-        await orch.send(control_encoder.encode(WorkerReady(ROLE, os.getpid(), detail)))
+        link.ready(detail)
         log.info("llm worker ready: %s", detail)
 
         tasks = [
             asyncio.create_task(worker.run(), name="pump"),
             asyncio.create_task(_control_loop(control, worker), name="control"),
             asyncio.create_task(_admin_loop(admin, engine, loras), name="admin"),
-            asyncio.create_task(_heartbeat_loop(orch, worker, engine, sampling), name="heartbeat"),
+            asyncio.create_task(
+                link.beat_forever(lambda: worker.active_streams, engine_alive), name="heartbeat"
+            ),
+            asyncio.create_task(_engine_stats_loop(engine, sampling), name="engine-stats"),
         ]
         if trigger is not None:
             log.info("profiling hooks armed: %s", trigger.directory)
@@ -190,7 +195,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
             engine.shutdown(timeout=ENGINE_SHUTDOWN_S)
         control.close(linger=0)
         admin.close(linger=0)
-        orch.close(linger=0)
+        link.close()
         writer.close()
         sampling.close()
         ctx.term()
@@ -238,16 +243,13 @@ async def _admin_loop(sock: zmq.asyncio.Socket, engine: AsyncLLM, loras: LoraVoi
             await sock.send_multipart([ident, control_encoder.encode(reply)])
 
 
-async def _heartbeat_loop(
-    orch: zmq.asyncio.Socket, worker: LLMWorker, engine: AsyncLLM, sampling: SamplingSetup
-) -> None:
-    pid = os.getpid()
+async def _engine_stats_loop(engine: AsyncLLM, sampling: SamplingSetup) -> None:
+    """The count of invalid tokens the constraint prevented (each second; the counters live
+    in a shared segment the engine's processes write) and vLLM's periodic stats log."""
     prevented = sampling.total_prevented()
     next_stats = time.monotonic() + ENGINE_STATS_S
     while True:
-        if engine.errored:
-            raise engine.dead_error
-        await orch.send(control_encoder.encode(Heartbeat(ROLE, pid, worker.active_streams)))
+        await asyncio.sleep(STATS_POLL_S)
         total = sampling.total_prevented()
         if total > prevented:
             M.INVALID_TOKENS_PREVENTED.inc(total - prevented)
@@ -255,4 +257,3 @@ async def _heartbeat_loop(
         if time.monotonic() >= next_stats:
             next_stats += ENGINE_STATS_S
             await engine.do_log_stats()
-        await asyncio.sleep(HEARTBEAT_S)

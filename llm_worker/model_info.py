@@ -25,7 +25,7 @@ from pathlib import Path
 
 import msgspec
 
-from llm_worker.config import LLMConfig
+from common.llm_config import LLMConfig
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The llm worker's profiling hook: vLLM's torch profiler, started and stopped per trigger.
 
-Armed by ``ORPHEUS_PROFILE_DIR`` (orchestrator.profiling): the engine is then built with a
+Armed by ``ORPHEUS_PROFILE_DIR`` (common.profiling): the engine is then built with a
 ``ProfilerConfig`` writing under ``DIR/engine`` (the engine core traces CPU ops and CUDA
 kernels; AsyncLLM traces this process), and a task checks the trigger every 0.5 s.
 """
@@ -14,7 +14,7 @@ import time
 from vllm.config import ProfilerConfig
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from orchestrator.profiling import ProfileTrigger
+from common.profiling import ProfileTrigger
 
 log = logging.getLogger(__name__)
 

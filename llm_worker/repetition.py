@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llm_worker import tokens as T
+from shm.records import FRAME_CODES
 
 _HASH_SEED = 0x5EED_0F_A0D10
 
@@ -23,7 +23,7 @@ class RepetitionGuard:
         self.window = window_frames
         self.max_period = max(1, window_frames // 4)
         rng = np.random.default_rng(_HASH_SEED)
-        self._mult = rng.integers(1, 2**63, size=T.FRAME_TOKENS, dtype=np.uint64) | np.uint64(1)
+        self._mult = rng.integers(1, 2**63, size=FRAME_CODES, dtype=np.uint64) | np.uint64(1)
         self._hist = np.zeros((0, self.max_period), dtype=np.uint64)
         self._runs = np.zeros((0, self.max_period), dtype=np.int64)
         self._seen = np.zeros(0, dtype=np.int64)

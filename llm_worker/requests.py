@@ -14,10 +14,11 @@ import msgspec
 from vllm import SamplingParams
 from vllm.sampling_params import RequestOutputKind
 
+from common.llm_config import LLMConfig, VoiceSampling
 from llm_worker import tokens as T
-from llm_worker.config import LLMConfig, VoiceSampling
 from llm_worker.model_info import ModelInfo
 from shm.messages import SamplingOverrides, Submit
+from shm.records import FRAME_CODES
 
 _MAX_SEED = 2**63 - 1
 
@@ -76,8 +77,8 @@ def plan_request(
         _check(0 <= o.seed <= _MAX_SEED, f"seed: 0..{_MAX_SEED}")
     if o.max_tokens is not None:
         _check(
-            T.FRAME_TOKENS <= o.max_tokens <= config.max_tokens_cap,
-            f"max_tokens: {T.FRAME_TOKENS}..{config.max_tokens_cap}",
+            FRAME_CODES <= o.max_tokens <= config.max_tokens_cap,
+            f"max_tokens: {FRAME_CODES}..{config.max_tokens_cap}",
         )
     return RequestPlan(
         voice=voice,
@@ -90,7 +91,7 @@ def plan_request(
 
 
 def _round_up_to_frame(n: int) -> int:
-    return -(-n // T.FRAME_TOKENS) * T.FRAME_TOKENS
+    return -(-n // FRAME_CODES) * FRAME_CODES
 
 
 def length_cap(config: LLMConfig, chars: int) -> int:
@@ -101,7 +102,7 @@ def length_cap(config: LLMConfig, chars: int) -> int:
     whole number of frames.
     """
     cap = max(config.min_max_tokens, math.ceil(chars * config.max_tokens_per_char))
-    ceiling = config.max_tokens_cap // T.FRAME_TOKENS * T.FRAME_TOKENS
+    ceiling = config.max_tokens_cap // FRAME_CODES * FRAME_CODES
     return min(_round_up_to_frame(cap), ceiling)
 
 
@@ -113,7 +114,7 @@ def split_budget(total: int, chars: list[int]) -> list[int]:
     weight = sum(chars)
     out, used = [], 0
     for n in chars[:-1]:
-        share = (total * n // weight) // T.FRAME_TOKENS * T.FRAME_TOKENS
+        share = (total * n // weight) // FRAME_CODES * FRAME_CODES
         out.append(share)
         used += share
     out.append(total - used)
@@ -137,14 +138,14 @@ def segment_params(
     ``extra_args``); None uses vLLM's built-in repetition penalty.
     """
     room = config.max_model_len - prompt_len
-    if room < T.FRAME_TOKENS:
+    if room < FRAME_CODES:
         raise BadRequest(
             f"the prompt ({prompt_len} tokens) leaves no room for audio within "
             f"max_model_len {config.max_model_len}"
         )
     fixed = budget is not None
     max_tokens = budget if budget is not None else length_cap(config, chars)
-    max_tokens = min(max_tokens, room // T.FRAME_TOKENS * T.FRAME_TOKENS)
+    max_tokens = min(max_tokens, room // FRAME_CODES * FRAME_CODES)
     if max_tokens < 1:
         raise BadRequest("max_tokens leaves this segment no audio token")
     kwargs = (

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from llm_worker.config import LLMConfig
+from common.llm_config import LLMConfig
 from llm_worker.worker import SamplingHooks
 from shm.ring import segment_path
 

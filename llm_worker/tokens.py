@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from shm.records import CODEBOOK_SIZE, FRAME_CODES
+
 BOS = 128000
 """Llama-3 ``<|begin_of_text|>``; the tokenizer prepends it."""
 END_OF_TEXT = 128009
@@ -18,10 +20,9 @@ END_OF_AI = 128262
 PAD = 128263
 
 AUDIO_TOKEN_BASE = 128266
-"""First audio token; slot ``s`` of a frame uses ids ``AUDIO_TOKEN_BASE + s*4096 + code``."""
-CODEBOOK_SIZE = 4096
-FRAME_TOKENS = 7
-AUDIO_TOKEN_END = AUDIO_TOKEN_BASE + FRAME_TOKENS * CODEBOOK_SIZE
+"""First audio token; slot ``s`` of a frame uses ids ``AUDIO_TOKEN_BASE + s*CODEBOOK_SIZE + code``
+(frame and codebook sizes are the wire contract's, shm.records)."""
+AUDIO_TOKEN_END = AUDIO_TOKEN_BASE + FRAME_CODES * CODEBOOK_SIZE
 """One past the last audio token id (156938)."""
 
 PROMPT_PREFIX = (START_OF_HUMAN,)

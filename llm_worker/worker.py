@@ -39,10 +39,10 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.engine.output_processor import RequestOutputCollector
 
+from common.llm_config import LLMConfig
 from llm_worker import metrics as M
 from llm_worker import tokens as T
-from llm_worker.codes import CODE_DTYPE, FrameAssembler
-from llm_worker.config import LLMConfig
+from llm_worker.codes import FrameAssembler
 from llm_worker.custom_voices import ZeroShotVoices
 from llm_worker.lora import LoraVoices
 from llm_worker.model_info import ModelInfo
@@ -58,14 +58,14 @@ from llm_worker.requests import (
 )
 from llm_worker.text import TextStream, normalise_tags, split_text
 from shm.messages import AppendText, Cancel, ControlMessage, Submit
-from shm.records import RecordKind, StreamEnd, StreamError, end_encoder
+from shm.records import CODE_DTYPE, FRAME_CODES, RecordKind, StreamEnd, StreamError, end_encoder
 from shm.ring import RingFull, RingWriter
 
 log = logging.getLogger(__name__)
 
 # How bad a segment's ending was: a stream reports the worst of its segments.
 _SEVERITY = {"stop": 0, "length": 1, "repetition": 2}
-_FRAME_BYTES = T.FRAME_TOKENS * CODE_DTYPE.itemsize
+_FRAME_BYTES = FRAME_CODES * CODE_DTYPE.itemsize
 _OUTBOX_RETRY_S = 0.05
 
 

@@ -25,8 +25,8 @@ import sys
 
 import msgspec
 
+from common.config import ServeConfig
 from orchestrator import proctree
-from orchestrator.config import ServeConfig
 from orchestrator.failures import EXIT_PERMANENT, Failure, classify
 from orchestrator.logs import protect_stdio, setup_logging
 from shm.layout import InstanceLayout

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import msgspec
 
-from orchestrator.config import ServeConfig
+from common.config import ServeConfig
 
 EXIT_PERMANENT = 78
 """EX_CONFIG (sysexits.h). deploy/: systemd RestartPreventExitStatus=78, supervisord exitcodes."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from orchestrator.config import ServeConfig
+from common.config import ServeConfig
 from shm.voices import ID_RE as VOICE_ID_RE
 
 ENV_PREFIX = "ORPHEUS_"

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import msgspec
 import zmq
 
+from common.config import ServeConfig
 from orchestrator import proctree
 from orchestrator.child import SPEC_ENV, ChildSpec
-from orchestrator.config import ServeConfig
 from orchestrator.failures import EXIT_PERMANENT, Failure
 from shm.layout import InstanceLayout
 from shm.messages import (
@@ -95,7 +95,10 @@ class Supervisor:
         self.layout = layout or InstanceLayout.for_pid(
             os.getpid(), config.shm.run_dir, config.gateway.processes
         )
-        self.workers = [Child("codec"), Child("llm")]
+        self.codec = Child("codec")
+        self.llm = Child("llm")
+        self.workers = [self.codec, self.llm]
+        """Started in this order: the codec compiles while vLLM loads (docs/performance.md)."""
         self.gateways = [Child("gateway", i) for i in range(config.gateway.processes)]
         self.stopping = False
         self.draining = False
@@ -339,7 +342,7 @@ class Supervisor:
 
     def _publish_status(self, now: float, force: bool = False) -> None:
         assert self._status is not None
-        llm, codec = self.workers[1], self.workers[0]
+        llm, codec = self.llm, self.codec
         status = ClusterStatus(
             llm_ready=llm.ready,
             codec_ready=codec.ready,

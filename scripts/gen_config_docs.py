@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
-from orchestrator.config import ServeConfig  # noqa: E402
+from common.config import ServeConfig  # noqa: E402
 from orchestrator.settings import CPU_PROFILE, ENV_PREFIX  # noqa: E402
 
 DOC = ROOT / "docs" / "configuration.md"
@@ -309,7 +309,7 @@ def render_option_tables() -> str:
 
 
 def render_flags() -> str:
-    from orchestrator.cli import build_parser
+    from orpheus_serve.cli import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

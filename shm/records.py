@@ -3,11 +3,12 @@
 Every ring record carries ``(kind, stream_id, seq, payload)``. ``seq`` lets a consumer
 detect loss, duplication and reordering:
 
-- ``CODES`` (llm_worker -> codec_worker): payload is ``n * 7`` little-endian int16 SNAC
-  codes in Orpheus slot order (slot 0..6 of each frame, each already reduced to
-  [0, 4096)); ``seq`` is the stream's index of the first frame in the record.
-- ``PCM`` (codec_worker -> gateway): payload is little-endian int16 mono samples at
-  24 kHz; ``seq`` is the stream's chunk index (0, 1, 2, ...).
+- ``CODES`` (llm_worker -> codec_worker): payload is ``n * FRAME_CODES`` ``CODE_DTYPE``
+  SNAC codes in Orpheus slot order (slot 0..6 of each frame, each already reduced to
+  [0, CODEBOOK_SIZE)); ``seq`` is the stream's index of the first frame in the record.
+- ``PCM`` (codec_worker -> gateway): payload is ``PCM_DTYPE`` mono samples at
+  ``SAMPLE_RATE``, ``SAMPLES_PER_FRAME`` per frame; ``seq`` is the stream's chunk index
+  (0, 1, 2, ...).
 - ``END``: the stream finished; payload is a msgpack ``StreamEnd``; ``seq`` is the next
   sequence number the stream would have used (frames for codes, chunks for PCM).
 - ``ERROR``: the stream failed; payload is a msgpack ``StreamError``; no record of the
@@ -20,8 +21,19 @@ from __future__ import annotations
 import enum
 
 import msgspec
+import numpy as np
 
-FRAME_TOKENS = 7
+# The numbers both ends of a ring must agree on: defined here only (ORPHEUS.md explains them).
+FRAME_CODES = 7
+"""Codes per frame: one per Orpheus slot (and one audio token per code)."""
+CODEBOOK_SIZE = 4096
+"""Values a code takes: [0, CODEBOOK_SIZE)."""
+CODE_DTYPE = np.dtype("<i2")
+"""A ``CODES`` payload's element type."""
+FRAME_BYTES = FRAME_CODES * CODE_DTYPE.itemsize
+PCM_DTYPE = np.dtype("<i2")
+"""A ``PCM`` payload's sample type (mono)."""
+BYTES_PER_SAMPLE = PCM_DTYPE.itemsize
 SAMPLES_PER_FRAME = 2048
 SAMPLE_RATE = 24_000
 GATEWAY_SHIFT = 48

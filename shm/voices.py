@@ -27,10 +27,11 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from shm.records import CODE_DTYPE, FRAME_BYTES, FRAME_CODES
+
 VOICE_SUFFIX = ".voice"
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
 """A custom voice id: what a request names as ``voice`` (lower case, as voices are matched)."""
-FRAME_CODES = 7
 
 
 class VoicesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -71,10 +72,10 @@ class VoiceRecord(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def frames(self) -> int:
-        return len(self.codes) // (2 * FRAME_CODES)
+        return len(self.codes) // FRAME_BYTES
 
     def code_frames(self) -> np.ndarray:
-        return np.frombuffer(self.codes, dtype="<i2").reshape(-1, FRAME_CODES)
+        return np.frombuffer(self.codes, dtype=CODE_DTYPE).reshape(-1, FRAME_CODES)
 
 
 class VoiceSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -234,7 +235,7 @@ class VoiceStore:
 def new_record(
     vid: str, name: str, transcript: str, description: str, frames: np.ndarray, seconds: float
 ) -> VoiceRecord:
-    codes = np.ascontiguousarray(frames, dtype="<i2").reshape(-1, FRAME_CODES)
+    codes = np.ascontiguousarray(frames, dtype=CODE_DTYPE).reshape(-1, FRAME_CODES)
     return VoiceRecord(
         id=vid,
         name=name,

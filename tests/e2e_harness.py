@@ -13,8 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import IO
 
+from bench.doubles.local_server import free_port, wait_ready
 from orchestrator import proctree
-from orchestrator.local_server import free_port, wait_ready
 from shm.records import SAMPLES_PER_FRAME
 from shm.ring import SHM_DIR
 

@@ -1,5 +1,5 @@
 """TEST FIXTURE for the gateway tests: a gateway in the test's event loop, fed by
-``gateway.synthetic_backend`` (a stand-in for the llm_worker + codec_worker that speaks the
+``bench.doubles.synthetic_backend`` (a stand-in for the llm_worker + codec_worker that speaks the
 real control socket and writes the real PCM ring). The real end-to-end tests, with vLLM
 and SNAC, are elsewhere (tests/test_e2e_*.py)."""
 
@@ -16,14 +16,14 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from bench.doubles.synthetic_backend import SyntheticBackend
+from common.config import ServeConfig
+from common.gateway_config import GatewayConfig
 from gateway.app import build_app
-from gateway.config import GatewayConfig
 from gateway.main import reuseport_socket
 from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
-from gateway.synthetic_backend import SyntheticBackend
 from gateway.zmq_server import ZmqFrontend
-from orchestrator.config import ServeConfig
 from shm.layout import InstanceLayout
 from shm.records import SAMPLE_RATE
 from shm.ring import create_ring, unlink_ring

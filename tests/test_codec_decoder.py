@@ -11,7 +11,7 @@ import torch
 from snac import SNAC
 from snac.layers import DecoderBlock, NoiseBlock
 
-from codec_worker.config import CodecConfig
+from bench.doubles.tiny_model import random_snac, write_random_snac
 from codec_worker.decoder import WindowDecoder, WindowKey
 from codec_worker.engine import DecodeEngine
 from codec_worker.levels import frames_to_levels
@@ -25,9 +25,8 @@ from codec_worker.snac_model import (
     SnacConfigError,
     fuse_weight_norm,
     load_snac,
-    random_snac,
-    write_random_snac,
 )
+from common.codec_config import CodecConfig
 from shm.records import RecordKind, StreamEnd, end_encoder
 from shm.ring import Record
 

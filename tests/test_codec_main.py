@@ -13,10 +13,11 @@ import msgspec
 import numpy as np
 import zmq
 
-from codec_worker.config import CodecConfig
-from codec_worker.snac_model import SNAC_24KHZ_SMALL, write_random_snac
+from bench.doubles.tiny_model import write_random_snac
+from codec_worker.snac_model import SNAC_24KHZ_SMALL
+from common.codec_config import CodecConfig
+from common.config import ServeConfig
 from orchestrator.child import SPEC_ENV, ChildSpec
-from orchestrator.config import ServeConfig
 from shm.config import ShmConfig
 from shm.layout import InstanceLayout
 from shm.messages import Heartbeat, WorkerReady, orchestrator_decoder

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec_worker.config import CodecConfig
 from codec_worker.policy import StreamState, WindowPolicy
+from common.codec_config import CodecConfig
 from shm.records import StreamEnd
 
 CONFIGS = st.builds(

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from codec_worker.config import CodecConfig
+from bench.doubles.tiny_model import random_snac
 from codec_worker.decoder import WindowDecoder
 from codec_worker.engine import DecodeEngine
 from codec_worker.noise import decode_seed
@@ -23,7 +23,8 @@ from codec_worker.policy import StreamState, WindowPolicy
 from codec_worker.quality import error_db
 from codec_worker.scheduler import Scheduler
 from codec_worker.service import CodecService
-from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm, random_snac
+from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
+from common.codec_config import CodecConfig
 from shm.records import (
     RecordKind,
     StreamEnd,

@@ -15,8 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.cli import _serve_flags, build_parser, main
-from orchestrator.config import ServeConfig
+from common.config import ServeConfig
 from orchestrator.settings import (
     CPU_PROFILE,
     ConfigError,
@@ -24,6 +23,7 @@ from orchestrator.settings import (
     load_config,
     set_overrides,
 )
+from orpheus_serve.cli import _serve_flags, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 

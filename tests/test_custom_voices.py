@@ -20,19 +20,19 @@ import pytest
 import torch
 from gateway_harness import running_gateway
 
+from bench.doubles.tiny_model import build_tokenizer, random_snac
 from codec_worker.encoder import EncodeServer, VoiceEncoder
 from codec_worker.levels import frames_to_levels
-from codec_worker.snac_model import SNAC_24KHZ, SNAC_24KHZ_SMALL, fuse_weight_norm, random_snac
+from codec_worker.snac_model import SNAC_24KHZ, SNAC_24KHZ_SMALL, fuse_weight_norm
+from common.llm_config import LLMConfig
 from gateway.custom_voices import decode_reference
 from gateway.errors import APIError
 from llm_worker import tokens as T
 from llm_worker.codes import FrameAssembler
-from llm_worker.config import LLMConfig
 from llm_worker.custom_voices import ZeroShotVoices
 from llm_worker.model_info import ModelInfo
 from llm_worker.prompt import PromptBuilder
 from llm_worker.requests import BadRequest, plan_request
-from llm_worker.tiny_model import build_tokenizer
 from shm.layout import InstanceLayout
 from shm.messages import Submit
 from shm.voices import TooManyVoices, VoiceExists, VoicesConfig, VoiceStore, new_record, voice_id
@@ -418,7 +418,7 @@ def test_zero_shot_support_is_the_models_configuration(tmp_path: Path) -> None:
         json.dumps({"orpheus": {"voices": ["tara"], "zero_shot": True}})
     )
     assert load_model_info(LLMConfig(model=str(tmp_path))).zero_shot is True
-    from llm_worker.tiny_model import _model_config
+    from bench.doubles.tiny_model import _model_config
 
     assert _model_config()["orpheus"]["zero_shot"] is True, "the test model declares it"
 

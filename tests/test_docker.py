@@ -24,9 +24,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from common.config import ServeConfig
 from gateway.app import build_app
 from gateway.service import Gateway
-from orchestrator.config import ServeConfig
 from orchestrator.settings import load_config
 from shm.admission import segment_bytes
 

@@ -35,8 +35,8 @@ from e2e_harness import (
     wait_no_instance_pids,
 )
 
+from bench.doubles.local_server import wait_ready
 from orchestrator import proctree
-from orchestrator.local_server import wait_ready
 from shm.ring import SHM_DIR
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 from e2e_harness import Server, make_tiny_model, start_server, stop_server
 
-from orchestrator.local_server import wait_ready
+from bench.doubles.local_server import wait_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 

@@ -16,13 +16,13 @@ import msgspec
 import pytest
 from e2e_harness import EXE, instance_pids, make_tiny_model, wait_no_instance_pids
 
+from bench.doubles.local_server import free_port
 from codec_worker.snac_model import load_snac
+from common.config import ServeConfig
 from orchestrator import proctree
-from orchestrator.cli import _with_codec_from_model_dir
-from orchestrator.config import ServeConfig
 from orchestrator.failures import EXIT_PERMANENT, PermanentError, classify, preflight
-from orchestrator.local_server import free_port
 from orchestrator.settings import is_set, load_config
+from orpheus_serve.cli import _with_codec_from_model_dir
 from shm.ring import SHM_DIR
 
 pytestmark = pytest.mark.timeout(300)

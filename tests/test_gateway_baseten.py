@@ -7,7 +7,7 @@ import aiohttp
 import pytest
 from gateway_harness import running_gateway, wait_until
 
-from gateway.synthetic_backend import synthetic_pcm
+from bench.doubles.synthetic_backend import synthetic_pcm
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(60)

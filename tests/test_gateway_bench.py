@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench import main
+from bench.gateway import main
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,7 +34,7 @@ def test_bench_gateway_smoke(tmp_path: Path) -> None:
 
 
 def test_steal_share_is_per_core_set() -> None:
-    from gateway.bench import _steal_pct
+    from bench.gateway import _steal_pct
 
     before = {0: (1000, 10), 1: (1000, 0)}
     after = {0: (1100, 30), 1: (1100, 0)}  # core 0: 20 of 100 ticks stolen; core 1: none
@@ -46,8 +46,8 @@ def test_steal_share_is_per_core_set() -> None:
 def test_bench_protocols_smoke(tmp_path: Path) -> None:
     """`orpheus-serve bench protocols` at a tiny scale: every protocol gets audio, and no
     first byte comes before the synthetic backend's first chunk."""
-    from gateway.bench_protocols import PROTOCOLS
-    from gateway.bench_protocols import main as protocols_main
+    from bench.protocols import PROTOCOLS
+    from bench.protocols import main as protocols_main
 
     out = tmp_path / "protocols.json"
     argv = ["--levels", "1,2", "--rounds", "1", "--first-chunk-ms", "30", "--json", str(out)]

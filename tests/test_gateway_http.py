@@ -17,7 +17,7 @@ import openai
 import pytest
 from gateway_harness import BYTES_PER_FRAME, running_gateway, wait_until
 
-from gateway.synthetic_backend import StreamPlan, default_plan, synthetic_pcm
+from bench.doubles.synthetic_backend import StreamPlan, default_plan, synthetic_pcm
 from gateway.voices import ENGLISH_VOICES
 from shm.layout import InstanceLayout
 from shm.messages import ClusterStatus, Submit

@@ -14,7 +14,7 @@ import av
 import pytest
 from gateway_harness import running_gateway, wait_until
 
-from gateway.synthetic_backend import synthetic_pcm
+from bench.doubles.synthetic_backend import synthetic_pcm
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(60)

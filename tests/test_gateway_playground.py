@@ -81,9 +81,10 @@ async def test_playground_makes_a_custom_voice_from_an_uploaded_clip(
     the encode socket), listed, selected, and spoken with."""
     from playwright.async_api import async_playwright
 
+    from bench.doubles.tiny_model import random_snac
     from codec_worker.encoder import EncodeServer, VoiceEncoder
-    from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm, random_snac
-    from llm_worker.config import LLMConfig
+    from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
+    from common.llm_config import LLMConfig
     from shm.voices import VoicesConfig
 
     t = np.arange(int(3.5 * 16_000)) / 16_000

@@ -16,8 +16,8 @@ import pytest
 import zmq
 from gateway_harness import serve_config, wait_until
 
-from gateway.synthetic_backend import SyntheticBackend, synthetic_pcm
-from orchestrator.local_server import free_port
+from bench.doubles.local_server import free_port
+from bench.doubles.synthetic_backend import SyntheticBackend, synthetic_pcm
 from shm.admission import create_admission_segment
 from shm.layout import InstanceLayout
 from shm.messages import Heartbeat, WorkerReady, orchestrator_decoder
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(90)
 CHILD = """
 import sys, msgspec
 from gateway.main import run
-from orchestrator.config import ServeConfig
+from common.config import ServeConfig
 from shm.layout import InstanceLayout
 run(msgspec.json.decode(sys.argv[1], type=ServeConfig),
     msgspec.json.decode(sys.argv[2], type=InstanceLayout), int(sys.argv[3]))

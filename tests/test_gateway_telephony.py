@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from gateway_harness import running_gateway
 
+from bench.doubles.synthetic_backend import synthetic_pcm
 from gateway.alignment import ChunkAligner, word_times
 from gateway.audio_out import ELEVENLABS_FORMATS, OutputFormat, g711_table, make_output
-from gateway.synthetic_backend import synthetic_pcm
 from gateway.text_units import UnitSplitter
 from shm.layout import InstanceLayout
 

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from common.gateway_config import OPENAI_VOICES
 from gateway.admission import Admission
-from gateway.config import OPENAI_VOICES
 from gateway.encoders import CONTENT_TYPES, make_encoder, tempo_factors, wav_header
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics

@@ -12,7 +12,7 @@ import zmq
 import zmq.asyncio
 from gateway_harness import running_gateway, wait_until
 
-from gateway.synthetic_backend import synthetic_pcm
+from bench.doubles.synthetic_backend import synthetic_pcm
 from gateway.zmq_client import AsyncClient, Client, SpeechError
 from gateway.zmq_protocol import Error, server_decoder
 from shm.layout import InstanceLayout

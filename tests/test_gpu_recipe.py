@@ -251,7 +251,10 @@ IMPORT_TO_DIST = {
     "cpuinfo": "py-cpuinfo",
     "dateutil": "python-dateutil",
 }
-RUNTIME_PACKAGES = ("orchestrator", "llm_worker", "codec_worker", "gateway", "shm", "loadgen")
+RUNTIME_PACKAGES = (
+    "orpheus_serve", "bench", "orchestrator", "llm_worker", "codec_worker", "gateway", "common",
+    "shm",
+)  # fmt: skip
 
 
 def test_server_imports_are_on_the_device_or_carried() -> None:

@@ -1,4 +1,4 @@
-"""orchestrator.heap.settle: the start-up heap leaves the collector, the older generations
+"""common.heap.settle: the start-up heap leaves the collector, the older generations
 are collected rarely, and cycles made after it are still freed."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 CHECK = """
 import gc, weakref
-from orchestrator.heap import OLDER_GENERATION_EVERY, settle
+from common.heap import OLDER_GENERATION_EVERY, settle
 
 before = gc.get_freeze_count()
 frozen = settle()

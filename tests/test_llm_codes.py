@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from llm_worker import tokens as T
 from llm_worker.codes import FrameAssembler, StepFrames, frames_to_tokens
+from shm.records import CODEBOOK_SIZE
 
 
 def _map_one(asm: FrameAssembler, row: int, tokens: list[int]) -> StepFrames:
@@ -21,15 +22,15 @@ def _reference(tokens: list[int]) -> tuple[list[list[int]], int, int]:
     """Per-token reference: (valid frames, dropped frames, invalid tokens)."""
     frames, dropped, invalid = [], 0, 0
     for f in range(len(tokens) // 7):
-        codes = [tokens[7 * f + s] - T.AUDIO_TOKEN_BASE - s * T.CODEBOOK_SIZE for s in range(7)]
-        bad = sum(not 0 <= c < T.CODEBOOK_SIZE for c in codes)
+        codes = [tokens[7 * f + s] - T.AUDIO_TOKEN_BASE - s * CODEBOOK_SIZE for s in range(7)]
+        bad = sum(not 0 <= c < CODEBOOK_SIZE for c in codes)
         invalid += bad
         if bad:
             dropped += 1
         else:
             frames.append(codes)
     invalid += sum(
-        not 0 <= tokens[i] - T.AUDIO_TOKEN_BASE - (i % 7) * T.CODEBOOK_SIZE < T.CODEBOOK_SIZE
+        not 0 <= tokens[i] - T.AUDIO_TOKEN_BASE - (i % 7) * CODEBOOK_SIZE < CODEBOOK_SIZE
         for i in range(len(tokens) // 7 * 7, len(tokens))
     )
     return frames, dropped, invalid

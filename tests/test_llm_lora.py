@@ -11,10 +11,10 @@ import pytest
 from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
 
+from bench.doubles.tiny_model import write_random_lora, write_tiny_model
+from common.llm_config import LLMConfig, LoraVoice
 from llm_worker import tokens as T
-from llm_worker.config import LLMConfig, LoraVoice
 from llm_worker.engine import engine_args
-from llm_worker.tiny_model import write_random_lora, write_tiny_model
 
 pytestmark = pytest.mark.slow
 

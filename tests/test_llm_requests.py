@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from vllm.sampling_params import RequestOutputKind
 
+from common.llm_config import LLMConfig, VoiceSampling
 from llm_worker import tokens as T
-from llm_worker.config import LLMConfig, VoiceSampling
 from llm_worker.model_info import ModelInfo
 from llm_worker.requests import (
     BadRequest,

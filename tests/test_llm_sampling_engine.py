@@ -12,8 +12,9 @@ from collections.abc import Iterator
 import pytest
 from vllm import LLM, SamplingParams
 
+from bench.doubles.tiny_model import write_tiny_model
+from common.llm_config import LLMConfig
 from llm_worker import tokens as T
-from llm_worker.config import LLMConfig
 from llm_worker.sampling import (
     CounterSlots,
     ModelRunner,
@@ -23,7 +24,7 @@ from llm_worker.sampling import (
     pin_model_runner,
 )
 from llm_worker.sampling.runner import v2_processors_supported
-from llm_worker.tiny_model import write_tiny_model
+from shm.records import CODEBOOK_SIZE, FRAME_CODES
 
 pytestmark = pytest.mark.slow
 
@@ -97,9 +98,7 @@ def sampling(i: int, **kw: object) -> SamplingParams:
 PENALTIES = [1.3, 0.7, 1.1, 2.0, 1.0, 1.3, 0.5, 1.2]
 # A few favoured codes per slot make tokens repeat, so the penalty changes what is sampled.
 FAVOURED = {
-    T.AUDIO_TOKEN_BASE + s * T.CODEBOOK_SIZE + c: 4.0
-    for s in range(T.FRAME_TOKENS)
-    for c in range(4)
+    T.AUDIO_TOKEN_BASE + s * CODEBOOK_SIZE + c: 4.0 for s in range(FRAME_CODES) for c in range(4)
 }
 
 
@@ -142,8 +141,8 @@ def test_tensor_penalty_outputs_equal_vllm_penalty(llm: LLM, plan: SamplingPlan)
 
 def valid_audio(ids: list[int]) -> bool:
     for p, t in enumerate(ids):
-        lo = T.AUDIO_TOKEN_BASE + (p % T.FRAME_TOKENS) * T.CODEBOOK_SIZE
-        if not (lo <= t < lo + T.CODEBOOK_SIZE or (t == T.END_OF_SPEECH and p % 7 == 0)):
+        lo = T.AUDIO_TOKEN_BASE + (p % FRAME_CODES) * CODEBOOK_SIZE
+        if not (lo <= t < lo + CODEBOOK_SIZE or (t == T.END_OF_SPEECH and p % 7 == 0)):
             return False
     return True
 

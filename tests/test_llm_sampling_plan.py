@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from vllm import SamplingParams
 
-from llm_worker.config import LLMConfig
+from common.llm_config import LLMConfig
 from llm_worker.sampling import Counter, ModelRunner, RequestArgs, SamplingPlan
 from llm_worker.sampling.constraint import AudioTokenConstraint
 from llm_worker.sampling.penalty import TensorRepetitionPenalty

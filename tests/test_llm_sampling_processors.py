@@ -28,12 +28,13 @@ from vllm.v1.sample.logits_processor import LogitsProcessor, LogitsProcessors
 from vllm.v1.sample.ops.penalties import apply_all_penalties
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
+from bench.doubles.tiny_model import VOCAB_SIZE, write_tiny_model
 from llm_worker import tokens as T
 from llm_worker.sampling import CounterSlots, PreventedBoard, RequestArgs
 from llm_worker.sampling.constraint import AudioTokenConstraint
 from llm_worker.sampling.penalty import TensorRepetitionPenalty
 from llm_worker.sampling.runner import v2_processors_supported
-from llm_worker.tiny_model import VOCAB_SIZE, write_tiny_model
+from shm.records import CODEBOOK_SIZE, FRAME_CODES
 
 MAX_REQS = 12
 MAX_LEN = 96
@@ -281,9 +282,9 @@ def allowed_mask(rows: list[Req]) -> torch.Tensor:
     """``[rows, vocab]``: the tokens each constrained row may sample."""
     ok = torch.zeros(len(rows), VOCAB_SIZE, dtype=torch.bool)
     for i, req in enumerate(rows):
-        slot = len(req.state.output_token_ids) % T.FRAME_TOKENS
-        lo = T.AUDIO_TOKEN_BASE + slot * T.CODEBOOK_SIZE
-        ok[i, lo : lo + T.CODEBOOK_SIZE] = True
+        slot = len(req.state.output_token_ids) % FRAME_CODES
+        lo = T.AUDIO_TOKEN_BASE + slot * CODEBOOK_SIZE
+        ok[i, lo : lo + CODEBOOK_SIZE] = True
         if slot == 0 and T.END_OF_SPEECH in req.state.sampling_params.stop_token_ids:
             ok[i, T.END_OF_SPEECH] = True
     return ok
@@ -307,7 +308,7 @@ def test_constraint_masks_and_counts_through_batch_churn(
         # Sometimes favour an audio token; sometimes min_tokens has masked end-of-speech.
         for i in range(len(rows)):
             if rng.random() < 0.3:
-                logits[i, T.AUDIO_TOKEN_BASE + rng.randrange(7 * T.CODEBOOK_SIZE)] = 9.0
+                logits[i, T.AUDIO_TOKEN_BASE + rng.randrange(7 * CODEBOOK_SIZE)] = 9.0
             if rng.random() < 0.2:
                 logits[i, T.END_OF_SPEECH] = float("-inf")
             elif rng.random() < 0.2:
@@ -336,8 +337,8 @@ def test_constraint_masks_and_counts_through_batch_churn(
         assert board.counts.tolist() == expected
 
         def pick(req: Req) -> int:
-            slot = len(req.state.output_token_ids) % T.FRAME_TOKENS
-            return T.AUDIO_TOKEN_BASE + slot * T.CODEBOOK_SIZE + rng.randrange(T.CODEBOOK_SIZE)
+            slot = len(req.state.output_token_ids) % FRAME_CODES
+            return T.AUDIO_TOKEN_BASE + slot * CODEBOOK_SIZE + rng.randrange(CODEBOOK_SIZE)
 
         churn.sample(pick)
     assert constrained_steps > 200 and 0 < invalid_steps < constrained_steps
@@ -447,7 +448,7 @@ def test_v2_constraint_masks_and_counts_kept_rows(
     lo = T.AUDIO_TOKEN_BASE  # audio position 14 is slot 0
     for row in (0, 1):
         finite = torch.isfinite(got[row]).nonzero().flatten().tolist()
-        window = list(range(lo, lo + T.CODEBOOK_SIZE))
+        window = list(range(lo, lo + CODEBOOK_SIZE))
         # slot 5's request ignores end-of-speech: not allowed; slot 2's stops on it.
         assert finite == (window if row == 0 else sorted([T.END_OF_SPEECH, *window]))
     assert torch.equal(got[3], logits[3])  # not constrained

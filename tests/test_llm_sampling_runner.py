@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 import torch
 
-from llm_worker.config import LLMConfig
+from common.llm_config import LLMConfig
 from llm_worker.sampling import (
     ModelRunner,
     SamplingPlan,

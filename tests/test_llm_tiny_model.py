@@ -11,11 +11,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
+from bench.doubles.tiny_model import write_tiny_model
+from common.llm_config import LLMConfig
 from llm_worker import tokens as T
-from llm_worker.config import LLMConfig
 from llm_worker.model_info import ENGLISH_VOICES, load_model_info
 from llm_worker.prompt import PromptBuilder
-from llm_worker.tiny_model import write_tiny_model
+from shm.records import CODEBOOK_SIZE
 
 
 def _digests(d: Path) -> dict[str, str]:
@@ -87,5 +88,5 @@ def test_transformers_loads_it_and_it_speaks_in_frames(model_dir: Path) -> None:
             logits[T.END_OF_SPEECH] = -float("inf")  # keep going for the whole check
             ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
     audio = ids[0, len(prompt) :]
-    slots = (audio - T.AUDIO_TOKEN_BASE) // T.CODEBOOK_SIZE
+    slots = (audio - T.AUDIO_TOKEN_BASE) // CODEBOOK_SIZE
     assert slots.tolist() == [i % 7 for i in range(21)]

@@ -24,11 +24,11 @@ import zmq
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from llm_worker.config import LLMConfig
-from llm_worker.tiny_model import write_tiny_model
+from bench.doubles.tiny_model import write_tiny_model
+from common.config import ServeConfig
+from common.llm_config import LLMConfig
+from common.profiling import ProfileDone
 from orchestrator.child import SPEC_ENV, ChildSpec
-from orchestrator.config import ServeConfig
-from orchestrator.profiling import ProfileDone
 from shm.layout import InstanceLayout
 from shm.messages import (
     AppendText,

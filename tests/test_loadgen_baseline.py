@@ -12,19 +12,21 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.doubles.local_server import free_port
+from bench.doubles.tiny_model import random_snac
+from bench.load.baseline.constraint import UNCONSTRAINED, blocked_table
+from bench.load.baseline.decoder import ReferenceStreamDecoder, window_to_levels
+from bench.load.servers import ServerProcess, baseline_argv
 from codec_worker.levels import frames_to_levels
-from codec_worker.snac_model import CONFIG_FILE, SNAC_24KHZ_SMALL, WEIGHTS_FILE, random_snac
+from codec_worker.snac_model import CONFIG_FILE, SNAC_24KHZ_SMALL, WEIGHTS_FILE
 from llm_worker import tokens as T
-from loadgen.baseline.constraint import UNCONSTRAINED, blocked_table
-from loadgen.baseline.decoder import ReferenceStreamDecoder, window_to_levels
-from loadgen.servers import ServerProcess, baseline_argv
-from orchestrator.local_server import free_port
+from shm.records import CODEBOOK_SIZE
 
 CPU = torch.device("cpu")
 
 
 def audio_token(position: int, code: int) -> int:
-    return T.AUDIO_TOKEN_BASE + (position % 7) * T.CODEBOOK_SIZE + code
+    return T.AUDIO_TOKEN_BASE + (position % 7) * CODEBOOK_SIZE + code
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +103,8 @@ def test_constraint_table_allows_exactly_the_slot_range() -> None:
     blocked = blocked_table(T.AUDIO_TOKEN_END + 2)
     for slot in range(7):
         allowed = (~blocked[slot]).nonzero().flatten().tolist()
-        lo = T.AUDIO_TOKEN_BASE + slot * T.CODEBOOK_SIZE
-        expected = list(range(lo, lo + T.CODEBOOK_SIZE))
+        lo = T.AUDIO_TOKEN_BASE + slot * CODEBOOK_SIZE
+        expected = list(range(lo, lo + CODEBOOK_SIZE))
         if slot == 0:
             expected = [T.END_OF_SPEECH, *expected]
         assert allowed == expected
@@ -114,7 +116,7 @@ def test_constraint_table_allows_exactly_the_slot_range() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from llm_worker.tiny_model import write_tiny_model
+    from bench.doubles.tiny_model import write_tiny_model
 
     root = tmp_path_factory.mktemp("tiny")
     write_tiny_model(root)
@@ -143,7 +145,7 @@ def baseline_url(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_load_generator_against_the_baseline_server(baseline_url: str, tmp_path: Path) -> None:
-    from loadgen.cli import main
+    from bench.load.cli import main
 
     out = tmp_path / "baseline.json"
     frames = 10

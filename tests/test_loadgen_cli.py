@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from loadgen.cli import main
+from bench.load.cli import main
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.compare import build_parser, server_for
-from loadgen.comparison import VariantRun, compare_capacity, compare_levels
-from loadgen.summary import LevelResult, LevelRun, Slo, summarize
-from loadgen.trace import Outcome, StreamTrace
+from bench.load.compare import build_parser, server_for
+from bench.load.comparison import VariantRun, compare_capacity, compare_levels
+from bench.load.summary import LevelResult, LevelRun, Slo, summarize
+from bench.load.trace import Outcome, StreamTrace
 
 SLO = Slo(ttfb_s=1.0, ttfb_report_s=(0.5,), jitter_buffer_s=0.1)
 
@@ -100,7 +100,7 @@ def test_both_servers_get_the_shared_configuration(tmp_path: Path) -> None:
     )  # fmt: skip
     base = server_for("baseline", args, 1).argv
     ours = server_for("ours", args, 1).argv
-    assert base[1:3] == ["-m", "loadgen.baseline"] and ours[1] == "serve"
+    assert base[1:3] == ["-m", "bench.load.baseline"] and ours[1] == "serve"
     for argv in (base, ours):
         assert "--set=llm.max_num_seqs=16" in argv
         assert argv[argv.index("--config") + 1] == "c.toml"

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 from gateway_harness import running_gateway
 
-from loadgen.runner import LevelPlan, run_closed
-from loadgen.session import Target
-from loadgen.summary import Slo, summarize
-from loadgen.texts import load_corpus
-from loadgen.trace import Outcome
+from bench.load.runner import LevelPlan, run_closed
+from bench.load.session import Target
+from bench.load.summary import Slo, summarize
+from bench.load.texts import load_corpus
+from bench.load.trace import Outcome
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(60)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.playback import analyze_playback
+from bench.load.playback import analyze_playback
 
 TENTH = 4_800  # bytes of 0.1 s of audio
 

@@ -17,11 +17,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from loadgen.clients import HttpSpeechClient
-from loadgen.runner import LevelPlan, run_closed, run_open
-from loadgen.schedule import poisson_schedule
-from loadgen.texts import load_corpus
-from loadgen.trace import Outcome, StreamTrace, stream_metrics
+from bench.load.clients import HttpSpeechClient
+from bench.load.runner import LevelPlan, run_closed, run_open
+from bench.load.schedule import poisson_schedule
+from bench.load.texts import load_corpus
+from bench.load.trace import Outcome, StreamTrace, stream_metrics
 
 pytestmark = pytest.mark.timeout(60)
 

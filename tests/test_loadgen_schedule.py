@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.schedule import poisson_schedule
-from loadgen.texts import UtteranceSource, load_corpus
+from bench.load.schedule import poisson_schedule
+from bench.load.texts import UtteranceSource, load_corpus
 
 
 def test_schedule_is_seeded_sorted_and_bounded() -> None:

@@ -7,9 +7,9 @@ below c = 50.
 
 from __future__ import annotations
 
-from loadgen.search import CapacitySearch, failed_targets
-from loadgen.summary import LevelResult, LevelRun, Slo, summarize
-from loadgen.trace import Outcome, StreamTrace
+from bench.load.search import CapacitySearch, failed_targets
+from bench.load.summary import LevelResult, LevelRun, Slo, summarize
+from bench.load.trace import Outcome, StreamTrace
 
 SLO = Slo(ttfb_s=1.0, ttfb_report_s=(0.5,), jitter_buffer_s=0.1)
 HALF_SECOND = 24_000

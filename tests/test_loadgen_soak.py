@@ -12,7 +12,7 @@ import msgspec
 import pytest
 from gateway_harness import running_gateway
 
-from loadgen.soak import (
+from bench.load.soak import (
     EXPECTED,
     SCENARIOS,
     Soak,
@@ -22,7 +22,7 @@ from loadgen.soak import (
     plot_report,
     print_report,
 )
-from loadgen.soak import main as soak_main
+from bench.load.soak import main as soak_main
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(120)

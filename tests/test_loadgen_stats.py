@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadgen.stats import Summary, percentile
+from bench.load.stats import Summary, percentile
 
 
 @pytest.mark.parametrize(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.runner import LevelPlan
-from loadgen.summary import LevelRun, Slo, summarize
-from loadgen.trace import Outcome, StreamTrace, stream_metrics
-from loadgen.window import (
+from bench.load.runner import LevelPlan
+from bench.load.summary import LevelRun, Slo, summarize
+from bench.load.trace import Outcome, StreamTrace, stream_metrics
+from bench.load.window import (
     TrimPolicy,
     Window,
     bytes_in_window,

@@ -24,10 +24,10 @@ import zmq
 from gateway_harness import serve_config, wait_until
 from test_gateway_process import start_gateway
 
+from bench.doubles.local_server import free_port
+from bench.doubles.synthetic_backend import SyntheticBackend
 from gateway.admission import POLL_S, Admission
 from gateway.errors import APIError
-from gateway.synthetic_backend import SyntheticBackend
-from orchestrator.local_server import free_port
 from shm.admission import ACTIVE, PID, QUEUED, AdmissionBoard, segment_bytes
 from shm.config import ShmConfig
 from shm.layout import InstanceLayout

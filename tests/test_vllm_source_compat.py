@@ -191,7 +191,7 @@ SUBCLASSES = [
     ("llm_worker/sampling/penalty.py", "TensorRepetitionPenalty"),
     ("llm_worker/sampling/constraint.py", "AudioTokenConstraint"),
     ("llm_worker/sampling/constraint_v2.py", "AudioTokenConstraintV2"),
-    ("loadgen/baseline/constraint.py", "AudioSlotConstraint"),
+    ("bench/load/baseline/constraint.py", "AudioSlotConstraint"),
     ("llm_worker/engine.py", "StepHook"),
 ]
 
@@ -249,7 +249,7 @@ def test_v1_batch_update(source: VllmSource) -> None:
     """What rows.py and the baseline's constraint read of V1's BatchUpdate."""
     module = "vllm.v1.sample.logits_processor"
     used = set()
-    for f in ("llm_worker/sampling/rows.py", "loadgen/baseline/constraint.py"):
+    for f in ("llm_worker/sampling/rows.py", "bench/load/baseline/constraint.py"):
         used |= project(f).attributes_of("batch_update")
     assert {"added", "removed", "moved", "batch_size"} <= used
     assert not (gone := missing(source.class_info(module, "BatchUpdate"), used)), (
@@ -315,7 +315,7 @@ CONFIG_READS = [
     ),
     (("llm_worker/engine.py",), "vc.scheduler_config", "vllm.config", "SchedulerConfig"),
     (
-        ("llm_worker/sampling/penalty.py", "loadgen/baseline/constraint.py"),
+        ("llm_worker/sampling/penalty.py", "bench/load/baseline/constraint.py"),
         "vllm_config.model_config",
         "vllm.config",
         "ModelConfig",
@@ -326,7 +326,7 @@ CONFIG_READS = [
     (("llm_worker/engine.py",), "vllm_config.cache_config", "vllm.config", "CacheConfig"),
     (("llm_worker/engine.py",), "vllm_config.attention_config", "vllm.config", "AttentionConfig"),
     (("llm_worker/sampling/constraint_v2.py",), "spec", "vllm.config", "SpeculativeConfig"),
-    (("loadgen/baseline/engine.py",), "args", "vllm.engine.arg_utils", "AsyncEngineArgs"),
+    (("bench/load/baseline/engine.py",), "args", "vllm.engine.arg_utils", "AsyncEngineArgs"),
 ]
 
 
@@ -361,8 +361,8 @@ CONSTRUCTORS = [
     ("llm_worker/profiling.py", "ProfilerConfig", "vllm.config", "ProfilerConfig"),
     ("llm_worker/requests.py", "SamplingParams", "vllm", "SamplingParams"),
     ("llm_worker/main.py", "SamplingParams", "vllm", "SamplingParams"),
-    ("loadgen/baseline/engine.py", "SamplingParams", "vllm", "SamplingParams"),
-    ("llm_worker/bench_penalties.py", "SamplingParams", "vllm", "SamplingParams"),
+    ("bench/load/baseline/engine.py", "SamplingParams", "vllm", "SamplingParams"),
+    ("bench/penalties.py", "SamplingParams", "vllm", "SamplingParams"),
 ]
 
 
@@ -397,14 +397,14 @@ SAMPLING_FIELDS = {
 def test_sampling_params_fields(source: VllmSource) -> None:
     read = set()
     for f in project_python_files():
-        if f.startswith(("llm_worker/", "loadgen/")):
+        if f.startswith(("llm_worker/", "bench/load/")):
             read |= project(f).attributes_of("params", "sampling_params")
     info = source.class_info("vllm", "SamplingParams")
     assert not (gone := missing(info, SAMPLING_FIELDS | read)), (
         f"{source.label}: SamplingParams lacks {gone}"
     )
     kinds = set()
-    for f in ("llm_worker/requests.py", "llm_worker/main.py", "loadgen/baseline/engine.py"):
+    for f in ("llm_worker/requests.py", "llm_worker/main.py", "bench/load/baseline/engine.py"):
         kinds |= project(f).attributes_of("RequestOutputKind")
     assert kinds == {"DELTA"}, kinds
     assert not (
@@ -417,8 +417,8 @@ ENGINE_USERS = (
     "llm_worker/main.py",
     "llm_worker/profiling.py",
     "llm_worker/engine.py",
-    "loadgen/baseline/server.py",
-    "loadgen/baseline/__main__.py",
+    "bench/load/baseline/server.py",
+    "bench/load/baseline/__main__.py",
 )
 
 

@@ -613,7 +613,15 @@ def call_keywords(call: ast.Call) -> set[str]:
 
 def project_python_files() -> list[str]:
     """Every non-test Python file of the project (relative paths)."""
-    roots = ("llm_worker", "loadgen", "orchestrator", "gateway", "codec_worker", "shm", "scripts")
+    roots = (
+        "llm_worker",
+        "bench.load",
+        "orchestrator",
+        "gateway",
+        "codec_worker",
+        "shm",
+        "scripts",
+    )
     return sorted(
         str(p.relative_to(REPO))
         for root in roots

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from llm_worker import tokens as T
+from shm.records import CODEBOOK_SIZE
 
 NEG_INF = float("-inf")
 
@@ -28,9 +29,9 @@ class AudioSlotMask:
     """Scratch buffers for up to ``max_rows`` logits rows, allocated once."""
 
     def __init__(self, max_rows: int, device: torch.device) -> None:
-        self._offsets = torch.arange(T.CODEBOOK_SIZE, dtype=torch.int64, device=device)
-        self._index = torch.empty((max_rows, T.CODEBOOK_SIZE), dtype=torch.int64, device=device)
-        self._window = torch.empty((max_rows, T.CODEBOOK_SIZE), dtype=torch.float32, device=device)
+        self._offsets = torch.arange(CODEBOOK_SIZE, dtype=torch.int64, device=device)
+        self._index = torch.empty((max_rows, CODEBOOK_SIZE), dtype=torch.int64, device=device)
+        self._window = torch.empty((max_rows, CODEBOOK_SIZE), dtype=torch.float32, device=device)
         self._start = torch.empty(max_rows, dtype=torch.int64, device=device)
 
     def apply_(
@@ -55,7 +56,7 @@ class AudioSlotMask:
             ``[rows]`` bool (invalid argmax, False for unconstrained rows) if ``count``.
         """
         rows = logits.shape[0]
-        start = torch.mul(slot, T.CODEBOOK_SIZE, out=self._start[:rows])
+        start = torch.mul(slot, CODEBOOK_SIZE, out=self._start[:rows])
         start.add_(T.AUDIO_TOKEN_BASE)
         index = torch.add(start.unsqueeze(1), self._offsets, out=self._index[:rows])
         window = torch.gather(logits, 1, index, out=self._window[:rows])

@@ -36,6 +36,7 @@ from llm_worker.sampling.audio_mask import AudioSlotMask
 from llm_worker.sampling.counters import SINK, DeviceTally
 from llm_worker.sampling.rows import RowTracker
 from llm_worker.sampling.staging import Staged
+from shm.records import FRAME_CODES
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -143,7 +144,7 @@ class AudioTokenConstraint(LogitsProcessor):
             self._retract_dropped(lens)
         self.ingested[:b] = lens
         self.sampled[:b] = True
-        np.remainder(lens, T.FRAME_TOKENS, out=self.slot.np[:b])
+        np.remainder(lens, FRAME_CODES, out=self.slot.np[:b])
         invalid = self.mask.apply_(
             logits,
             self.slot.upload(b),

@@ -25,11 +25,11 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
     LogitsProcRequestState,
 )
 
-from llm_worker import tokens as T
 from llm_worker.sampling.args import RequestArgs
 from llm_worker.sampling.audio_mask import AudioSlotMask
 from llm_worker.sampling.constraint import counter_index, end_of_speech_stops
 from llm_worker.sampling.counters import SINK, DeviceTally
+from shm.records import FRAME_CODES
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -73,7 +73,7 @@ class AudioTokenConstraintV2(LogitsProcessor):
         sampled_pos = ctx.pos.long() + 1
         # Read the UVA-backed views every step: the runner replaces them on refills.
         prompt_len = self.req_states.prompt_len.gpu[req]
-        slot = (sampled_pos - prompt_len).remainder_(T.FRAME_TOKENS)
+        slot = (sampled_pos - prompt_len).remainder_(FRAME_CODES)
         invalid = self.mask.apply_(
             logits,
             slot,

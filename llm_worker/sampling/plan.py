@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from llm_worker.config import LLMConfig
+from common.llm_config import LLMConfig
 from llm_worker.sampling.args import RequestArgs
 from llm_worker.sampling.counters import SINK, Counter
 from llm_worker.sampling.runner import ModelRunner, actual_model_runner

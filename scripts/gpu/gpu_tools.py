@@ -135,10 +135,10 @@ ROLES = (
     ("orpheus-serve codec", "codec_worker"),
     ("orchestrator.child gateway", "gateway"),
     ("orpheus-serve gateway", "gateway"),
-    ("bench load", "loadgen"),
-    ("bench compare", "loadgen"),
-    ("loadgen", "loadgen"),
-    ("orchestrator.cli serve", "orchestrator"),
+    ("bench load", "bench"),
+    ("bench compare", "bench"),
+    ("bench.load", "bench"),
+    ("orpheus_serve.cli serve", "orchestrator"),
     ("orpheus-serve serve", "orchestrator"),
     ("spawn_main", "mp_child"),  # vLLM's engine core before setproctitle renames it
 )

@@ -11,7 +11,7 @@ transformers read:
 - ``config.json``: ``LlamaForCausalLM`` with canopylabs/orpheus-3b-0.1-ft's shape (hidden
   3072, 28 layers, 24 query heads, 8 KV heads, head dim 128, MLP 8192, vocabulary 156,940,
   tied embeddings, rope theta 500000 with llama3 rope scaling, bf16). Everything except the
-  shape is taken from the tiny test model's config (``llm_worker.tiny_model``): token ids,
+  shape is taken from the tiny test model's config (``bench.doubles.tiny_model``): token ids,
   rope scaling, and the voices and emotion tags under its ``"orpheus"`` key, stored the same
   way, so that the server treats both models alike.
 - ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``: bf16 weights drawn
@@ -42,6 +42,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from shm.records import CODEBOOK_SIZE, FRAME_CODES
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script from anywhere: import the repo's packages
@@ -149,13 +151,13 @@ def kv_bytes_per_token(cfg: dict[str, Any], dtype_bytes: int = 2) -> int:
 def base_files(workdir: Path) -> dict[str, Any]:
     """Write the tiny test model's tokenizer files into ``workdir`` and return its config.
 
-    ``llm_worker.tiny_model`` writes the tokenizer only as part of ``write_tiny_model``, so
+    ``bench.doubles.tiny_model`` writes the tokenizer only as part of ``write_tiny_model``, so
     this calls that (the tiny weights are a few tens of MB and take a second) and keeps the
     tokenizer and generation files and the config, whose token ids, rope settings and
     ``"orpheus"`` voices table the 3B config inherits. A ``write_tokenizer(dir)`` function,
     if tiny_model grows one, is used instead of writing the tiny weights.
     """
-    from llm_worker import tiny_model
+    from bench.doubles import tiny_model
 
     writer = getattr(tiny_model, "write_tokenizer", None)
     if writer is not None and hasattr(tiny_model, "_model_config"):
@@ -213,16 +215,16 @@ def _speak_codes(name: str, t: Any) -> None:
     """
     from llm_worker import tokens as T
 
-    n = T.CODEBOOK_SIZE
+    n = CODEBOOK_SIZE
     if name == "model.embed_tokens.weight":
-        for j in range(T.FRAME_TOKENS):
+        for j in range(FRAME_CODES):
             lo = T.AUDIO_TOKEN_BASE + j * n
             t[lo : lo + n, j] += CODE_SIGNAL
-        t[T.START_OF_SPEECH, T.FRAME_TOKENS - 1] += CODE_SIGNAL
+        t[T.START_OF_SPEECH, FRAME_CODES - 1] += CODE_SIGNAL
     elif name == "lm_head.weight":
-        for j in range(T.FRAME_TOKENS):
+        for j in range(FRAME_CODES):
             lo = T.AUDIO_TOKEN_BASE + j * n
-            t[lo : lo + n, (j - 1) % T.FRAME_TOKENS] += 1.0
+            t[lo : lo + n, (j - 1) % FRAME_CODES] += 1.0
 
 
 def _tensors(cfg: dict[str, Any], device: Any, seed: int) -> Iterator[tuple[str, Any]]:
@@ -334,7 +336,7 @@ def write_random_orpheus(
     timings = write_weights(out, cfg, device, seed, int(shard_gib * (1 << 30)))
     t_snac = 0.0
     if snac:
-        from codec_worker.snac_model import write_random_snac
+        from bench.doubles.tiny_model import write_random_snac
 
         t1 = time.perf_counter()
         write_random_snac(out / "snac", seed=seed)
@@ -379,8 +381,8 @@ def check_codes(model: str | Path, device: str = "cpu", tokens: int = 28) -> dic
             past = out.past_key_values
             probs = torch.softmax(out.logits[0, -1].float() / 0.6, -1)
             tok = torch.multinomial(probs, 1, generator=gen)
-            code = int(tok) - T.AUDIO_TOKEN_BASE - (p % T.FRAME_TOKENS) * T.CODEBOOK_SIZE
-            valid += 0 <= code < T.CODEBOOK_SIZE
+            code = int(tok) - T.AUDIO_TOKEN_BASE - (p % FRAME_CODES) * CODEBOOK_SIZE
+            valid += 0 <= code < CODEBOOK_SIZE
             step = tok[None]
     return {"model": str(model), "device": device, "tokens": tokens, "valid": valid}
 

@@ -41,8 +41,11 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-PACKAGES = ("shm", "orchestrator", "llm_worker", "codec_worker", "gateway", "loadgen")
-SKIP_MODULES = ("loadgen.baseline.__main__",)
+PACKAGES = (
+    "shm", "common", "orchestrator", "llm_worker", "codec_worker", "gateway", "bench",
+    "orpheus_serve",
+)  # fmt: skip
+SKIP_MODULES = ("bench.load.baseline.__main__", "orpheus_serve.__main__")
 
 
 @contextlib.contextmanager
@@ -92,7 +95,7 @@ def check_imports() -> dict[str, Any]:
 def check_sampling() -> dict[str, Any]:
     import os
 
-    from llm_worker.config import LLMConfig
+    from common.llm_config import LLMConfig
     from llm_worker.sampling import SamplingPlan, choose_model_runner, pin_model_runner
 
     out: dict[str, Any] = {"ok": True}
@@ -180,11 +183,12 @@ def check_codec_compile() -> dict[str, Any]:
 
     import torch
 
-    from codec_worker.config import CodecConfig
+    from bench.doubles.tiny_model import write_random_snac
     from codec_worker.decoder import WindowDecoder
     from codec_worker.engine import DecodeEngine
     from codec_worker.policy import WindowPolicy
-    from codec_worker.snac_model import load_snac, write_random_snac
+    from codec_worker.snac_model import load_snac
+    from common.codec_config import CodecConfig
 
     cfg = CodecConfig(compile=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

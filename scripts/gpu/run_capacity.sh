@@ -54,7 +54,7 @@ if [[ -z ${MODEL:-} ]]; then
 fi
 [[ -f $GPU_HOME/env.sh ]] && source "$GPU_HOME/env.sh"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-OS=("$PY" -m orchestrator.cli)
+OS=("$PY" -m orpheus_serve.cli)
 
 log() { printf '[%4ds] %s\n' "$((SECONDS - T_START))" "$*"; }
 left() { echo $((CALL_LIMIT_S - (SECONDS - T_START))); }
@@ -393,8 +393,8 @@ stage_compare_both() {
 }
 
 stage_penalties() {
-  if ! "$PY" -c "import llm_worker.bench_penalties" 2>/dev/null; then
-    note "llm_worker.bench_penalties is not in this tree: penalties benchmark skipped"; return 0
+  if ! "$PY" -c "import bench.penalties" 2>/dev/null; then
+    note "bench.penalties is not in this tree: penalties benchmark skipped"; return 0
   fi
   stage_stop
   local dev=()

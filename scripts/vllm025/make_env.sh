@@ -31,7 +31,7 @@ unzip -p "$whl" '*/METADATA' | sed -n 's/^Requires-Dist: //p' | grep -v 'extra =
 "${pip[@]}" install -q -r "$tmp/reqs.txt"
 # The project and the test runner only: the dev extras' voice-agent clients and deploy
 # checkers are exercised in the main environment, and their pins (protobuf) fight vLLM 0.25's.
-"${pip[@]}" install -q -e "$REPO"
+"${pip[@]}" install -q -e "$REPO[bench]"
 "${pip[@]}" install -q pytest pytest-asyncio pytest-timeout hypothesis
 "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" - <<'PY'

@@ -1,0 +1,293 @@
+"""``orpheus-serve bench load``: offer load to a running server, report what users would feel.
+
+Examples::
+
+    orpheus-serve bench load --concurrency 1,8,32 --json runs/load.json --plot runs/load.png
+    orpheus-serve bench load --open-rate 0.5,1,2 --duration 120
+    orpheus-serve bench load --search --fixed-tokens 840 --json runs/capacity.json
+
+See docs/benchmarks.md for what each number means and how levels are trimmed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from rich.console import Console
+
+from bench.load.environment import machine, versions
+from bench.load.plot import plot_levels
+from bench.load.report import LoadReport, now_iso, print_report, write_json
+from bench.load.runner import LevelPlan
+from bench.load.search import SearchResult
+from bench.load.session import (
+    LevelSpec,
+    NotReady,
+    SearchSpec,
+    Target,
+    run_levels,
+    search_capacity,
+)
+from bench.load.summary import LevelResult, Slo
+from bench.load.texts import Corpus, load_corpus
+
+
+def parse_ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers: {text!r}") from exc
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("concurrency levels must be positive integers")
+    return values
+
+
+def parse_floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers: {text!r}") from exc
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError("rates must be positive")
+    return values
+
+
+def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    """What each level sends and how long it runs (shared with ``bench compare``)."""
+    g = p.add_argument_group("workload")
+    g.add_argument(
+        "--duration",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds per level during which measured requests are issued (60)",
+    )
+    g.add_argument(
+        "--max-requests",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N measured requests per level",
+    )
+    g.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        metavar="S",
+        help="requests scheduled earlier are not measured (default: closed loop 0 "
+        "plus its whole first wave; open loop 10%% of the duration)",
+    )
+    g.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="after the duration, how long measured requests may run (120)",
+    )
+    g.add_argument(
+        "--long-fraction",
+        type=float,
+        default=0.2,
+        metavar="F",
+        help="fraction of long paragraphs among the texts (0.2; the rest are 5-15 word replies)",
+    )
+    g.add_argument(
+        "--fixed-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="send max_tokens=N with every request to fix the output length "
+        "(random-weight models rarely stop by themselves)",
+    )
+    g.add_argument("--voice", default="tara")
+    g.add_argument("--model-name", default="tts-1", help="the request's model field")
+    g.add_argument("--seed", type=int, default=0, help="seed of texts and arrivals")
+    g.add_argument(
+        "--read-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="a stream silent this long counts as broken (60)",
+    )
+    s = p.add_argument_group("targets")
+    s.add_argument(
+        "--ttfb-budget",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="p99 TTFB budget for pass/fail, goodput and capacity (1.0)",
+    )
+    s.add_argument(
+        "--ttfb-report",
+        type=parse_floats,
+        default=[0.5],
+        metavar="S,...",
+        help="further TTFB budgets reported alongside (0.5)",
+    )
+    s.add_argument("--jitter-buffer", type=float, default=0.1, metavar="S",
+                   help="player's buffer before playback starts, for underruns (0.1)")  # fmt: skip
+
+
+def plan_from_args(args: argparse.Namespace) -> LevelPlan:
+    return LevelPlan(
+        duration_s=args.duration,
+        max_requests=args.max_requests,
+        warmup_s=args.warmup,
+        drain_timeout_s=args.drain_timeout,
+        long_fraction=args.long_fraction,
+        seed=args.seed,
+        voice=args.voice,
+        model=args.model_name,
+        fixed_tokens=args.fixed_tokens,
+    )
+
+
+def slo_from_args(args: argparse.Namespace) -> Slo:
+    return Slo(
+        ttfb_s=args.ttfb_budget,
+        ttfb_report_s=tuple(sorted({args.ttfb_budget, *args.ttfb_report})),
+        jitter_buffer_s=args.jitter_buffer,
+    )
+
+
+def plan_config(plan: LevelPlan, extra: dict[str, Any]) -> dict[str, Any]:
+    return {**msgspec.to_builtins(plan), **extra}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="orpheus-serve bench load",
+        description="Closed- and open-loop load on a running server; TTFB from the scheduled "
+        "send, RTF, underruns, throughput, capacity search.",
+    )
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
+    p.add_argument("--zmq", metavar="ENDPOINT", help="drive the gateway's ZeroMQ endpoint instead")
+    p.add_argument("--api-key", default=None)
+    p.add_argument(
+        "--concurrency",
+        type=parse_ints,
+        default=None,
+        metavar="N,...",
+        help="closed-loop levels (default 1,8,32 unless --open-rate or --search)",
+    )
+    p.add_argument(
+        "--open-rate",
+        type=parse_floats,
+        default=None,
+        metavar="R,...",
+        help="open-loop levels: Poisson arrivals per second",
+    )
+    p.add_argument(
+        "--search", action="store_true", help="bracketing search for the capacity (closed loop)"
+    )
+    p.add_argument("--search-start", type=int, default=8, metavar="N")
+    p.add_argument("--search-max", type=int, default=1024, metavar="N")
+    p.add_argument(
+        "--search-resolution",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="stop bisecting when the bracket is within this fraction (0.1)",
+    )
+    p.add_argument("--json", type=Path, default=None, metavar="FILE")
+    p.add_argument("--plot", type=Path, default=None, metavar="FILE.png")
+    p.add_argument("--no-progress", action="store_true", help="no live progress display")  # fmt: skip
+    add_workload_arguments(p)
+    return p
+
+
+async def _run(
+    args: argparse.Namespace, corpus: Corpus, console: Console | None
+) -> tuple[list[LevelResult], SearchResult | None]:
+    target = Target(
+        url=args.url, zmq=args.zmq, api_key=args.api_key, read_timeout_s=args.read_timeout
+    )
+    plan, slo = plan_from_args(args), slo_from_args(args)
+    specs = [LevelSpec("closed", c) for c in args.concurrency or []]
+    specs += [LevelSpec("open", r) for r in args.open_rate or []]
+    levels = await run_levels(target, specs, plan, corpus, slo, console) if specs else []
+    if not args.search:
+        return levels, None
+    probed, found = await search_capacity(
+        target, search_spec(args), plan, corpus, slo, console, known=levels
+    )
+    return levels + probed, found
+
+
+def search_spec(args: argparse.Namespace) -> SearchSpec:
+    return SearchSpec(
+        start=args.search_start, maximum=args.search_max, resolution=args.search_resolution
+    )
+
+
+def event_loop_runner() -> Any:
+    try:
+        import uvloop
+
+        return uvloop.run
+    except ImportError:
+        return asyncio.run
+
+
+def report_console() -> Console:
+    """Standard output; wide enough for the table when it is a file or a pipe."""
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.concurrency is None and args.open_rate is None and not args.search:
+        args.concurrency = [1, 8, 32]
+    out = report_console()
+    progress_console = None if args.no_progress else Console(stderr=True)
+    corpus = load_corpus()
+    env_machine, env_versions = machine(), versions()
+    try:
+        levels, found = event_loop_runner()(_run(args, corpus, progress_console))
+    except NotReady as exc:
+        print(f"orpheus-serve bench load: {exc}", file=sys.stderr)
+        return 1
+    slo = slo_from_args(args)
+    plan = plan_from_args(args)
+    report = LoadReport(
+        created=now_iso(),
+        target=args.zmq or args.url,
+        machine=env_machine,
+        versions=env_versions,
+        config=plan_config(
+            plan,
+            {
+                "transport": "zmq" if args.zmq else "http",
+                "concurrency": args.concurrency,
+                "open_rate": args.open_rate,
+                "search": args.search,
+                "search_start": args.search_start,
+                "search_max": args.search_max,
+                "search_resolution": args.search_resolution,
+            },
+        ),
+        corpus=corpus.describe(plan.long_fraction),
+        slo=slo,
+        levels=levels,
+        search=found,
+    )
+    print_report(out, report)
+    if args.json is not None:
+        write_json(report, args.json)
+        out.print(f"wrote {args.json}")
+    if args.plot is not None and levels:
+        capacity = found.capacities[0].concurrency if found is not None else None
+        plot_levels({"server": levels}, slo, args.plot, title=f"load: {report.target}",
+                    capacity=capacity)  # fmt: skip
+        out.print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Load results as a terminal table and a JSON document."""
+
+from __future__ import annotations
+
+import datetime
+import math
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from bench.load.environment import Machine, Versions
+from bench.load.search import SearchResult
+from bench.load.summary import LevelResult, Slo, budget_key
+
+SCHEMA = "orpheus-serve/bench-load/1"
+
+
+class LoadReport(msgspec.Struct, kw_only=True):
+    schema: str = SCHEMA
+    created: str
+    target: str
+    """What was measured: the URL or ZeroMQ endpoint, and the server's name."""
+    machine: Machine
+    versions: Versions
+    config: dict[str, Any]
+    corpus: dict[str, object]
+    slo: Slo
+    levels: list[LevelResult]
+    search: SearchResult | None = None
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def write_json(report: msgspec.Struct, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n")
+
+
+def _ms(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x * 1000:.0f}"
+
+
+def _f(x: float, digits: int = 2) -> str:
+    return "-" if math.isnan(x) else f"{x:.{digits}f}"
+
+
+def levels_table(title: str, levels: list[LevelResult], slo: Slo) -> Table:
+    budget = budget_key(slo.ttfb_s)
+    table = Table(title=title, title_justify="left")
+    for name in (
+        "load",
+        "ok/req",
+        "short/long",
+        "held",
+        "TTFB ms mean/p50/p90/p99",
+        "RTF mean/p90/p99",
+        "underruns (streams)",
+        "worst lag ms p99",
+        "tokens/s",
+        "audio s/s",
+        f"goodput/s @{budget} ms",
+        "pass",
+    ):
+        table.add_column(name, justify="right")
+    for r in levels:
+        t = r.ttfb_s
+        table.add_row(
+            r.label,
+            f"{r.ok}/{r.requests}",
+            f"{r.short}/{r.long}",
+            _f(r.load_held, 1),
+            "/".join(_ms(x) for x in (t.mean, t.p50, t.p90, t.p99)),
+            "/".join(_f(x) for x in (r.rtf.mean, r.rtf.p90, r.rtf.p99)),
+            f"{r.underruns} ({r.underrun_streams})",
+            _ms(r.worst_lag_s.p99),
+            _f(r.tokens_per_s, 0),
+            _f(r.audio_s_per_s),
+            _f(r.goodput_per_s.get(budget, math.nan)),
+            "[green]yes" if r.passes.get(budget, False) else "[red]no",
+        )
+    return table
+
+
+def print_report(console: Console, report: LoadReport) -> None:
+    console.print(levels_table(f"load: {report.target}", report.levels, report.slo))
+    mix = report.corpus
+    console.print(
+        f"corpus: {mix['short_texts']} short ({mix['short_words']} words) and "
+        f"{mix['long_texts']} long texts ({mix['long_words']} words), long fraction "
+        f"{mix['long_fraction']}; TTFB from the scheduled send; jitter buffer "
+        f"{report.slo.jitter_buffer_s * 1000:.0f} ms"
+    )
+    if report.search is not None:
+        for cap in report.search.capacities:
+            bound = f"; bounded at c={cap.first_failure} by {'; '.join(cap.bounded_by)}"
+            console.print(
+                f"capacity (p99 TTFB < {cap.ttfb_budget_s * 1000:.0f} ms, p99 RTF < "
+                f"{report.slo.rtf:g}, no underrun): "
+                f"[bold]{'>= ' if cap.at_least else ''}{cap.concurrency}[/bold] streams"
+                + (bound if cap.first_failure is not None else "")
+            )

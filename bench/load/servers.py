@@ -1,0 +1,110 @@
+"""Start a server under test as a subprocess, wait until it is ready, stop it cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+from bench.doubles.local_server import NotReady, wait_ready
+
+
+class ServerFailed(RuntimeError):
+    pass
+
+
+class ServerProcess:
+    """``argv`` must serve HTTP on ``url``; its output goes to ``log_path``.
+
+    The server runs in its own process group so that stopping it also stops the
+    processes it started (vLLM's engine core, workers).
+    """
+
+    def __init__(self, name: str, argv: list[str], url: str, log_path: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.url = url.rstrip("/")
+        self.log_path = log_path
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self.ready_after_s: float | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("wb")
+        self._proc = subprocess.Popen(
+            self.argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout_s: float) -> None:
+        assert self._proc is not None, "start() first"
+        try:
+            self.ready_after_s = wait_ready(self.url, self._proc.poll, timeout_s)
+        except NotReady as e:
+            raise ServerFailed(
+                f"{self.name}: {e}; see {self.log_path}:\n{self.log_tail()}"
+            ) from None
+
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        """SIGTERM (a clean drain), then SIGKILL of the whole group past the timeout."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                print(f"{self.name} did not stop in {timeout_s:.0f}s: killing it", file=sys.stderr)
+        # Whatever the server left behind in its group (engine core, workers) goes too.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        code = proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return code
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def baseline_argv(
+    model: str, codec_model: str, device: str, port: int, extra: list[str] | None = None
+) -> list[str]:
+    return [
+        sys.executable, "-m", "bench.load.baseline", "--model", model, "--codec-model", codec_model,
+        "--device", device, "--host", "127.0.0.1", "--port", str(port), *(extra or []),
+    ]  # fmt: skip
+
+
+def orpheus_serve_argv(
+    model: str, codec_model: str, device: str, port: int, extra: list[str] | None = None
+) -> list[str]:
+    exe = Path(sys.executable).parent / "orpheus-serve"
+    return [
+        str(exe), "serve", "--model", model, "--codec-model", codec_model, "--device", device,
+        "--host", "127.0.0.1", "--port", str(port), *(extra or []),
+    ]  # fmt: skip

@@ -1,0 +1,214 @@
+"""The ``orpheus-serve`` command: ``serve`` and ``say`` (orchestrator/), ``tiny-model`` and
+``bench ...`` (bench/; ``rich`` and ``matplotlib`` come with the ``bench`` extra)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from common.config import ServeConfig
+
+BENCHES = {
+    "codec": "bench.codec",
+    "penalties": "bench.penalties",
+    "codes": "bench.codes",
+    "gateway": "bench.gateway",
+    "protocols": "bench.protocols",
+    "load": "bench.load.cli",
+    "compare": "bench.load.compare",
+    "soak": "bench.load.soak",
+    "voices": "bench.voices",
+}
+
+
+def tell(line: str) -> None:
+    """One line on stderr. A full disk under a redirected log must not turn a clean exit
+    code (0, 2, 78) into a traceback and exit 1: the line is lost, the code is kept."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
+def _serve_flags(args: argparse.Namespace) -> dict[str, Any]:
+    from orchestrator.settings import set_overrides
+
+    flags: dict[str, Any] = set_overrides(args.set or [])
+
+    def put(section: str | None, key: str, value: Any) -> None:
+        if value is None:
+            return
+        (flags.setdefault(section, {}) if section else flags)[key] = value
+
+    put(None, "device", args.device)
+    put(None, "log_format", args.log_format)
+    put("llm", "model", args.model)
+    put("llm", "tokenizer", args.tokenizer)
+    put("codec", "model", args.codec_model)
+    put("gateway", "host", args.host)
+    put("gateway", "port", args.port)
+    return flags
+
+
+def _with_model_voices(cfg: ServeConfig) -> ServeConfig:
+    """Resolve the voices once, from the model's configuration, so that every process (the
+    gateway's /v1/audio/voices, the llm_worker's validation) sees the same list."""
+    import msgspec
+
+    from llm_worker.model_info import load_model_info
+
+    info = load_model_info(cfg.llm)
+    llm = msgspec.structs.replace(cfg.llm, voices=list(info.voices), zero_shot=info.zero_shot)
+    return msgspec.structs.replace(cfg, llm=llm)
+
+
+def _with_codec_from_model_dir(cfg: ServeConfig, explicit: bool) -> ServeConfig:
+    """``--model DIR`` holding a SNAC checkpoint in ``DIR/snac`` (``orpheus-serve tiny-model``
+    writes one) uses it, unless the codec was set explicitly (``--codec-model``, ``--set
+    codec.model``, ``ORPHEUS_CODEC__MODEL`` or the TOML file)."""
+    import logging
+
+    import msgspec
+
+    from orchestrator.failures import SNAC_FILES
+
+    log = logging.getLogger("orchestrator")
+    local = Path(cfg.llm.model).expanduser() / "snac"
+    if not explicit and all((local / f).is_file() for f in SNAC_FILES):
+        log.info("codec: SNAC from %s (found next to --model; --codec-model overrides)", local)
+        codec = msgspec.structs.replace(cfg.codec, model=str(local))
+        return msgspec.structs.replace(cfg, codec=codec)
+    where = "set explicitly" if explicit else "the default"
+    log.info("codec: SNAC from %s (%s)", cfg.codec.model, where)
+    return cfg
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from orchestrator.failures import EXIT_PERMANENT, preflight
+    from orchestrator.logs import protect_stdio, setup_logging
+    from orchestrator.settings import ConfigError, is_set, load_config
+
+    try:
+        flags = _serve_flags(args)
+        cfg = load_config(args.config, flags)
+    except ConfigError as exc:
+        tell(f"orpheus-serve: {exc}")
+        return 2
+    protect_stdio()
+    setup_logging(cfg.log_format, cfg.log_level)
+    cfg = _with_codec_from_model_dir(cfg, is_set(args.config, flags, "codec", "model"))
+    failure = preflight(cfg)
+    if failure is not None:
+        tell(f"orpheus-serve: {failure.line()}")
+        return EXIT_PERMANENT
+    try:
+        cfg = _with_model_voices(cfg)
+    except ValueError as exc:
+        tell(f"orpheus-serve: {exc}")
+        return 2
+    from orchestrator.supervisor import Supervisor
+
+    sup = Supervisor(cfg)
+    code = sup.run()
+    if sup.exit_failure is not None:
+        # The one line that says why, last, where a person looks (after the workers' logs).
+        tell(f"orpheus-serve: {sup.exit_failure.line()}")
+    return code
+
+
+def cmd_tiny_model(args: argparse.Namespace) -> int:
+    from bench.doubles.tiny_model import write_random_lora, write_random_snac, write_tiny_model
+
+    out = Path(args.dir)
+    write_tiny_model(out, seed=args.seed)
+    write_random_snac(out / "snac", seed=args.seed)
+    print(f"wrote the tiny Orpheus test model to {out} and a random-weight SNAC to {out / 'snac'}")
+    for i, name in enumerate(args.lora or []):
+        path = write_random_lora(out / "lora" / name, seed=args.seed * 1000 + i + 1)
+        print(f"wrote a random LoRA adapter (a stand-in LoRA voice) to {path}")
+    print("random weights: what they say is noise, not speech")
+    return 0
+
+
+def cmd_say(args: argparse.Namespace) -> int:
+    from orchestrator.say import say
+
+    return say(args)
+
+
+def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    module = importlib.import_module(BENCHES[args.which])
+    return int(module.main(rest))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="orpheus-serve",
+        description="Streaming Orpheus-TTS server: vLLM worker, batched SNAC codec worker and "
+        "HTTP/WebSocket/ZeroMQ gateway joined by shared-memory rings.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the server (all processes) until SIGINT/SIGTERM")
+    s.add_argument("--model", help="Orpheus checkpoint: HF name or local path (llm.model)")
+    s.add_argument("--tokenizer", help="tokenizer name or path if not with the model")
+    s.add_argument("--codec-model", help="SNAC 24 kHz: HF name or local dir (codec.model)")
+    s.add_argument("--host", help="listen address (gateway.host, default 127.0.0.1)")
+    s.add_argument("--port", type=int, help="listen port (gateway.port, default 8000)")
+    s.add_argument("--device", choices=["cpu", "cuda"], help="cpu (dev profile) or cuda")
+    s.add_argument("--config", help="TOML configuration file (see docs/configuration.md)")
+    s.add_argument("--log-format", choices=["text", "json"], help="log lines as text or JSON")
+    s.add_argument(
+        "--set", action="append", metavar="SECTION.KEY=VALUE",
+        help="override any configuration key, e.g. --set codec.max_batch=32 (repeatable)",
+    )  # fmt: skip
+
+    t = sub.add_parser("tiny-model", help="write the deterministic tiny test model + random SNAC")
+    t.add_argument("dir")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument(
+        "--lora", action="append", metavar="NAME",
+        help="also write a random LoRA adapter to DIR/lora/NAME (repeatable)",
+    )  # fmt: skip
+
+    c = sub.add_parser("say", help="synthesize TEXT to a WAV file through a running server")
+    c.add_argument("text")
+    c.add_argument("--voice", default="tara")
+    c.add_argument("-o", "--output", default="out.wav")
+    c.add_argument("--url", default="http://127.0.0.1:8000")
+    c.add_argument("--zmq", metavar="ENDPOINT", help="use the ZeroMQ direct protocol instead")
+    c.add_argument("--api-key", default=None)
+    c.add_argument("--max-tokens", type=int, default=None)
+    c.add_argument("--seed", type=int, default=None)
+
+    # add_help=False: `bench load --help` reaches the benchmark's own parser.
+    b = sub.add_parser(
+        "bench", help="benchmarks (each prints a table and writes JSON)", add_help=False
+    )
+    b.add_argument("which", choices=sorted(BENCHES))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if argv[:1] == ["bench"]:
+        args, rest = parser.parse_known_args(argv)
+        return cmd_bench(args, rest)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return cmd_serve(args)
+    if args.command == "tiny-model":
+        return cmd_tiny_model(args)
+    if args.command == "say":
+        return cmd_say(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""The component benchmarks of two checkouts, side by side in one run (docs/performance.md).
+
+    python scripts/dev/ab_components.py --before ../before --after . --json out.json
+
+Each round runs every benchmark once in each tree, alternating which goes first, so that a
+drift of the machine (other load, thermal state) falls on both. A tree's command is found
+by what it has: ``python -m orpheus_serve`` where that package exists, else the older
+``python -m orchestrator.cli``. Prints a table of medians and after/before ratios and writes
+them, with every run's raw value, as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Extract = Callable[[dict[str, Any]], float]
+
+
+@dataclass(frozen=True)
+class Bench:
+    name: str
+    args: tuple[str, ...]
+    metric: str
+    """What the number is, with its unit; ``lower`` says which way is better."""
+    lower: bool
+    extract: Extract
+
+
+def _level(key: str, field: str, value: int) -> Extract:
+    return lambda d: next(r[field] for r in d[key] if r["streams"] == value)
+
+
+BENCHES = (
+    Bench(
+        "codec",
+        (
+            "codec",
+            "--streams",
+            "8",
+            "--frames",
+            "48",
+            "--rounds",
+            "1",
+            "--seam-frames",
+            "8",
+            "--seam-streams",
+            "1",
+            "--threads",
+            "1",
+        ),
+        "codec worker CPU s per audio s, 8 streams",
+        True,
+        _level("streams", "worker_cpu_s_per_audio_s", 8),
+    ),
+    Bench(
+        "codes",
+        ("codes", "--streams", "64", "--steps", "200", "--rounds", "3"),
+        "llm worker frame mapping, us per step at 64 streams",
+        True,
+        lambda d: next(r for r in d["results"] if r["streams"] == 64)[
+            "us_per_step_vectorised_guard"
+        ],
+    ),
+    Bench(
+        "gateway",
+        ("gateway", "--levels", "100", "--duration", "6", "--ramp", "1", "--warmup", "1"),
+        "gateway CPU ms per stream-second, 100 streams",
+        True,
+        lambda d: d["levels"][0]["cpu_ms_per_stream_s"],
+    ),
+    Bench(
+        "protocols",
+        ("protocols", "--levels", "1"),
+        "flush to first byte p50 ms, OpenAI HTTP, 1 session",
+        True,
+        lambda d: next(r["p50_ms"] for r in d["results"] if r["protocol"] == "openai_http"),
+    ),
+)
+
+
+def command(tree: Path) -> list[str]:
+    module = "orpheus_serve" if (tree / "orpheus_serve").is_dir() else "orchestrator.cli"
+    return [sys.executable, "-m", module, "bench"]
+
+
+def run_one(tree: Path, bench: Bench, timeout_s: float) -> float:
+    with tempfile.TemporaryDirectory(prefix="ab-") as tmp:
+        out = Path(tmp) / "result.json"
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        res = subprocess.run(
+            [*command(tree), *bench.args, "--json", str(out)],
+            cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s,
+        )  # fmt: skip
+        if res.returncode != 0 or not out.exists():
+            raise RuntimeError(
+                f"{bench.name} in {tree} failed:\n{res.stdout[-2000:]}{res.stderr[-3000:]}"
+            )
+        return float(bench.extract(json.loads(out.read_text())))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", type=Path, required=True)
+    ap.add_argument("--after", type=Path, default=Path("."))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", default="", help="comma-separated benchmark names")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    trees = {"before": args.before.resolve(), "after": args.after.resolve()}
+    chosen = [b for b in BENCHES if not args.only or b.name in args.only.split(",")]
+    raw: dict[str, dict[str, list[float]]] = {b.name: {"before": [], "after": []} for b in chosen}
+    started = time.time()
+    for r in range(args.rounds):
+        order = ("before", "after") if r % 2 == 0 else ("after", "before")
+        for b in chosen:
+            for side in order:
+                value = run_one(trees[side], b, args.timeout)
+                raw[b.name][side].append(value)
+                print(f"round {r + 1} {b.name:<10} {side:<6} {value:.4g}", flush=True)
+    rows = []
+    print(f"\n{'benchmark':<10} {'metric':<55} {'before':>9} {'after':>9} {'after/before':>12}")
+    for b in chosen:
+        before = statistics.median(raw[b.name]["before"])
+        after = statistics.median(raw[b.name]["after"])
+        ratio = after / before
+        rows.append({"benchmark": b.name, "metric": b.metric, "lower_is_better": b.lower,
+                     "before_median": before, "after_median": after, "ratio": ratio,
+                     "before_runs": raw[b.name]["before"], "after_runs": raw[b.name]["after"]})  # fmt: skip
+        print(f"{b.name:<10} {b.metric:<55} {before:>9.4g} {after:>9.4g} {ratio:>12.3f}")
+    if args.json:
+        doc = {"benchmark": "ab_components", "trees": {k: str(v) for k, v in trees.items()},
+               "rounds": args.rounds, "seconds": round(time.time() - started, 1),
+               "machine": os.uname().nodename, "cpus": os.cpu_count(), "results": rows}  # fmt: skip
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
