@@ -1,0 +1,1 @@
+"""Stand-ins the benchmarks and tests run against: none of them is served."""
