@@ -56,6 +56,7 @@ from llm_worker.requests import (
     split_budget,
     voice_of,
 )
+from llm_worker.sampling.hooks import SamplingHooks
 from llm_worker.text import TextStream, normalise_tags, split_text
 from shm.messages import AppendText, Cancel, ControlMessage, Submit
 from shm.records import RecordKind, StreamEnd, StreamError, end_encoder
@@ -96,20 +97,6 @@ class Stream:
     tokens: int = 0
     reason: str = "stop"
     done: bool = False
-
-
-class SamplingHooks:
-    """The sampling package's per-stream side (tensor penalty and audio constraint), as the
-    worker needs it. The default uses vLLM's own repetition penalty and no constraint."""
-
-    def acquire(self) -> Any:
-        return None
-
-    def kwargs(self, repetition_penalty: float, counter: Any) -> dict[str, Any] | None:
-        return None
-
-    def release(self, counter: Any) -> int:
-        return 0
 
 
 class LLMWorker:
