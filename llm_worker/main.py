@@ -6,8 +6,9 @@ SIGTERM/SIGINT:
 
 - PULL ``layout.control`` (bound here): ``Submit`` / ``AppendText`` / ``Cancel`` from the
   gateways, handled in arrival order;
-- the pump (:class:`llm_worker.worker.LLMWorker`) publishes each engine step's frames to
-  the code ring (producer of ``layout.code_ring``, created by the orchestrator);
+- the pump (:class:`llm_worker.service.LLMService`) publishes each engine step's frames to
+  the code ring (:class:`llm_worker.output.RingSink`: producer of ``layout.code_ring``,
+  created by the orchestrator);
 - PUSH ``layout.orch``: ``WorkerReady`` once warm, ``Heartbeat`` every second.
 
 On SIGTERM the streams still held get ERROR 503 ("shutdown"); if the engine dies they get
@@ -37,13 +38,14 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from llm_worker import metrics as M
 from llm_worker import tokens as T
 from llm_worker.custom_voices import ZeroShotVoices
-from llm_worker.engine import describe_engine, start_engine
+from llm_worker.engine import GenerationEngine, describe_engine
 from llm_worker.lora import LoraVoices
 from llm_worker.model_info import ModelInfo, load_model_info
+from llm_worker.output import RingSink
 from llm_worker.profiling import engine_profiler_config, profile_on_trigger
 from llm_worker.prompt import PromptBuilder
 from llm_worker.sampling_setup import SamplingSetup, setup_sampling
-from llm_worker.worker import LLMWorker
+from llm_worker.service import LLMService
 from orchestrator.config import ServeConfig
 from orchestrator.heap import settle as settle_heap
 from orchestrator.profiling import ProfileTrigger
@@ -127,17 +129,16 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
     writer = RingWriter(layout.code_ring, recheck_ms=config.shm.recheck_ms)
     sampling = setup_sampling(cfg, f"{layout.instance}-prevented", config.device)
     engine: AsyncLLM | None = None
-    worker: LLMWorker | None = None
+    worker: LLMService | None = None
     tasks: list[asyncio.Task[None]] = []
-
-    def on_step() -> None:
-        if worker is not None:
-            worker.on_step()
 
     try:
         trigger = ProfileTrigger.from_env("llm")
         profiler = engine_profiler_config(trigger) if trigger is not None else None
-        engine = start_engine(cfg, config.device, sampling.logits_processors, on_step, profiler)
+        generation = GenerationEngine.start(
+            cfg, config.device, sampling.logits_processors, profiler
+        )
+        engine = generation.llm
         sampling.check_runner(engine.vllm_config)
         engine_info = describe_engine(engine, config.device)
         log.info("engine: %s", engine_info.describe())
@@ -150,7 +151,9 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
         custom = ZeroShotVoices(store, prompts, info.zero_shot)
         loras = LoraVoices(cfg, LoraRegistry(config.voices.state_dir), info.voices, store)
         await loras.restore(engine)
-        worker = LLMWorker(cfg, engine, writer, prompts, info, sampling.hooks, custom, loras)
+        sink = RingSink(writer, cfg.ring_full_timeout_s)
+        worker = LLMService(cfg, generation, sink, prompts, info, sampling.hooks, custom, loras)
+        generation.on_step(worker.on_step)
         detail = (
             f"{engine_info.describe()}; warm-up {warm_s:.1f}s; "
             f"ready in {time.monotonic() - t0:.1f}s"
@@ -206,7 +209,7 @@ async def _stop_tasks(tasks: list[asyncio.Task[None]]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _control_loop(sock: zmq.asyncio.Socket, worker: LLMWorker) -> None:
+async def _control_loop(sock: zmq.asyncio.Socket, worker: LLMService) -> None:
     while True:
         raw = await sock.recv()
         try:
@@ -239,7 +242,7 @@ async def _admin_loop(sock: zmq.asyncio.Socket, engine: AsyncLLM, loras: LoraVoi
 
 
 async def _heartbeat_loop(
-    orch: zmq.asyncio.Socket, worker: LLMWorker, engine: AsyncLLM, sampling: SamplingSetup
+    orch: zmq.asyncio.Socket, worker: LLMService, engine: AsyncLLM, sampling: SamplingSetup
 ) -> None:
     pid = os.getpid()
     prevented = sampling.total_prevented()
