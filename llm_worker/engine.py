@@ -205,7 +205,7 @@ def start_engine(
     return AsyncLLM.from_engine_args(args, stat_loggers=[hook])
 
 
-class _StepRelay:
+class StepRelay:
     """The step hook's callback: the listener may be set after the engine exists."""
 
     __slots__ = ("listener",)
@@ -222,10 +222,10 @@ class GenerationEngine:
     """Owns the ``AsyncLLM``: requests of prompt token ids, their output collectors, and the
     listener of its steps (see the module docstring)."""
 
-    def __init__(self, llm: AsyncLLM, relay: _StepRelay | None = None) -> None:
+    def __init__(self, llm: AsyncLLM, relay: StepRelay | None = None) -> None:
         self.llm = llm
         """The engine itself (warm-up, LoRA adapters, profiling, stats, shutdown)."""
-        self._relay = relay or _StepRelay()
+        self._relay = relay or StepRelay()
 
     @classmethod
     def start(
@@ -236,7 +236,7 @@ class GenerationEngine:
         profiler: ProfilerConfig | None = None,
     ) -> GenerationEngine:
         """Build the engine (blocking: loads the model). Call from the event loop's thread."""
-        relay = _StepRelay()
+        relay = StepRelay()
         return cls(start_engine(config, device, logits_processors, relay, profiler), relay)
 
     def on_step(self, listener: Callable[[], None] | None) -> None:
