@@ -473,7 +473,10 @@ class LLMService:
         M.FRAMES_WRITTEN.inc(int(offsets[-1]))
         if n_invalid := int(step.invalid_tokens.sum()):
             M.INVALID_TOKENS.inc(n_invalid)
-            M.FRAMES_DROPPED.labels("invalid").inc(int(step.dropped.sum()))
+        # A frame is dropped in the step that completes it, often not the one that brought
+        # its invalid token.
+        if n_dropped := int(step.dropped.sum()):
+            M.FRAMES_DROPPED.labels("invalid").inc(n_dropped)
 
         counts = step.counts.tolist()
         bounds = offsets.tolist()

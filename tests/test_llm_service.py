@@ -169,7 +169,7 @@ async def test_invalid_tokens_drop_their_frame_and_seq_counts_frames_written() -
     assert contiguous(got) and np.array_equal(got.frames, f[[0, 2]])
     assert got.end is not None and (got.end.frames, got.end.tokens) == (2, 21)
     d = m.delta()
-    assert (d["invalid"], d["frames"]) == (1, 2)
+    assert (d["invalid"], d["dropped_invalid"], d["frames"]) == (1, 1, 2)
 
 
 async def test_a_length_cut_drops_the_incomplete_frame() -> None:
