@@ -44,6 +44,7 @@ class RingSink:
         self._writer = writer
         self._timeout_s = timeout_s
         self.max_payload = writer.max_payload
+        # The per-record calls of every step go straight to the writer (no wrapper call).
         self.try_put = writer.try_append
         self.publish = writer.publish
 
