@@ -9,8 +9,13 @@
   ``SamplingParams`` are the whole truth (no stray stop ids from the checkpoint).
 - The engine's Prometheus stat logger stays on (``vllm:*`` metrics); the worker's
   :class:`StepHook`, registered as one more stat logger, is called once per engine step
-  after every request's output of that step has been delivered, which is when the worker
+  after every request's output of that step has been delivered, which is when the service
   maps and publishes the step's tokens.
+
+:class:`GenerationEngine` is what the service (:mod:`llm_worker.service`) talks to: it owns
+the ``AsyncLLM`` and offers ``add`` (prompt token ids in, the request's output collector
+out), ``abort``, and ``on_step`` (the step hook's listener). A fake with the same three
+members drives the service in unit tests without vLLM's engine.
 """
 
 from __future__ import annotations
@@ -20,9 +25,13 @@ import logging
 from collections.abc import Callable
 
 import msgspec
+from vllm import SamplingParams
 from vllm.config import ProfilerConfig, VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.inputs.engine import tokens_input
+from vllm.lora.request import LoRARequest
 from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.output_processor import RequestOutputCollector
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
@@ -194,6 +203,63 @@ def start_engine(
         return StepHook(vllm_config, engine_index, on_step=on_step)
 
     return AsyncLLM.from_engine_args(args, stat_loggers=[hook])
+
+
+class StepRelay:
+    """The step hook's callback: the listener may be set after the engine exists."""
+
+    __slots__ = ("listener",)
+
+    def __init__(self) -> None:
+        self.listener: Callable[[], None] | None = None
+
+    def __call__(self) -> None:
+        if self.listener is not None:
+            self.listener()
+
+
+class GenerationEngine:
+    """Owns the ``AsyncLLM``: requests of prompt token ids, their output collectors, and the
+    listener of its steps (see the module docstring)."""
+
+    def __init__(self, llm: AsyncLLM, relay: StepRelay | None = None) -> None:
+        self.llm = llm
+        """The engine itself (warm-up, LoRA adapters, profiling, stats, shutdown)."""
+        self._relay = relay or StepRelay()
+
+    @classmethod
+    def start(
+        cls,
+        config: LLMConfig,
+        device: str,
+        logits_processors: list[type],
+        profiler: ProfilerConfig | None = None,
+    ) -> GenerationEngine:
+        """Build the engine (blocking: loads the model). Call from the event loop's thread."""
+        relay = StepRelay()
+        return cls(start_engine(config, device, logits_processors, relay, profiler), relay)
+
+    def on_step(self, listener: Callable[[], None] | None) -> None:
+        """Call ``listener`` once per engine step, after every request's output of that step
+        was delivered to its collector (None: nobody listens)."""
+        self._relay.listener = listener
+
+    async def add(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        lora: LoRARequest | None = None,
+    ) -> RequestOutputCollector:
+        """Start a request (no tokenizer: ``prompt`` is token ids). Its outputs arrive in the
+        returned collector (DELTA: new tokens only, merged if not read in time). vLLM's
+        validation errors are ValueErrors; EngineDeadError if the engine is gone."""
+        return await self.llm.add_request(
+            request_id, tokens_input(prompt), params, lora_request=lora
+        )
+
+    async def abort(self, request_id: str) -> None:
+        await self.llm.abort(request_id)
 
 
 def _attention_backend(vllm_config: VllmConfig) -> str:

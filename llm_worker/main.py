@@ -6,8 +6,9 @@ SIGTERM/SIGINT:
 
 - PULL ``layout.control`` (bound here): ``Submit`` / ``AppendText`` / ``Cancel`` from the
   gateways, handled in arrival order;
-- the pump (:class:`llm_worker.worker.LLMWorker`) publishes each engine step's frames to
-  the code ring (producer of ``layout.code_ring``, created by the orchestrator);
+- the pump (:class:`llm_worker.service.LLMService`) publishes each engine step's frames to
+  the code ring (:class:`llm_worker.output.RingSink`: producer of ``layout.code_ring``,
+  created by the orchestrator);
 - PUSH ``layout.orch``: ``WorkerReady`` once warm, ``Heartbeat`` every second.
 
 On SIGTERM the streams still held get ERROR 503 ("shutdown"); if the engine dies they get
@@ -40,13 +41,14 @@ from common.profiling import ProfileTrigger
 from llm_worker import metrics as M
 from llm_worker import tokens as T
 from llm_worker.custom_voices import ZeroShotVoices
-from llm_worker.engine import describe_engine, start_engine
+from llm_worker.engine import GenerationEngine, describe_engine
 from llm_worker.lora import LoraVoices
 from llm_worker.model_info import ModelInfo, load_model_info
+from llm_worker.output import RingSink
 from llm_worker.profiling import engine_profiler_config, profile_on_trigger
 from llm_worker.prompt import PromptBuilder
 from llm_worker.sampling_setup import SamplingSetup, setup_sampling
-from llm_worker.worker import LLMWorker
+from llm_worker.service import LLMService
 from shm.layout import InstanceLayout
 from shm.messages import (
     AdminReply,
@@ -124,7 +126,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
     writer = RingWriter(layout.code_ring, recheck_ms=config.shm.recheck_ms)
     sampling = setup_sampling(cfg, f"{layout.instance}-prevented", config.device)
     engine: AsyncLLM | None = None
-    worker: LLMWorker | None = None
+    service: LLMService | None = None
     tasks: list[asyncio.Task[None]] = []
 
     def engine_alive() -> None:
@@ -133,14 +135,13 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
         if engine is not None and engine.errored:
             raise engine.dead_error
 
-    def on_step() -> None:
-        if worker is not None:
-            worker.on_step()
-
     try:
         trigger = ProfileTrigger.from_env("llm")
         profiler = engine_profiler_config(trigger) if trigger is not None else None
-        engine = start_engine(cfg, config.device, sampling.logits_processors, on_step, profiler)
+        generation = GenerationEngine.start(
+            cfg, config.device, sampling.logits_processors, profiler
+        )
+        engine = generation.llm
         sampling.check_runner(engine.vllm_config)
         engine_info = describe_engine(engine, config.device)
         log.info("engine: %s", engine_info.describe())
@@ -153,7 +154,9 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
         custom = ZeroShotVoices(store, prompts, info.zero_shot)
         loras = LoraVoices(cfg, LoraRegistry(config.voices.state_dir), info.voices, store)
         await loras.restore(engine)
-        worker = LLMWorker(cfg, engine, writer, prompts, info, sampling.hooks, custom, loras)
+        sink = RingSink(writer, cfg.ring_full_timeout_s)
+        service = LLMService(cfg, generation, sink, prompts, info, sampling.hooks, custom, loras)
+        generation.on_step(service.on_step)
         detail = (
             f"{engine_info.describe()}; warm-up {warm_s:.1f}s; "
             f"ready in {time.monotonic() - t0:.1f}s"
@@ -162,11 +165,11 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
         log.info("llm worker ready: %s", detail)
 
         tasks = [
-            asyncio.create_task(worker.run(), name="pump"),
-            asyncio.create_task(_control_loop(control, worker), name="control"),
+            asyncio.create_task(service.run(), name="pump"),
+            asyncio.create_task(_control_loop(control, service), name="control"),
             asyncio.create_task(_admin_loop(admin, engine, loras), name="admin"),
             asyncio.create_task(
-                link.beat_forever(lambda: worker.active_streams, engine_alive), name="heartbeat"
+                link.beat_forever(lambda: service.active_streams, engine_alive), name="heartbeat"
             ),
             asyncio.create_task(_engine_stats_loop(engine, sampling), name="engine-stats"),
         ]
@@ -181,12 +184,12 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
                 raise exc
         log.info("llm worker stopping")
         await _stop_tasks(tasks)
-        await worker.shutdown()
+        await service.shutdown()
     except BaseException:
         await _stop_tasks(tasks)
-        if worker is not None:
+        if service is not None:
             with contextlib.suppress(Exception):
-                await worker.shutdown("worker_restarted", "the llm worker failed; retry")
+                await service.shutdown("worker_restarted", "the llm worker failed; retry")
         raise
     finally:
         if engine is not None:
@@ -211,7 +214,7 @@ async def _stop_tasks(tasks: list[asyncio.Task[None]]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _control_loop(sock: zmq.asyncio.Socket, worker: LLMWorker) -> None:
+async def _control_loop(sock: zmq.asyncio.Socket, service: LLMService) -> None:
     while True:
         raw = await sock.recv()
         try:
@@ -219,7 +222,7 @@ async def _control_loop(sock: zmq.asyncio.Socket, worker: LLMWorker) -> None:
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             log.warning("undecodable control message dropped: %s", e)
             continue
-        await worker.handle(msg)
+        await service.handle(msg)
 
 
 async def _admin_loop(sock: zmq.asyncio.Socket, engine: AsyncLLM, loras: LoraVoices) -> None:

@@ -3,8 +3,8 @@
 The package supplies the logits processors (tensor repetition penalty on the legacy model
 runner, audio-token constraint) and the per-request arguments that switch them on. This
 module pins the model runner that ``llm.model_runner`` chooses, creates the prevented-token
-board, picks the processors for that runner, and adapts the per-stream side to
-:class:`llm_worker.worker.SamplingHooks`.
+board, picks the processors for that runner, and gives the service the per-stream side
+(:class:`llm_worker.sampling.hooks.PlanHooks`).
 """
 
 from __future__ import annotations
@@ -16,28 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.llm_config import LLMConfig
-from llm_worker.worker import SamplingHooks
+from llm_worker.sampling.hooks import PlanHooks, SamplingHooks
 from shm.ring import segment_path
 
 log = logging.getLogger(__name__)
 
 BOARD_SPARE_SLOTS = 64
 """Board slots beyond max_num_seqs: streams waiting for their next segment hold one too."""
-
-
-class _PlanHooks(SamplingHooks):
-    def __init__(self, plan: Any, slots: Any) -> None:
-        self._plan = plan
-        self._slots = slots
-
-    def acquire(self) -> Any:
-        return self._slots.acquire() if self._slots is not None else None
-
-    def kwargs(self, repetition_penalty: float, counter: Any) -> dict[str, Any] | None:
-        return self._plan.request_kwargs(repetition_penalty=repetition_penalty, counter=counter)
-
-    def release(self, counter: Any) -> int:
-        return self._slots.release(counter) if self._slots is not None else 0
 
 
 @dataclass
@@ -101,7 +86,7 @@ def setup_sampling(config: LLMConfig, board_name: str, device: str) -> SamplingS
         config, runner, board=board.name if board else None, v2_processors=choice.v2_processors
     )
     return SamplingSetup(
-        hooks=_PlanHooks(plan, slots),
+        hooks=PlanHooks(plan, slots),
         logits_processors=plan.logits_processors(),
         description=f"{plan.describe()} [runner: {choice.reason}]",
         runner=runner,

@@ -6,6 +6,7 @@ Prevented-token counts reach the worker through a :class:`PreventedBoard`.
 
 from llm_worker.sampling.args import EXTRA_ARGS_KEY, RequestArgs
 from llm_worker.sampling.counters import Counter, CounterSlots, PreventedBoard
+from llm_worker.sampling.hooks import PlanHooks, SamplingHooks
 from llm_worker.sampling.plan import SamplingPlan, detect_model_runner
 from llm_worker.sampling.runner import (
     ModelRunner,
@@ -20,9 +21,11 @@ __all__ = [
     "Counter",
     "CounterSlots",
     "ModelRunner",
+    "PlanHooks",
     "PreventedBoard",
     "RequestArgs",
     "RunnerChoice",
+    "SamplingHooks",
     "SamplingPlan",
     "choose_model_runner",
     "detect_model_runner",

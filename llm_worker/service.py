@@ -10,15 +10,20 @@ Frame ``seq`` counts the stream's frames across all of its segments, so long tex
 out as one continuous stream.
 
 One task, the *pump*, is the only writer of the code ring. It wakes when the engine has
-delivered a step's outputs (:class:`llm_worker.engine.StepHook`), takes every live
-stream's new tokens, maps them all to frames in one vectorised call, stages one CODES
-record per stream that completed frames, and publishes them with one head update.
-Control handlers never write the ring: their END/ERROR records go through an outbox the
-pump flushes after the step's CODES, so a stream's records stay in order.
+delivered a step's outputs (:meth:`LLMService.on_step`, called by the engine's step hook:
+:class:`llm_worker.engine.StepHook`), takes every live stream's new tokens, maps them all to
+frames in one vectorised call, stages one CODES record per stream that completed frames, and
+publishes them with one head update. Control handlers never write the ring: their END/ERROR
+records go through an outbox the pump flushes after the step's CODES, so a stream's records
+stay in order.
 
 A full ring is backpressure: the pump waits (the whole ring is shared, so every stream
 waits with it) and, past ``ring_full_timeout_s``, fails the stream it was writing with
 ERROR "backpressure" and aborts its request.
+
+The service sees the engine through :class:`Engine` (``add``/``abort`` and the output
+collectors of :mod:`llm_worker.engine`) and the ring through a
+:class:`llm_worker.output.RecordSink`, so that unit tests drive it with fakes of both.
 """
 
 from __future__ import annotations
@@ -27,25 +32,22 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import numpy as np
-from vllm.inputs.engine import tokens_input
-from vllm.lora.request import LoRARequest
-from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
-from vllm.v1.engine.output_processor import RequestOutputCollector
 
 from common.llm_config import LLMConfig
 from llm_worker import metrics as M
 from llm_worker import tokens as T
 from llm_worker.codes import FrameAssembler
 from llm_worker.custom_voices import ZeroShotVoices
-from llm_worker.lora import LoraVoices
 from llm_worker.model_info import ModelInfo
+from llm_worker.output import Payload, RecordSink
 from llm_worker.prompt import PromptBuilder
 from llm_worker.repetition import RepetitionGuard
 from llm_worker.requests import (
@@ -56,10 +58,16 @@ from llm_worker.requests import (
     split_budget,
     voice_of,
 )
+from llm_worker.sampling.hooks import SamplingHooks
 from llm_worker.text import TextStream, normalise_tags, split_text
 from shm.messages import AppendText, Cancel, ControlMessage, Submit
 from shm.records import CODE_DTYPE, FRAME_CODES, RecordKind, StreamEnd, StreamError, end_encoder
-from shm.ring import RingFull, RingWriter
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    from llm_worker.lora import LoraVoices
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +75,47 @@ log = logging.getLogger(__name__)
 _SEVERITY = {"stop": 0, "length": 1, "repetition": 2}
 _FRAME_BYTES = FRAME_CODES * CODE_DTYPE.itemsize
 _OUTBOX_RETRY_S = 0.05
+
+
+# -- what the service needs of the engine --------------------------------------------------
+
+
+class Completion(Protocol):
+    """vLLM's ``CompletionOutput`` as read here (DELTA: the step's new tokens)."""
+
+    token_ids: Sequence[int]
+    finish_reason: str | None
+
+
+class StepOutput(Protocol):
+    """vLLM's ``RequestOutput`` as read here."""
+
+    finished: bool
+    outputs: Sequence[Completion]
+
+
+class Collector(Protocol):
+    """A request's outputs (vLLM's ``RequestOutputCollector``): what arrived since the last
+    call, or None; raises the request's error (EngineDeadError if the engine died)."""
+
+    def get_nowait(self) -> StepOutput | None: ...
+
+
+class Engine(Protocol):
+    """:class:`llm_worker.engine.GenerationEngine`, as the service uses it."""
+
+    async def add(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        lora: LoRARequest | None = None,
+    ) -> Collector: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+
+# -- the service ---------------------------------------------------------------------------
 
 
 @dataclass(slots=True, eq=False)
@@ -91,33 +140,19 @@ class Stream:
     """The stream's slot on the prevented-token board (sampling package), if any."""
     segment: int = -1
     request_id: str | None = None
-    collector: RequestOutputCollector | None = None
+    collector: Collector | None = None
     frames: int = 0
     tokens: int = 0
     reason: str = "stop"
     done: bool = False
 
 
-class SamplingHooks:
-    """The sampling package's per-stream side (tensor penalty and audio constraint), as the
-    worker needs it. The default uses vLLM's own repetition penalty and no constraint."""
-
-    def acquire(self) -> Any:
-        return None
-
-    def kwargs(self, repetition_penalty: float, counter: Any) -> dict[str, Any] | None:
-        return None
-
-    def release(self, counter: Any) -> int:
-        return 0
-
-
-class LLMWorker:
+class LLMService:
     def __init__(
         self,
         config: LLMConfig,
-        engine: AsyncLLM,
-        writer: RingWriter,
+        engine: Engine,
+        sink: RecordSink,
         prompts: PromptBuilder,
         info: ModelInfo,
         sampling: SamplingHooks | None = None,
@@ -128,7 +163,7 @@ class LLMWorker:
         self._custom = custom
         self._loras = loras
         self._engine = engine
-        self._writer = writer
+        self._sink = sink
         self._prompts = prompts
         self._info = info
         self._tags = frozenset(info.emotion_tags)
@@ -141,7 +176,11 @@ class LLMWorker:
         self._wake = asyncio.Event()
         self._outbox: deque[tuple[Stream | _Orphan, StreamEnd | StreamError]] = deque()
         """END/ERROR records the pump writes after the step's CODES (see the module doc)."""
-        self._max_frames_per_record = max(1, (writer.max_payload // _FRAME_BYTES))
+        self._max_frames_per_record = max(1, (sink.max_payload // _FRAME_BYTES))
+        # One step's outputs, reused from step to step.
+        self._step_streams: list[Stream] = []
+        self._step_tokens: list[Sequence[int]] = []
+        self._step_finished: list[str | None] = []
 
     # -- public -------------------------------------------------------------------------
 
@@ -178,14 +217,14 @@ class LLMWorker:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            await self._pump_once()
+            await self.pump()
 
     async def shutdown(self, code: str = "shutdown", message: str = "the worker stopped") -> None:
         """Fail every stream (ERROR 503) and publish; the engine may already be gone."""
         for s in list(self._streams.values()):
             await self._fail(s, code, message, 503, abort=False)
         await self._flush_outbox()
-        self._writer.publish()
+        self._sink.publish()
 
     # -- control messages ---------------------------------------------------------------
 
@@ -304,9 +343,7 @@ class LLMWorker:
         self._assembler.reset(s.row)
         self._guard.reset(s.row)
         try:
-            s.collector = await self._engine.add_request(
-                rid, tokens_input(prompt), params, lora_request=s.lora
-            )
+            s.collector = await self._engine.add(rid, prompt, params, s.lora)
         except EngineDeadError:
             raise
         except ValueError as e:  # vLLM's validation errors are ValueErrors
@@ -380,18 +417,24 @@ class LLMWorker:
 
     # -- the pump -----------------------------------------------------------------------
 
-    async def _pump_once(self) -> None:
+    async def pump(self) -> None:
+        """Publish what the engine delivered since the last call: every live stream's new
+        frames (one head update), then the endings they caused and the queued END/ERROR
+        records (:meth:`run` calls it after each engine step)."""
         t0 = time.perf_counter()
-        streams: list[Stream] = []
-        token_lists: list[Any] = []
-        finished: list[str | None] = []
-        broken: list[tuple[Stream, Exception]] = []
+        streams, token_lists, finished = self._step_streams, self._step_tokens, self._step_finished
+        streams.clear()
+        token_lists.clear()
+        finished.clear()
+        broken: list[tuple[Stream, Exception]] | None = None
         for s in self._live.values():
             try:
                 out = s.collector.get_nowait() if s.collector is not None else None
             except EngineDeadError:
                 raise
             except Exception as e:
+                if broken is None:
+                    broken = []
                 broken.append((s, e))
                 continue
             if out is None:
@@ -407,20 +450,22 @@ class LLMWorker:
 
         if streams:
             await self._publish_step(streams, token_lists, finished)
-        for s, e in broken:
-            await self._fail(s, "engine_error", f"{type(e).__name__}: {e}", 500)
+        if broken is not None:
+            for s, e in broken:
+                await self._fail(s, "engine_error", f"{type(e).__name__}: {e}", 500)
         await self._flush_outbox()
-        self._writer.publish()
+        self._sink.publish()
         if streams:
             M.STEP_SECONDS.observe(time.perf_counter() - t0)
 
     async def _publish_step(
-        self, streams: list[Stream], token_lists: list[Any], finished: list[str | None]
+        self, streams: list[Stream], token_lists: list[Sequence[int]], finished: list[str | None]
     ) -> None:
-        lens = np.fromiter((len(t) for t in token_lists), dtype=np.int64, count=len(token_lists))
+        n = len(streams)
+        lens = np.fromiter((len(t) for t in token_lists), dtype=np.int64, count=n)
         total = int(lens.sum())
         tokens = np.fromiter(chain.from_iterable(token_lists), dtype=np.int64, count=total)
-        rows = np.fromiter((s.row for s in streams), dtype=np.int64, count=len(streams))
+        rows = np.fromiter((s.row for s in streams), dtype=np.int64, count=n)
         step = self._assembler.map(rows, lens, tokens)
         looping = self._guard.observe(rows, step.frames, step.counts)
         offsets = step.offsets()
@@ -428,14 +473,27 @@ class LLMWorker:
         M.FRAMES_WRITTEN.inc(int(offsets[-1]))
         if n_invalid := int(step.invalid_tokens.sum()):
             M.INVALID_TOKENS.inc(n_invalid)
-            M.FRAMES_DROPPED.labels("invalid").inc(int(step.dropped.sum()))
+        # A frame is dropped in the step that completes it, often not the one that brought
+        # its invalid token.
+        if n_dropped := int(step.dropped.sum()):
+            M.FRAMES_DROPPED.labels("invalid").inc(n_dropped)
 
         counts = step.counts.tolist()
+        bounds = offsets.tolist()
+        n_tokens = lens.tolist()
+        frames = step.frames
+        try_put, codes = self._sink.try_put, RecordKind.CODES
+        per_record = self._max_frames_per_record
         for i, s in enumerate(streams):
-            s.tokens += int(lens[i])
+            s.tokens += n_tokens[i]
             if counts[i] and not s.done:
-                await self._write_frames(s, step.frames[offsets[i] : offsets[i + 1]])
-        self._writer.publish()  # one head update for every stream's frames of this step
+                mine = frames[bounds[i] : bounds[i + 1]]
+                # The usual case (one record, room in the ring) costs no coroutine.
+                if counts[i] <= per_record and try_put(codes, s.stream_id, s.frames, mine):
+                    s.frames += counts[i]
+                else:
+                    await self._write_frames(s, mine)
+        self._sink.publish()  # one head update for every stream's frames of this step
         for i, s in enumerate(streams):
             if s.done:
                 continue
@@ -478,26 +536,20 @@ class LLMWorker:
             self._outbox.popleft()
 
     async def _put(
-        self, s: Stream | _Orphan, kind: RecordKind, seq: int, payload: Any, final: bool = False
+        self, s: Stream | _Orphan, kind: RecordKind, seq: int, payload: Payload, final: bool = False
     ) -> bool:
-        """Stage one record; wait while the ring is full. Past the timeout a CODES record
-        fails its stream (ERROR "backpressure"); a ``final`` record (END/ERROR) stays queued."""
-        if self._writer.try_append(kind, s.stream_id, seq, payload):
+        """Stage one record; wait while the ring is full. Past the sink's timeout a CODES
+        record fails its stream (ERROR "backpressure"); a ``final`` record (END/ERROR) stays
+        queued."""
+        if self._sink.try_put(kind, s.stream_id, seq, payload):
             return True
-        t0 = time.perf_counter()
-        try:
-            await self._writer.append_async(
-                kind, s.stream_id, seq, payload, self._config.ring_full_timeout_s
-            )
+        if await self._sink.wait_put(kind, s.stream_id, seq, payload):
             return True
-        except RingFull:
-            if final:
-                log.warning("code ring full: %s of stream %#x waits", kind.name, s.stream_id)
-            elif isinstance(s, Stream):
-                await self._fail(s, "backpressure", "the codec worker fell behind", 503)
-            return False
-        finally:
-            M.RING_WAIT_SECONDS.observe(time.perf_counter() - t0)
+        if final:
+            log.warning("code ring full: %s of stream %#x waits", kind.name, s.stream_id)
+        elif isinstance(s, Stream):
+            await self._fail(s, "backpressure", "the codec worker fell behind", 503)
+        return False
 
 
 @dataclass(slots=True, frozen=True)
