@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from gateway.schemas import SpeechParams
-from gateway.service import Gateway, Session
+from gateway.service import Gateway
+from gateway.session import Session
 from shm.messages import SamplingOverrides
 from shm.records import SAMPLE_RATE, StreamEnd
 

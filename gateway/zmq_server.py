@@ -22,7 +22,8 @@ from gateway.audio_out import make_output
 from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
 from gateway.schemas import SpeechParams, check_text, output_format
-from gateway.service import Gateway, Session
+from gateway.service import Gateway
+from gateway.session import Session
 from gateway.streams import StreamFailed
 from gateway.zmq_protocol import (
     AppendText,
