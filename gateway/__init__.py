@@ -9,6 +9,7 @@ Process entry point: ``gateway.main.run``. Modules, each with one job:
 - ``streams`` / ``pcm_pump``: PCM ring records routed into bounded per-stream buffers
 - ``admission``, ``cluster``, ``upstream``: slots and queue; ClusterStatus; control PUSH
 - ``schemas``, ``voices``, ``errors``: request validation, voice names, JSON errors
+- ``auth``: the API-key check of every front end (HTTP middleware, ZeroMQ)
 - ``encoders``, ``audio_out``, ``sse``: streaming encoders, resampling, G.711; SSE events
 - ``app``, ``speech_http``: the aiohttp application and the OpenAI handler
 - ``omni_ws``, ``elevenlabs``, ``baseten_ws``: the voice agents' streaming protocols, on

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import hmac
 import logging
 
 import msgspec
@@ -19,6 +18,7 @@ import zmq
 import zmq.asyncio
 
 from gateway.audio_out import make_output
+from gateway.auth import ZMQ_KEY_HINT, ApiKeys
 from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
 from gateway.schemas import SpeechParams, check_text, output_format
@@ -79,8 +79,7 @@ class ZmqFrontend:
         self.endpoint = endpoint
         self._sock: zmq.asyncio.Socket | None = None
         self._requests: dict[tuple[bytes, int], _Request] = {}
-        keys = gateway.config.gateway.api_keys
-        self._keys = [k.encode() for k in keys]
+        self._keys = ApiKeys(gateway.config.gateway.api_keys)
 
     async def run(self) -> None:
         sock = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
@@ -183,21 +182,9 @@ class ZmqFrontend:
         except APIError as e:
             self._fail(req, StreamError(e.code, e.message, e.status))
 
-    def _authorized(self, api_key: str | None) -> bool:
-        if not self._keys:
-            return True
-        if not api_key:
-            return False
-        p = api_key.encode()
-        ok = False
-        for k in self._keys:
-            ok |= hmac.compare_digest(p, k)
-        return ok
-
     def _params(self, msg: Speak) -> SpeechParams:
         g = self._gateway.config.gateway
-        if not self._authorized(msg.api_key):
-            raise APIError(401, "invalid_api_key", "missing or invalid api_key")
+        self._keys.check(msg.api_key, ZMQ_KEY_HINT)
         voices = self._gateway.voices
         return SpeechParams(
             text=check_text(msg.input, g.max_input_chars, allow_empty=msg.text_open),
