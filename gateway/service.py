@@ -53,11 +53,10 @@ class Gateway:
         self.layout = layout
         self.index = index
         self.metrics = metrics
+        model_voices = config.llm.voices or list(ENGLISH_VOICES)
+        self.custom_voices = CustomVoices(config, layout, model_voices, list(g.voice_aliases))
         self.voices = VoiceCatalog(
-            g.voice_aliases, config.llm.voices or list(ENGLISH_VOICES), config.llm.default_voice
-        )
-        self.custom_voices = CustomVoices(
-            config, layout, self.voices.model_voices, list(g.voice_aliases)
+            g.voice_aliases, model_voices, config.llm.default_voice, self.custom_voices.knows
         )
         self.control = ControlChannel(layout.control)
         self.registry = StreamRegistry(

@@ -21,7 +21,7 @@ from gateway.audio_out import make_output
 from gateway.auth import ZMQ_KEY_HINT, ApiKeys
 from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
-from gateway.schemas import SpeechParams, check_text, output_format
+from gateway.schemas import SpeechParams, build_params
 from gateway.service import Gateway
 from gateway.session import Session
 from gateway.streams import StreamFailed
@@ -183,16 +183,17 @@ class ZmqFrontend:
             self._fail(req, StreamError(e.code, e.message, e.status))
 
     def _params(self, msg: Speak) -> SpeechParams:
-        g = self._gateway.config.gateway
         self._keys.check(msg.api_key, ZMQ_KEY_HINT)
-        voices = self._gateway.voices
-        return SpeechParams(
-            text=check_text(msg.input, g.max_input_chars, allow_empty=msg.text_open),
-            voice=voices.resolve(msg.voice or voices.default),
-            sampling=msg.overrides(),
+        return build_params(
+            self._gateway.voices,
+            text=msg.input,
+            voice=msg.voice or None,
+            max_chars=self._gateway.config.gateway.max_input_chars,
+            allow_empty=msg.text_open,
             response_format=msg.response_format,
-            sample_rate=output_format(msg.response_format, msg.sample_rate).sample_rate,
+            sample_rate=msg.sample_rate,
             speed=msg.speed,
+            sampling=msg.overrides(),
         )
 
     async def _send_audio(self, identity: bytes, msg: Audio, session: Session) -> None:
