@@ -3,10 +3,13 @@ front ends of orpheus-serve.
 
 Process entry point: ``gateway.main.run``. Modules, each with one job:
 
-- ``service``: admission, sessions, cluster state, watchdog, drain (shared by front ends)
+- ``service``: ``Gateway``, the process's state: admission, streams, cluster, watchdog, drain
+- ``session``: one admitted stream as a front end drives it, and how it ended (outcome)
+- ``readiness``: whether the gateway can take a stream (``/ready``, admission's gate)
 - ``streams`` / ``pcm_pump``: PCM ring records routed into bounded per-stream buffers
 - ``admission``, ``cluster``, ``upstream``: slots and queue; ClusterStatus; control PUSH
 - ``schemas``, ``voices``, ``errors``: request validation, voice names, JSON errors
+- ``auth``: the API-key check of every front end (HTTP middleware, ZeroMQ)
 - ``encoders``, ``audio_out``, ``sse``: streaming encoders, resampling, G.711; SSE events
 - ``app``, ``speech_http``: the aiohttp application and the OpenAI handler
 - ``omni_ws``, ``elevenlabs``, ``baseten_ws``: the voice agents' streaming protocols, on

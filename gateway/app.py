@@ -1,9 +1,9 @@
-"""The aiohttp application: routes, JSON errors, API keys, and the small info endpoints."""
+"""The aiohttp application: routes, JSON errors, API keys (``gateway.auth``), and the small
+info endpoints."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -12,6 +12,7 @@ import msgspec
 from aiohttp import web
 
 from gateway import baseten_ws, custom_voices, elevenlabs
+from gateway.auth import ApiKeys, http_middleware
 from gateway.errors import APIError
 from gateway.omni_ws import OMNI_PATH, omni_handler
 from gateway.service import Gateway
@@ -78,58 +79,12 @@ class ModelList(msgspec.Struct, frozen=True):
     object: str = "list"
 
 
-def presented_key(request: web.Request) -> str:
-    """The API key a request carries, in whichever way its protocol sends it:
-    ``Authorization: Bearer KEY`` (OpenAI), ``Authorization: Api-Key KEY`` (Baseten),
-    ``xi-api-key: KEY`` (ElevenLabs), or, on a WebSocket upgrade (browsers cannot set its
-    headers), ``?api_key=KEY``."""
-    auth = request.headers.get("Authorization", "")
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() in ("bearer", "api-key") and token.strip():
-        return token.strip()
-    if key := request.headers.get("xi-api-key", ""):
-        return key.strip()
-    if request.headers.get("Upgrade", "").lower() == "websocket":
-        return request.query.get("api_key", "")
-    return ""
-
-
-def api_key_check(keys: list[str]) -> Callable[[web.Request], bool]:
-    """API keys on ``/v1/*`` (see ``presented_key`` for where a key may be)."""
-    encoded = [k.encode() for k in keys]
-
-    def allowed(request: web.Request) -> bool:
-        presented = presented_key(request)
-        if not presented:
-            return False
-        p = presented.encode()
-        ok = False
-        for k in encoded:  # compare with every key: timing says nothing about which matched
-            ok |= hmac.compare_digest(p, k)
-        return ok
-
-    return allowed
-
-
 def build_app(gateway: Gateway) -> web.Application:
     g = gateway.config.gateway
     middlewares: list[Callable[..., Awaitable[web.StreamResponse]]] = [json_errors]
-    if g.api_keys:
-        allowed = api_key_check(g.api_keys)
-
-        @web.middleware
-        async def require_key(request: web.Request, handler: Handler) -> web.StreamResponse:
-            if request.path.startswith("/v1/") and not allowed(request):
-                return error_response(
-                    APIError(
-                        401,
-                        "invalid_api_key",
-                        "missing or invalid API key (Authorization: Bearer ...)",
-                    )
-                )
-            return await handler(request)
-
-        middlewares.append(require_key)
+    keys = ApiKeys(g.api_keys)
+    if keys.required:
+        middlewares.append(http_middleware(keys))  # after json_errors, which renders its 401
 
     app = web.Application(client_max_size=g.max_body_bytes, middlewares=middlewares)
     models = ModelList(

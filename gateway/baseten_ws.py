@@ -28,7 +28,7 @@ import msgspec
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from gateway.errors import APIError
-from gateway.schemas import RepetitionPenalty, Temperature, TopP
+from gateway.schemas import build_params, check_text
 from gateway.service import Gateway
 from gateway.speech_http import Handler
 from gateway.streams import StreamFailed
@@ -45,14 +45,16 @@ UNIT_MAX_CHARS = 280
 
 
 class StartMessage(msgspec.Struct, kw_only=True):
-    """The first message; other fields are ignored."""
+    """The first message; other fields are ignored. ``max_tokens`` and ``buffer_size`` are
+    accepted and not used (see the module docstring); the values of the others are checked
+    by ``build_params``."""
 
     voice: str | None = None
     max_tokens: int | None = None
     buffer_size: int | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    repetition_penalty: RepetitionPenalty | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
 
 
 _start_decoder = msgspec.json.Decoder(StartMessage)
@@ -100,18 +102,25 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
         return
     try:
         start = _start_decoder.decode(first.data)
-        voice = gateway.voices.resolve(start.voice or gateway.voices.default)
+        params = build_params(
+            gateway.voices,
+            text="",
+            voice=start.voice or None,
+            max_chars=None,
+            text_param="text",
+            allow_empty=True,
+            sampling=SamplingOverrides(
+                temperature=start.temperature,
+                top_p=start.top_p,
+                repetition_penalty=start.repetition_penalty,
+            ),
+        )
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         await _close(ws, APIError(400, "invalid_message", f"invalid start message: {e}"))
         return
     except APIError as e:
         await _close(ws, e)
         return
-    sampling = SamplingOverrides(
-        temperature=start.temperature,
-        top_p=start.top_p,
-        repetition_penalty=start.repetition_penalty,
-    )
     transport = request.transport
     on_abort = transport.abort if transport is not None else None
     lane = Lane("baseten-socket")
@@ -132,7 +141,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
                 return
             try:
                 await speak_unit(
-                    gateway, unit.text, voice, sampling, API, deliver,
+                    gateway, params, unit.text, API, deliver,
                     started_at=started_at, on_abort=on_abort,
                 )  # fmt: skip
             except (APIError, StreamFailed) as e:
@@ -164,8 +173,10 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
                 if not failure and not ws.closed:
                     await ws.close(code=WSCloseCode.OK, message=b"done")
                 return
-            if "\x00" in text:
-                await _close(ws, APIError(400, "invalid_text", "text contains a NUL character"))
+            try:
+                check_text(text, None, param="text", allow_empty=True)
+            except APIError as e:
+                await _close(ws, e)
                 return
             if text:
                 for unit in splitter.feed(joiner.join(text)):

@@ -46,6 +46,7 @@ from shm.messages import (
 )
 from shm.records import CODE_DTYPE, FRAME_CODES
 from shm.voices import (
+    ID_RE,
     LoraRegistry,
     TooManyVoices,
     VoiceExists,
@@ -217,10 +218,36 @@ class CustomVoices:
         self.builtin = list(builtin)
         self.reserved = {v.lower() for v in builtin} | {a.lower() for a in aliases}
         self.ctx = zmq.asyncio.Context.instance()
+        self._config_loras = frozenset(
+            n.strip().lower() for n in config.llm.lora_voices if ID_RE.match(n.strip().lower())
+        )
 
     @property
     def zero_shot(self) -> bool:
         return bool(self.config.llm.zero_shot)
+
+    def knows(self, vid: str) -> bool:
+        """Whether ``vid`` (lower case, not a model voice) is a LoRA or custom voice that the
+        llm_worker takes, decided as it decides (LoRA first): for ``VoiceCatalog``, before
+        admission. APIError 400 (the worker's) for a custom voice of a model without
+        zero-shot support. A stat or two: no file is read."""
+        if not ID_RE.match(vid):
+            return False
+        if vid in self._config_loras or (
+            self.config.llm.lora_enabled and (self.loras.directory / f"{vid}.json").is_file()
+        ):
+            return True
+        if self.store.stat_key(vid) is None:
+            return False
+        if not self.zero_shot:
+            raise APIError(
+                400,
+                "bad_request",
+                f"voice {vid!r} is a custom (zero-shot) voice, and this model does not declare "
+                "zero-shot support (config.json 'orpheus.zero_shot'; [llm] zero_shot)",
+                param="voice",
+            )
+        return True
 
     def lora_listing(self) -> list[LoraListing]:
         out = {

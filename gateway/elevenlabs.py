@@ -50,7 +50,7 @@ from gateway.alignment import CharTimes, ChunkAligner
 from gateway.audio_out import ELEVENLABS_FORMATS, OutputFormat, make_output
 from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
-from gateway.schemas import Seed
+from gateway.schemas import SpeechParams, build_params, check_text
 from gateway.service import Gateway
 from gateway.speech_http import Handler, read_body
 from gateway.streams import StreamFailed
@@ -84,8 +84,31 @@ def output_format(request: web.Request) -> OutputFormat:
     return fmt
 
 
-def voice_of(request: web.Request, gateway: Gateway) -> str:
-    return gateway.voices.resolve(request.match_info["voice_id"])
+def params_for(
+    request: web.Request,
+    gateway: Gateway,
+    fmt: OutputFormat,
+    *,
+    text: str = "",
+    max_chars: int | None = None,
+    speed: float | None = None,
+    seed: int | None = None,
+) -> SpeechParams:
+    """The request's ``SpeechParams`` (``build_params``): the path's voice, the format named
+    by ``output_format``; with no text, the template of a socket or a context."""
+    return build_params(
+        gateway.voices,
+        text=text,
+        voice=request.match_info["voice_id"],
+        max_chars=max_chars,
+        text_param="text",
+        allow_empty=max_chars is None,
+        response_format=fmt.codec,
+        sample_rate=fmt.sample_rate,
+        bitrate=fmt.bitrate,
+        speed=speed,
+        sampling=SamplingOverrides(seed=seed),
+    )
 
 
 class VoiceSettings(msgspec.Struct):
@@ -127,11 +150,12 @@ _decoder = msgspec.json.Decoder(ClientMessage)
 
 
 class _Context:
-    def __init__(self, cid: str, speed: float) -> None:
+    def __init__(self, cid: str, params: SpeechParams) -> None:
         self.id = cid
         self.splitter = UnitSplitter("sentence", UNIT_MAX_CHARS)
         self.lane = Lane(f"elevenlabs-context-{cid}")
-        self.speed = speed
+        self.params = params
+        """The context's template: the socket's, with its own ``voice_settings.speed``."""
         self.encoder: AudioEncoder | None = None
         self.after_flush = False
         """The last message was a flush with no text: a close now ends the turn gracefully."""
@@ -141,12 +165,13 @@ class _Context:
 
 class _Socket:
     def __init__(
-        self, ws: web.WebSocketResponse, gateway: Gateway, voice: str, fmt: OutputFormat,
-        on_abort: Any,
+        self, ws: web.WebSocketResponse, request: web.Request, gateway: Gateway,
+        params: SpeechParams, fmt: OutputFormat, on_abort: Any,
     ) -> None:  # fmt: skip
         self.ws = ws
+        self.request = request
         self.gateway = gateway
-        self.voice = voice
+        self.params = params
         self.fmt = fmt
         self.on_abort = on_abort
         self.contexts: dict[str, _Context] = {}
@@ -178,8 +203,10 @@ class _Socket:
             else:
                 return True  # {"text": ""}: keepalive
         text = msg.text or ""
-        if "\x00" in text:
-            await self.error(APIError(400, "invalid_text", "text contains a NUL character"), cid)
+        try:
+            check_text(text, None, param="text", allow_empty=True)
+        except APIError as e:
+            await self.error(e, cid)
             return True
         ctx = self.contexts.get(cid)
         if msg.close_context:
@@ -199,11 +226,15 @@ class _Socket:
                     cid,
                 )
                 return True
+            params = self.params
             speed = msg.voice_settings.speed if msg.voice_settings else None
-            if speed is not None and not 0.25 <= speed <= 4.0:
-                await self.error(APIError(400, "invalid_speed", "speed: 0.25..4"), cid)
-                return True
-            ctx = self.contexts[cid] = _Context(cid, speed or 1.0)
+            if speed is not None:
+                try:
+                    params = params_for(self.request, self.gateway, self.fmt, speed=speed)
+                except APIError as e:
+                    await self.error(e, cid)
+                    return True
+            ctx = self.contexts[cid] = _Context(cid, params)
         if ctx.closing:
             await self.error(
                 APIError(400, "context_closed", f"context {cid!r} is closing: no more text"), cid
@@ -267,7 +298,7 @@ class _Socket:
             if ctx.failed:
                 return
             if ctx.encoder is None:
-                ctx.encoder = make_output(self.fmt, ctx.speed)
+                ctx.encoder = make_output(ctx.params.output, ctx.params.speed)
             enc = ctx.encoder
             aligner = ChunkAligner(unit.raw)
 
@@ -283,7 +314,7 @@ class _Socket:
 
             try:
                 await speak_unit(
-                    self.gateway, unit.text, self.voice, SamplingOverrides(), API, deliver,
+                    self.gateway, ctx.params, unit.text, API, deliver,
                     started_at=started_at, on_abort=self.on_abort,
                 )  # fmt: skip
             except (APIError, StreamFailed) as e:
@@ -295,11 +326,12 @@ class _Socket:
 
 
 async def _serve_ws(
-    ws: web.WebSocketResponse, request: web.Request, gateway: Gateway, voice: str,
+    ws: web.WebSocketResponse, request: web.Request, gateway: Gateway, params: SpeechParams,
     fmt: OutputFormat, inactivity_s: float,
 ) -> None:  # fmt: skip
     transport = request.transport
-    sock = _Socket(ws, gateway, voice, fmt, transport.abort if transport is not None else None)
+    on_abort = transport.abort if transport is not None else None
+    sock = _Socket(ws, request, gateway, params, fmt, on_abort)
     try:
         while True:
             try:
@@ -339,12 +371,12 @@ def _inactivity(request: web.Request) -> float:
 def multi_stream_handler(gateway: Gateway) -> Handler:
     async def multi_stream_input(request: web.Request) -> web.StreamResponse:
         fmt = output_format(request)  # refused with an HTTP error before the upgrade
-        voice = voice_of(request, gateway)
+        params = params_for(request, gateway, fmt)
         inactivity_s = _inactivity(request)
         return await serve_websocket(
             request,
             gateway,
-            lambda ws: _serve_ws(ws, request, gateway, voice, fmt, inactivity_s),
+            lambda ws: _serve_ws(ws, request, gateway, params, fmt, inactivity_s),
         )
 
     return multi_stream_input
@@ -356,7 +388,7 @@ class SpeechBody(msgspec.Struct, kw_only=True):
 
     text: str
     model_id: str | None = None
-    seed: Seed | None = None
+    seed: int | None = None
     voice_settings: VoiceSettings | None = None
 
 
@@ -380,25 +412,18 @@ def stream_handler(gateway: Gateway, *, timestamps: bool) -> Handler:
     async def tts_stream(request: web.Request) -> web.StreamResponse:
         started_at = gateway.loop.time()
         fmt = output_format(request)
-        voice = voice_of(request, gateway)
         body = await read_body(request, g.max_body_bytes)
         try:
             req = decoder.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise APIError(400, "invalid_request", f"invalid body: {e}") from None
-        if not req.text.strip() or "\x00" in req.text or len(req.text) > g.max_input_chars:
-            raise APIError(
-                400, "invalid_text", f"text must be 1-{g.max_input_chars} characters, no NUL",
-                param="text",
-            )  # fmt: skip
-        speed = req.voice_settings.speed if req.voice_settings else None
-        speed = 1.0 if speed is None else speed
-        if not 0.25 <= speed <= 4.0:
-            raise APIError(400, "invalid_speed", "speed: 0.25..4", param="voice_settings")
+        params = params_for(
+            request, gateway, fmt, text=req.text, max_chars=g.max_input_chars,
+            speed=req.voice_settings.speed if req.voice_settings else None, seed=req.seed,
+        )  # fmt: skip
         splitter = UnitSplitter("sentence", UNIT_MAX_CHARS)
-        units = splitter.feed(req.text) + splitter.flush()
-        sampling = SamplingOverrides(seed=req.seed)
-        enc = make_output(fmt, speed)
+        units = splitter.feed(params.text) + splitter.flush()
+        enc = make_output(params.output, params.speed)
         resp: web.StreamResponse | None = None
         audio_ms = 0.0
         span_start = 0.0
@@ -453,7 +478,7 @@ def stream_handler(gateway: Gateway, *, timestamps: bool) -> Handler:
                 # TTFB of the first unit counts from the request; of the others, from the
                 # moment they could start (the end of the one before).
                 await speak_unit(
-                    gateway, unit.text, voice, sampling, API, deliver,
+                    gateway, params, unit.text, API, deliver,
                     started_at=started_at if unit is units[0] else None,
                     on_abort=request.transport.abort if request.transport is not None else None,
                 )  # fmt: skip

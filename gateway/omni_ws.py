@@ -30,17 +30,16 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import msgspec
 from aiohttp import WSMsgType, web
-from msgspec import Meta
 
 from gateway.alignment import word_times
-from gateway.audio_out import OutputFormat, check_format, make_output
+from gateway.audio_out import make_output
 from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
-from gateway.schemas import RepetitionPenalty, Seed, Temperature, TopP
+from gateway.schemas import SpeechParams, build_params, check_text
 from gateway.service import Gateway
 from gateway.speech_http import Handler
 from gateway.streams import StreamFailed
@@ -54,28 +53,28 @@ OMNI_PATH = "/v1/audio/speech/stream"
 API = "ws"
 UNIT_MAX_CHARS = 280
 
-OmniFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac", "ulaw", "alaw"]
 _STREAMABLE = ("pcm", "ulaw", "alaw")
 
 
 class SessionConfig(msgspec.Struct, kw_only=True):
     """``session.config``. Fields vLLM-Omni has for other models (``task_type``,
-    ``language``, ``instructions``, ``ref_audio``, ...) are accepted and ignored."""
+    ``language``, ``instructions``, ``ref_audio``, ...) are accepted and ignored. The values
+    of the fields every front end has are checked by ``build_params``."""
 
     model: str | None = None
     voice: str | None = None
     speaker: str | None = None
-    response_format: OmniFormat = "wav"
+    response_format: str = "wav"
     sample_rate: int | None = None
-    speed: Annotated[float, Meta(ge=0.25, le=4.0)] | None = 1.0
+    speed: float | None = 1.0
     stream_audio: bool = False
     word_timestamps: bool = False
     timestamp_type: str | None = None
     split_granularity: Granularity = "sentence"
-    seed: Seed | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    repetition_penalty: RepetitionPenalty | None = None
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
 
 
 # -- server messages -----------------------------------------------------------------------
@@ -143,10 +142,8 @@ class _Session:
         self.on_abort = on_abort
         self.lane = Lane("omni-session")
         self.config: SessionConfig | None = None
-        self.fmt = OutputFormat()
-        self.speed = 1.0
-        self.voice = ""
-        self.sampling = SamplingOverrides()
+        self.params: SpeechParams | None = None
+        """The session's template: voice, format, speed, sampling (``build_params``)."""
         self.splitter = UnitSplitter()
         self.stream_encoder: AudioEncoder | None = None
         """One encoder for the whole session when audio streams (continuous resampling)."""
@@ -175,34 +172,44 @@ class _Session:
             cfg = msgspec.convert(
                 {k: v for k, v in raw.items() if k != "type"}, SessionConfig, strict=True
             )
-            speed = 1.0 if cfg.speed is None else cfg.speed
-            fmt = OutputFormat(cfg.response_format, cfg.sample_rate or 24000)
-            check_format(fmt)
-            if cfg.stream_audio and fmt.codec not in _STREAMABLE:
+        except msgspec.ValidationError as e:
+            await self.error(f"Invalid session config: {e}", "invalid_config")
+            return False
+        g = self.gateway
+        try:
+            params = build_params(
+                g.voices,
+                text="",
+                voice=cfg.voice or cfg.speaker or None,
+                max_chars=None,
+                text_param="text",
+                allow_empty=True,
+                response_format=cfg.response_format,
+                sample_rate=cfg.sample_rate,
+                speed=cfg.speed,
+                sampling=SamplingOverrides(
+                    temperature=cfg.temperature,
+                    top_p=cfg.top_p,
+                    repetition_penalty=cfg.repetition_penalty,
+                    seed=cfg.seed,
+                ),
+            )
+            codec = params.response_format
+            if cfg.stream_audio and codec not in _STREAMABLE:
                 raise ValueError(
                     "stream_audio=true needs response_format 'pcm' (or 'ulaw'/'alaw'), "
-                    f"got {fmt.codec!r}"
+                    f"got {codec!r}"
                 )
-            if cfg.word_timestamps and not (cfg.stream_audio and fmt.codec == "pcm"):
+            if cfg.word_timestamps and not (cfg.stream_audio and codec == "pcm"):
                 raise ValueError("word_timestamps=true requires stream_audio=true and 'pcm'")
-            g = self.gateway
-            voice = g.voices.resolve(cfg.voice or cfg.speaker or g.voices.default)
-        except (msgspec.ValidationError, ValueError) as e:
+        except ValueError as e:
             await self.error(f"Invalid session config: {e}", "invalid_config")
             return False
         except APIError as e:
             await self.error(f"Invalid session config: {e.message}", e.code)
             return False
         self.config = cfg
-        self.fmt = fmt
-        self.voice = voice
-        self.speed = speed
-        self.sampling = SamplingOverrides(
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            repetition_penalty=cfg.repetition_penalty,
-            seed=cfg.seed,
-        )
+        self.params = params
         max_chars = (
             self.gateway.config.gateway.max_input_chars
             if cfg.split_granularity == "none"
@@ -246,13 +253,12 @@ class _Session:
 
     # -- speaking ----------------------------------------------------------------------------
     def _unit_job(self, unit: Unit, utt: int, sidx: int) -> Any:
-        cfg = self.config
-        assert cfg is not None
-        fmt = self.fmt
-        speed = self.speed
+        cfg, params = self.config, self.params
+        assert cfg is not None and params is not None
+        fmt = params.output
+        speed = params.speed
         streaming = cfg.stream_audio
         chunks_json = cfg.word_timestamps
-        voice, sampling = self.voice, self.sampling
         started_at = self.gateway.loop.time()
 
         async def job() -> None:
@@ -317,7 +323,7 @@ class _Session:
             info: TimestampInfo | None = None
             try:
                 await speak_unit(
-                    self.gateway, unit.text, voice, sampling, API, deliver,
+                    self.gateway, params, unit.text, API, deliver,
                     started_at=started_at, on_abort=self.on_abort,
                 )  # fmt: skip
             except (APIError, StreamFailed) as e:
@@ -407,8 +413,10 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
                 if not isinstance(text, str):
                     await s.error("input.text requires a string value", "invalid_message")
                     continue
-                if "\x00" in text:
-                    await s.error("input.text contains a NUL character", "invalid_message")
+                try:
+                    check_text(text, None, param="text", allow_empty=True)
+                except APIError as e:
+                    await s.error(e.message, e.code)
                     continue
                 if text:
                     s.utterance_open = True

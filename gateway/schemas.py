@@ -1,7 +1,16 @@
-"""Request bodies the gateway accepts, and their validation into ``SpeechParams``.
+"""How a request becomes ``SpeechParams``: one path for every front end.
 
-Decoding is strict (msgspec with ``forbid_unknown_fields``): a misspelt field is a 400
-that names it, as OpenAI answers, instead of a silently ignored option.
+Each front end decodes its own wire format (the OpenAI body here, ``Speak`` in
+``gateway.zmq_protocol``, the WebSocket protocols' messages) with plain types, then hands the
+fields to ``build_params``, which holds every rule about them: the ranges and enums
+(``FieldRules``), the text (``check_text``), the voice (``VoiceCatalog.resolve``: its name, an
+alias, a voice this server has) and the format at its sample rate (``output_format``). A bad
+field therefore gets the same 400 (code, message, ``param``) through HTTP, every WebSocket
+protocol and ZeroMQ, and the whole request is checked before admission, so a bad request is
+a 400 even when the server is full.
+
+Decoding the OpenAI body is strict (msgspec with ``forbid_unknown_fields``): a misspelt field
+is a 400 that names it, as OpenAI answers, instead of a silently ignored option.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from gateway.audio_out import OutputFormat, check_format
 from gateway.errors import APIError
 from gateway.voices import VoiceCatalog
 from shm.messages import SamplingOverrides
+from shm.records import SAMPLE_RATE
 
 ResponseFormat = Literal["pcm", "wav", "mp3", "opus", "aac", "flac", "ulaw", "alaw"]
 SampleRate = Literal[8000, 16000, 22050, 24000, 44100, 48000]
@@ -35,15 +45,31 @@ class VoiceRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     id: str
 
 
-class SamplingFields(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Extensions to OpenAI's request shared by every front end."""
+class FieldRules(msgspec.Struct, frozen=True, kw_only=True):
+    """The rule of each field an utterance request may set, whatever front end it came
+    through: the one place a range or an enum is written. Wire formats declare these fields
+    with plain types; ``build_params`` checks their values here."""
 
+    response_format: ResponseFormat = "pcm"
+    sample_rate: SampleRate | None = None
+    speed: Speed = 1.0
+    stream_format: StreamFormat = "audio"
     max_tokens: MaxTokens | None = None
-    """Upper bound on audio tokens (7 per 85 ms frame); the server also caps by text length."""
     seed: Seed | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
     repetition_penalty: RepetitionPenalty | None = None
+
+
+class SamplingFields(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Extensions to OpenAI's request (HTTP and ZeroMQ); their rules are ``FieldRules``'."""
+
+    max_tokens: int | None = None
+    """Upper bound on audio tokens (7 per 85 ms frame); the server also caps by text length."""
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
 
     def overrides(self) -> SamplingOverrides:
         return SamplingOverrides(
@@ -61,38 +87,43 @@ class SpeechRequest(SamplingFields, frozen=True, kw_only=True, forbid_unknown_fi
     model: ModelName
     input: str
     voice: str | VoiceRef
-    response_format: ResponseFormat = "mp3"
-    sample_rate: SampleRate | None = None
+    response_format: str = "mp3"
+    sample_rate: int | None = None
     """Extension (as vLLM-Omni's): the rate of the audio sent; None: 24000 (8000 for
     ``ulaw``/``alaw``)."""
-    speed: Speed = 1.0
-    stream_format: StreamFormat = "audio"
+    speed: float = 1.0
+    stream_format: str = "audio"
     instructions: str | None = None
     """Accepted for compatibility with gpt-4o-mini-tts clients; Orpheus has no use for it."""
 
 
 class SpeechParams(msgspec.Struct, frozen=True, kw_only=True):
-    """A validated utterance request, whatever front end it came from."""
+    """A validated utterance request, whatever front end it came from. Made only by
+    ``build_params`` (a streaming protocol's units: its template with their text)."""
 
     text: str
     voice: str
-    """The model voice (aliases already resolved)."""
+    """The voice as the llm_worker takes it (aliases resolved, known to this server)."""
     sampling: SamplingOverrides = SamplingOverrides()
     response_format: ResponseFormat = "pcm"
-    sample_rate: int | None = None
+    sample_rate: int = SAMPLE_RATE
+    bitrate: str | None = None
+    """Of a lossy codec (ElevenLabs' ``mp3_44100_128``); None: the codec's default."""
     speed: float = 1.0
     stream_format: StreamFormat = "audio"
 
     @property
     def output(self) -> OutputFormat:
-        return output_format(self.response_format, self.sample_rate)
+        return OutputFormat(self.response_format, self.sample_rate, self.bitrate)
 
 
-def output_format(codec: ResponseFormat, sample_rate: int | None) -> OutputFormat:
+def output_format(
+    codec: ResponseFormat, sample_rate: int | None, bitrate: str | None = None
+) -> OutputFormat:
     """The ``OutputFormat`` of an OpenAI-style ``response_format`` + ``sample_rate``;
     APIError 400 for a pair this server cannot make (``opus`` at 22050 Hz, ...)."""
-    rate = sample_rate or (8000 if codec in ("ulaw", "alaw") else 24000)
-    fmt = OutputFormat(codec, rate)
+    rate = sample_rate or (8000 if codec in ("ulaw", "alaw") else SAMPLE_RATE)
+    fmt = OutputFormat(codec, rate, bitrate)
     try:
         check_format(fmt)
     except ValueError as e:
@@ -129,11 +160,15 @@ def decode_speech_request(body: bytes) -> SpeechRequest:
 
 
 def check_text(
-    text: str, max_chars: int, *, param: str = "input", allow_empty: bool = False
+    text: str, max_chars: int | None, *, param: str = "input", allow_empty: bool = False
 ) -> str:
+    """The rule of any text a client sends (a whole input or a streamed piece of one):
+    not blank unless ``allow_empty``, at most ``max_chars`` (None: no limit here; a
+    streaming protocol bounds its units), no NUL. ``param``: the field as the protocol
+    names it."""
     if not allow_empty and not text.strip():
         raise bad_request(f"`{param}` must contain some text", code="empty_input", param=param)
-    if len(text) > max_chars:
+    if max_chars is not None and len(text) > max_chars:
         raise bad_request(
             f"`{param}` has {len(text)} characters; the limit is {max_chars}",
             code="input_too_long",
@@ -144,14 +179,77 @@ def check_text(
     return text
 
 
-def speech_params(req: SpeechRequest, voices: VoiceCatalog, max_chars: int) -> SpeechParams:
-    voice = req.voice if isinstance(req.voice, str) else req.voice.id
+def build_params(
+    voices: VoiceCatalog,
+    *,
+    text: str,
+    voice: str | None,
+    max_chars: int | None,
+    text_param: str = "input",
+    allow_empty: bool = False,
+    response_format: str = "pcm",
+    sample_rate: int | None = None,
+    bitrate: str | None = None,
+    speed: float | None = None,
+    stream_format: str = "audio",
+    sampling: SamplingOverrides | None = None,
+) -> SpeechParams:
+    """The one way a request becomes ``SpeechParams``, whatever front end it came through.
+
+    Checked in this order, each failure an ``APIError`` 400 that is the same everywhere:
+    the fields' values (``FieldRules``; ``param`` names the field), the text
+    (``check_text``), the voice (``voices.resolve``; None: the default voice, "" is not a
+    name), the format at its rate (``output_format``). ``speed`` None: 1.0. ``bitrate`` is
+    not the client's (ElevenLabs' named formats carry one). A streaming protocol builds a
+    template with ``text=""``, ``allow_empty=True`` and speaks each unit with its text.
+    """
+    o = sampling or SamplingOverrides()
+    given = {
+        "response_format": response_format,
+        "sample_rate": sample_rate,
+        "speed": speed,
+        "stream_format": stream_format,
+        "max_tokens": o.max_tokens,
+        "seed": o.seed,
+        "temperature": o.temperature,
+        "top_p": o.top_p,
+        "repetition_penalty": o.repetition_penalty,
+    }
+    try:
+        f = msgspec.convert({k: v for k, v in given.items() if v is not None}, FieldRules)
+    except msgspec.ValidationError as e:
+        raise bad_request(str(e), param=_param_of(e)) from None
+    text = check_text(text, max_chars, param=text_param, allow_empty=allow_empty)
+    model_voice = voices.resolve(voices.default if voice is None else voice)
+    fmt = output_format(f.response_format, f.sample_rate, bitrate)
     return SpeechParams(
-        text=check_text(req.input, max_chars),
-        voice=voices.resolve(voice),
-        sampling=req.overrides(),
+        text=text,
+        voice=model_voice,
+        sampling=SamplingOverrides(
+            temperature=f.temperature,
+            top_p=f.top_p,
+            repetition_penalty=f.repetition_penalty,
+            max_tokens=f.max_tokens,
+            seed=f.seed,
+        ),
+        response_format=f.response_format,
+        sample_rate=fmt.sample_rate,
+        bitrate=bitrate,
+        speed=f.speed,
+        stream_format=f.stream_format,
+    )
+
+
+def speech_params(req: SpeechRequest, voices: VoiceCatalog, max_chars: int) -> SpeechParams:
+    """``POST /v1/audio/speech``'s body through ``build_params``."""
+    return build_params(
+        voices,
+        text=req.input,
+        voice=req.voice if isinstance(req.voice, str) else req.voice.id,
+        max_chars=max_chars,
         response_format=req.response_format,
-        sample_rate=output_format(req.response_format, req.sample_rate).sample_rate,
+        sample_rate=req.sample_rate,
         speed=req.speed,
         stream_format=req.stream_format,
+        sampling=req.overrides(),
     )

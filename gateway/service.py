@@ -1,15 +1,10 @@
-"""The gateway's core, shared by every front end: admission, streams, cluster state, drain.
+"""The gateway's service: the state of one gateway process, shared by every front end.
 
-Front ends (HTTP, WebSocket, ZeroMQ) validate a request into ``SpeechParams`` and then::
-
-    async with gateway.open_session(params, api="http") as session:
-        while chunks := await session.stream.next_chunks():
-            ...write them, calling session.sent(n) ...
-        session.completed = True
-
-``open_session`` admits the request (or raises ``APIError`` 429/503), allocates a stream
-id and sends ``Submit``; leaving the block frees the slot, cancels upstream work if the
-stream had not finished, and records the outcome.
+``Gateway`` owns admission, the stream registry and the PCM pump, the cluster state, the
+watchdog and the drain. Front ends (HTTP, WebSocket, ZeroMQ) build a request into
+``SpeechParams`` (``gateway.schemas.build_params``), then drive it as a ``Session``
+(``gateway.session``) opened with ``Gateway.open_session``; ``/ready`` and the admission
+gate come from ``gateway.readiness``.
 """
 
 from __future__ import annotations
@@ -17,9 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from types import TracebackType
-
-import msgspec
 
 from common.config import ServeConfig
 from gateway.admission import Admission
@@ -28,147 +20,22 @@ from gateway.custom_voices import CustomVoices
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
 from gateway.pcm_pump import pump_pcm
-from gateway.schemas import SpeechParams, check_text
-from gateway.streams import PcmStream, StreamRegistry
+from gateway.readiness import Readiness, draining_error, readiness, refusal
+from gateway.schemas import SpeechParams
+from gateway.session import BYTES_PER_SECOND, Session, session_outcome
+from gateway.streams import StreamRegistry
 from gateway.upstream import ControlChannel, UpstreamUnavailable
 from gateway.voices import ENGLISH_VOICES, VoiceCatalog
 from shm.admission import AdmissionBoard
 from shm.layout import InstanceLayout
 from shm.messages import ClusterStatus
-from shm.records import SAMPLE_RATE, StreamError
+from shm.records import StreamError
 from shm.ring import RingReader
 
 log = logging.getLogger(__name__)
 stream_log = logging.getLogger("orpheus.streams")
 
 WATCHDOG_PERIOD_S = 0.25
-BYTES_PER_SECOND = SAMPLE_RATE * 2
-BYTES_METRIC_BATCH = 64 * 1024
-
-
-class Readiness(msgspec.Struct, frozen=True):
-    """Body of ``GET /ready``."""
-
-    ready: bool
-    reasons: list[str]
-    active_streams: int
-    queued_streams: int
-    max_active_streams: int
-    draining: bool
-
-
-def outcome_of(error: StreamError) -> str:
-    if error.code in ("slow_client", "worker_restarted", "shutdown"):
-        return error.code
-    if error.code in ("cancelled", "client_disconnected"):
-        return "cancelled"
-    if error.code == "upstream_timeout":
-        return "timeout"
-    return "bad_request" if 400 <= error.status < 500 else "upstream_error"
-
-
-class Session:
-    """One admitted stream, as a front end drives it (see the module docstring)."""
-
-    __slots__ = (
-        "_gateway",
-        "api",
-        "bytes_sent",
-        "bytes_unreported",
-        "completed",
-        "first_byte_at",
-        "params",
-        "started_at",
-        "stream",
-        "text_chars",
-        "text_open",
-        "write_started",
-    )
-
-    def __init__(
-        self,
-        gateway: Gateway,
-        params: SpeechParams,
-        api: str,
-        started_at: float,
-        text_open: bool,
-    ) -> None:
-        self._gateway = gateway
-        self.params = params
-        self.api = api
-        self.text_open = text_open
-        self.started_at = started_at
-        self.first_byte_at: float | None = None
-        self.bytes_sent = 0
-        self.bytes_unreported = 0
-        self.completed = False
-        """Set by the front end once the client has everything (the outcome is then ok)."""
-        self.text_chars = len(params.text)
-        self.write_started = 0.0
-        """Loop time at which a write to the client began and has not finished (0: none)."""
-        self.stream: PcmStream  # set in __aenter__
-
-    async def __aenter__(self) -> Session:
-        await self._gateway._admit(self)
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._gateway._finish(self, e)
-
-    @property
-    def audio_seconds(self) -> float:
-        return self.stream.bytes_received / BYTES_PER_SECOND
-
-    def sent(self, n: int) -> None:
-        """Account ``n`` bytes of audio written to the client (TTFB on the first)."""
-        if n <= 0:
-            return
-        if self.first_byte_at is None:
-            self.first_byte_at = now = self._gateway.loop.time()
-            self._gateway.metrics.ttfb_by_api[self.api].observe(now - self.started_at)
-        self.bytes_sent += n
-        self.bytes_unreported += n
-        if self.bytes_unreported >= BYTES_METRIC_BATCH:
-            self.report_bytes()
-
-    def report_bytes(self) -> None:
-        """Add the bytes sent so far to the counter (batched: a locked update per chunk costs)."""
-        if self.bytes_unreported:
-            self._gateway.metrics.bytes_sent_by_api[self.api].inc(self.bytes_unreported)
-            self.bytes_unreported = 0
-
-    def append_text(self, text: str, *, final: bool) -> None:
-        """More text for a stream opened with ``text_open`` (WebSocket, ZeroMQ)."""
-        stream = self.stream
-        if stream.text_closed:
-            raise APIError(400, "text_closed", "this stream's text is already complete")
-        limit = self._gateway.config.gateway.max_input_chars
-        if self.text_chars + len(text) > limit:
-            raise APIError(
-                400,
-                "input_too_long",
-                f"the stream's text would reach {self.text_chars + len(text)} characters; "
-                f"the limit is {limit}",
-                param="text",
-            )
-        check_text(text, limit, param="text", allow_empty=True)
-        self.text_chars += len(text)
-        if stream.done:
-            return  # ended or failed meanwhile: the front end learns it from next_chunks
-        try:
-            self._gateway.control.append_text(stream.stream_id, text, final=final)
-        except UpstreamUnavailable as e:
-            raise APIError(503, "upstream_unavailable", str(e)) from None
-        if final:
-            stream.text_closed = True
-            stream.last_record_at = self._gateway.loop.time()
-
-    def drop(self, why: str) -> None:
-        """Drop a client that stopped reading: fail the stream and tear down the connection."""
-        self.write_started = 0.0
-        self._gateway.registry.drop_slow_client(self.stream, why)
 
 
 class Gateway:
@@ -186,11 +53,10 @@ class Gateway:
         self.layout = layout
         self.index = index
         self.metrics = metrics
+        model_voices = config.llm.voices or list(ENGLISH_VOICES)
+        self.custom_voices = CustomVoices(config, layout, model_voices, list(g.voice_aliases))
         self.voices = VoiceCatalog(
-            g.voice_aliases, config.llm.voices or list(ENGLISH_VOICES), config.llm.default_voice
-        )
-        self.custom_voices = CustomVoices(
-            config, layout, self.voices.model_voices, list(g.voice_aliases)
+            g.voice_aliases, model_voices, config.llm.default_voice, self.custom_voices.knows
         )
         self.control = ControlChannel(layout.control)
         self.registry = StreamRegistry(
@@ -281,50 +147,17 @@ class Gateway:
         return len(self._sessions)
 
     def _draining_error(self) -> APIError:
-        return APIError(
-            503,
-            "draining",
-            "the server is shutting down; retry on another instance",
-            retry_after_s=self.config.gateway.retry_after_s,
-        )
+        return draining_error(self.config.gateway.retry_after_s)
 
     def _gate(self) -> APIError | None:
-        status = self.cluster.status
-        if self.draining or (status is not None and status.draining):
-            return self._draining_error()
-        if status is None or not (status.llm_ready and status.codec_ready):
-            return APIError(
-                503,
-                "workers_not_ready",
-                "the model workers are not ready yet",
-                retry_after_s=self.config.gateway.retry_after_s,
-            )
-        return None
+        return refusal(self.cluster.status, self.draining, self.config.gateway.retry_after_s)
 
     def readiness(self) -> Readiness:
-        reasons: list[str] = []
-        status = self.cluster.status
-        if status is None:
-            reasons.append("no status from the orchestrator yet")
-        else:
-            if not status.llm_ready:
-                reasons.append("llm_worker not ready")
-            if not status.codec_ready:
-                reasons.append("codec_worker not ready")
-            if status.draining:
-                reasons.append("instance draining")
-        if self.draining:
-            reasons.append("gateway draining")
-        active, queued = self.admission.node_counts()  # the node's, over every gateway
-        if active >= self.admission.max_active:
-            reasons.append(f"all {self.admission.max_active} stream slots busy")
-        return Readiness(
-            ready=not reasons,
-            reasons=reasons,
-            active_streams=active,
-            queued_streams=queued,
-            max_active_streams=self.admission.max_active,
-            draining=self.draining,
+        return readiness(
+            self.cluster.status,
+            self.draining,
+            self.admission.node_counts(),  # the node's, over every gateway
+            self.admission.max_active,
         )
 
     def _on_status(self, status: ClusterStatus) -> None:
@@ -384,16 +217,7 @@ class Gateway:
     def _finish(self, session: Session, exc: BaseException | None) -> None:
         session.report_bytes()
         stream = session.stream
-        if session.completed:
-            outcome = "ok"
-        elif stream.error is not None:
-            outcome = outcome_of(stream.error)
-        elif exc is None or isinstance(exc, asyncio.CancelledError | ConnectionError):
-            outcome = "cancelled"
-        elif isinstance(exc, APIError):
-            outcome = "bad_request" if exc.status < 500 else "upstream_error"
-        else:
-            outcome = "internal_error"
+        outcome = session_outcome(session, exc)
         self.registry.release(
             stream, "client_disconnected" if outcome in ("cancelled", "ok") else outcome
         )

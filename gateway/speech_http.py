@@ -19,7 +19,8 @@ from gateway.audio_out import make_output
 from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
 from gateway.schemas import decode_speech_request, speech_params
-from gateway.service import Gateway, Session
+from gateway.service import Gateway
+from gateway.session import Session
 from gateway.sse import delta_event, done_event, error_event
 from gateway.streams import StreamFailed
 

@@ -17,11 +17,12 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
+import msgspec
 from aiohttp import web
 
 from gateway.schemas import SpeechParams
-from gateway.service import Gateway, Session
-from shm.messages import SamplingOverrides
+from gateway.service import Gateway
+from gateway.session import Session
 from shm.records import SAMPLE_RATE, StreamEnd
 
 log = logging.getLogger(__name__)
@@ -39,18 +40,19 @@ def pcm_ms(n_bytes: int) -> float:
 
 async def speak_unit(
     gateway: Gateway,
+    template: SpeechParams,
     text: str,
-    voice: str,
-    sampling: SamplingOverrides,
     api: str,
     deliver: Deliver,
     *,
     started_at: float | None = None,
     on_abort: Callable[[], None] | None = None,
 ) -> tuple[StreamEnd | None, Session]:
-    """Speak one unit; returns how it ended. Raises ``APIError`` (not admitted) or
+    """Speak one unit: ``text`` (cut from text ``check_text`` took) with the voice and
+    sampling of ``template`` (``build_params``'s, made when the protocol's session or context
+    was configured). Returns how it ended. Raises ``APIError`` (not admitted) or
     ``StreamFailed`` (failed in the workers), after the audio that came before."""
-    params = SpeechParams(text=text, voice=voice, sampling=sampling)
+    params = msgspec.structs.replace(template, text=text)
     loop = gateway.loop
     async with gateway.open_session(params, api, started_at=started_at) as session:
         stream = session.stream

@@ -1,13 +1,18 @@
-"""Voice names: OpenAI aliases mapped to model voices, model voices passed through.
+"""Voice names: OpenAI aliases mapped to model voices, and the check that a voice exists.
 
-The gateway does not own the model's voice list (the llm_worker does, and answers an
-unknown voice with an ``ERROR`` record of status 400). It validates only the *shape* of a
-name, so that nothing but a plain identifier ever reaches the prompt ``"{voice}: {text}"``.
+A request's voice is resolved and checked here, before admission (``gateway.schemas``): its
+*shape* (nothing but a plain identifier may reach the prompt ``"{voice}: {text}"``), an
+alias to its model voice, then that the voice is one the llm_worker takes: a voice of the
+model (``llm.voices``, resolved once by the orchestrator from the model's configuration) or
+one of ``extra`` (the custom and LoRA voices, ``CustomVoices.knows``). The llm_worker makes
+the same decision again when the stream starts (a voice deleted in between is its 400), with
+the same message, matched case-insensitively as it does.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import msgspec
 
@@ -28,22 +33,44 @@ class VoiceList(msgspec.Struct, frozen=True):
 
 
 class VoiceCatalog:
-    def __init__(self, aliases: dict[str, str], model_voices: list[str], default: str) -> None:
+    def __init__(
+        self,
+        aliases: dict[str, str],
+        model_voices: list[str],
+        default: str,
+        extra: Callable[[str], bool] | None = None,
+    ) -> None:
+        """``extra(voice)``: whether a voice that is not the model's (lower case) exists
+        (custom, LoRA); it may raise ``APIError`` for one that exists and cannot be used."""
         self._aliases = {k.lower(): v for k, v in aliases.items()}
         self.model_voices = list(model_voices)
+        self._model = tuple(dict.fromkeys(v.strip().lower() for v in model_voices))
+        """As the llm_worker holds them (``ModelInfo.voices``): stripped, lower case."""
+        self._extra = extra
         self.default = default
         self.listing = VoiceList(voices=self.model_voices, aliases=dict(aliases), default=default)
 
     def resolve(self, name: str) -> str:
-        """The model voice for ``name``: an alias target, or ``name`` itself."""
-        alias = self._aliases.get(name.lower())
-        if alias is not None:
-            return alias
-        if not _VOICE_RE.match(name):
+        """The voice for ``name`` (an alias target, or ``name`` itself), checked: APIError 400
+        ``invalid_voice`` for a name that cannot be one, ``bad_request`` for a voice that
+        this server does not have (the llm_worker's code and message for it)."""
+        voice = self._aliases.get(name.lower())
+        if voice is None:
+            if not _VOICE_RE.match(name):
+                raise APIError(
+                    400,
+                    "invalid_voice",
+                    "voice must be 1-64 characters of letters, digits, '_', '-' or '.'",
+                    param="voice",
+                )
+            voice = name
+        key = voice.strip().lower()
+        if key not in self._model and not (self._extra is not None and self._extra(key)):
             raise APIError(
                 400,
-                "invalid_voice",
-                "voice must be 1-64 characters of letters, digits, '_', '-' or '.'",
+                "bad_request",
+                f"unknown voice {voice!r}; voices: {', '.join(self._model)} "
+                "(and the custom voices listed by GET /v1/audio/voices)",
                 param="voice",
             )
-        return name
+        return voice

@@ -17,19 +17,24 @@ from __future__ import annotations
 
 import msgspec
 
-from gateway.schemas import ResponseFormat, SampleRate, SamplingFields, Speed
+from gateway.schemas import SamplingFields
 
 
 class Speak(SamplingFields, frozen=True, kw_only=True, tag="speak", tag_field="type"):
+    """The values of the fields every front end has are checked as HTTP's are
+    (``gateway.schemas.build_params``): a bad one is an ``Error`` with the same code and
+    message as the HTTP 400."""
+
     request_id: int
     input: str
     voice: str = ""
     """Model voice or OpenAI alias; empty: the model's default voice."""
     model: str = ""
-    response_format: ResponseFormat = "pcm"
-    sample_rate: SampleRate | None = None
+    response_format: str = "pcm"
+    """One of ``gateway.schemas.ResponseFormat``."""
+    sample_rate: int | None = None
     """None: 24000 (8000 for ``ulaw``/``alaw``)."""
-    speed: Speed = 1.0
+    speed: float = 1.0
     text_open: bool = False
     """True: more text follows in ``AppendText`` messages (the last one has ``final``)."""
     api_key: str | None = None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import hmac
 import logging
 
 import msgspec
@@ -19,10 +18,12 @@ import zmq
 import zmq.asyncio
 
 from gateway.audio_out import make_output
+from gateway.auth import ZMQ_KEY_HINT, ApiKeys
 from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
-from gateway.schemas import SpeechParams, check_text, output_format
-from gateway.service import Gateway, Session
+from gateway.schemas import SpeechParams, build_params
+from gateway.service import Gateway
+from gateway.session import Session
 from gateway.streams import StreamFailed
 from gateway.zmq_protocol import (
     AppendText,
@@ -78,8 +79,7 @@ class ZmqFrontend:
         self.endpoint = endpoint
         self._sock: zmq.asyncio.Socket | None = None
         self._requests: dict[tuple[bytes, int], _Request] = {}
-        keys = gateway.config.gateway.api_keys
-        self._keys = [k.encode() for k in keys]
+        self._keys = ApiKeys(gateway.config.gateway.api_keys)
 
     async def run(self) -> None:
         sock = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
@@ -182,29 +182,18 @@ class ZmqFrontend:
         except APIError as e:
             self._fail(req, StreamError(e.code, e.message, e.status))
 
-    def _authorized(self, api_key: str | None) -> bool:
-        if not self._keys:
-            return True
-        if not api_key:
-            return False
-        p = api_key.encode()
-        ok = False
-        for k in self._keys:
-            ok |= hmac.compare_digest(p, k)
-        return ok
-
     def _params(self, msg: Speak) -> SpeechParams:
-        g = self._gateway.config.gateway
-        if not self._authorized(msg.api_key):
-            raise APIError(401, "invalid_api_key", "missing or invalid api_key")
-        voices = self._gateway.voices
-        return SpeechParams(
-            text=check_text(msg.input, g.max_input_chars, allow_empty=msg.text_open),
-            voice=voices.resolve(msg.voice or voices.default),
-            sampling=msg.overrides(),
+        self._keys.check(msg.api_key, ZMQ_KEY_HINT)
+        return build_params(
+            self._gateway.voices,
+            text=msg.input,
+            voice=msg.voice or None,
+            max_chars=self._gateway.config.gateway.max_input_chars,
+            allow_empty=msg.text_open,
             response_format=msg.response_format,
-            sample_rate=output_format(msg.response_format, msg.sample_rate).sample_rate,
+            sample_rate=msg.sample_rate,
             speed=msg.speed,
+            sampling=msg.overrides(),
         )
 
     async def _send_audio(self, identity: bytes, msg: Audio, session: Session) -> None:

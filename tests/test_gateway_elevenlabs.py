@@ -16,6 +16,7 @@ import pytest
 from gateway_harness import running_gateway, wait_until
 
 from bench.doubles.synthetic_backend import synthetic_pcm
+from gateway.voices import ENGLISH_VOICES
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(60)
@@ -175,13 +176,24 @@ async def test_bad_messages_do_not_break_other_contexts(layout: InstanceLayout) 
             await receive_until(ws, r, lambda: "ok" in r.final)
         codes = [e["error"] for e in r.errors]
         assert codes[:4] == ["invalid_message", "invalid_message", "missing_context_id",
-                             "invalid_speed"]  # fmt: skip
+                             "invalid_request"]  # fmt: skip
         assert r.errors[3]["contextId"] == "bad"
+        assert r.errors[3]["message"] == "Expected `float` <= 4.0 - at `$.speed`"
         assert bytes(r.audio["ok"]) == pcm_for(len("Good one."))
 
-    # An unknown voice fails its context only.
+    # A voice this server does not have is refused before the upgrade.
     async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
-        async with s.ws_connect(h.url + ws_path("nobody")) as ws:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as e:
+            await s.ws_connect(h.url + ws_path("nobody"))
+        assert e.value.status == 400
+
+    # A voice the worker refuses (known here, gone there) fails its context only.
+    others = [v for v in ENGLISH_VOICES if v != "zoe"]
+    async with (
+        running_gateway(layout, backend={"voices": others}) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        async with s.ws_connect(h.url + ws_path("zoe")) as ws:
             r = Received()
             await ws.send_json({"text": "Hi.", "context_id": "c", "flush": True})
             await receive_until(ws, r, lambda: r.errors != [])

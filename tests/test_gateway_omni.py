@@ -15,6 +15,7 @@ import pytest
 from gateway_harness import running_gateway, wait_until
 
 from bench.doubles.synthetic_backend import synthetic_pcm
+from gateway.voices import ENGLISH_VOICES
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(60)
@@ -163,9 +164,23 @@ async def test_bad_messages_get_errors_and_the_session_goes_on(layout: InstanceL
             assert ev["type"] == "error" and "stream_audio" in ev["message"]
             assert (await ws.receive(5)).type == aiohttp.WSMsgType.CLOSE
 
+        async with s.ws_connect(h.url + WS) as ws:  # a voice this server does not have
+            await ws.send_json({"type": "session.config", "voice": "nobody"})
+            ev = json.loads((await ws.receive(5)).data)
+            assert ev["type"] == "error" and ev["code"] == "bad_request"
+            assert ev["message"].startswith("Invalid session config: unknown voice 'nobody'")
+            assert (await ws.receive(5)).type == aiohttp.WSMsgType.CLOSE
+
+    # "zoe" is a voice here and the worker refuses it: its sentence fails, the session goes on.
+    others = [v for v in ENGLISH_VOICES if v != "zoe"]
+    async with (
+        running_gateway(layout, backend={"voices": others}) as h,
+        aiohttp.ClientSession() as s,
+    ):
         async with s.ws_connect(h.url + WS) as ws:
             await ws.send_json({"type": "session.config", "response_format": "pcm",
-                                "stream_audio": True, "voice": "nobody"})  # fmt: skip
+                                "stream_audio": True, "voice": "zoe"})  # fmt: skip
+            await ws.send_json({"type": "session.config", "voice": "nobody"})  # refused, kept zoe
             await ws.send_str("{not json")
             await ws.send_json({"type": "dance"})
             await ws.send_json({"type": "input.text", "text": 5})
@@ -173,8 +188,8 @@ async def test_bad_messages_get_errors_and_the_session_goes_on(layout: InstanceL
             await ws.send_json({"type": "input.done"})
             events, _ = await read_until(ws, "session.done")
             errors = [e for e in events if e["type"] == "error"]
-            assert [e["code"] for e in errors] == [
-                "invalid_json", "invalid_message", "invalid_message", "bad_request"]  # fmt: skip
+            assert [e["code"] for e in errors] == ["bad_request", "invalid_json",
+                "invalid_message", "invalid_message", "bad_request"]  # fmt: skip
             assert next(e for e in events if e["type"] == "audio.done")["error"] is True
             await ws.send_json({"type": "session.config", "voice": "tara", "response_format": "pcm",
                                 "stream_audio": True})  # fmt: skip

@@ -59,8 +59,23 @@ def test_all_openai_voice_names_are_accepted() -> None:
 
 def test_model_voices_pass_through_and_object_form() -> None:
     assert _params({"model": "m", "input": "x", "voice": "leo"}).voice == "leo"
-    assert _params({"model": "m", "input": "x", "voice": "pierre"}).voice == "pierre"
+    assert _params({"model": "m", "input": "x", "voice": "Leo"}).voice == "Leo"  # as the worker
     assert _params({"model": "m", "input": "x", "voice": {"id": "zoe"}}).voice == "zoe"
+
+
+def test_a_voice_the_server_does_not_have_is_the_workers_400() -> None:
+    with pytest.raises(APIError) as e:
+        _params({"model": "m", "input": "x", "voice": "pierre"})
+    assert (e.value.status, e.value.code, e.value.param) == (400, "bad_request", "voice")
+    assert e.value.message == (
+        "unknown voice 'pierre'; voices: tara, leah, jess, leo, dan, mia, zac, zoe "
+        "(and the custom voices listed by GET /v1/audio/voices)"
+    )
+    # Other voices (custom, LoRA) are the catalog's ``extra``; an alias's target is checked too.
+    extra = VoiceCatalog({"alloy": "ava"}, ["tara"], "tara", extra=lambda v: v == "ava")
+    assert extra.resolve("ALLOY") == "ava" and extra.resolve("Ava") == "Ava"
+    with pytest.raises(APIError):
+        VoiceCatalog({"alloy": "pierre"}, ["tara"], "tara").resolve("alloy")
 
 
 @pytest.mark.parametrize(

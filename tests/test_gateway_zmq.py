@@ -83,7 +83,7 @@ async def test_errors_carry_http_statuses(layout: InstanceLayout) -> None:
             assert (e.value.status, e.value.code) == (400, "bad_request")
             with pytest.raises(SpeechError) as e:
                 [x async for x in c.speech("hi", speed=9.0)]
-            assert (e.value.status, e.value.code) == (400, "invalid_message")
+            assert (e.value.status, e.value.code) == (400, "invalid_request")  # as HTTP's
             with pytest.raises(SpeechError) as e:
                 [x async for x in c.speech("")]
             assert e.value.code == "empty_input"
