@@ -2,7 +2,7 @@
 concurrent real-time streams, fed by a synthetic PCM source.
 
 Processes: the synthetic source (``bench.doubles.synthetic_backend``, playing the llm_worker and
-codec_worker: it reads ``Submit`` from the control socket and writes real-time-paced,
+codec_worker: it reads ``LlmSubmit`` from the control socket and writes real-time-paced,
 time-stamped PCM records into the real ring), the gateway (``gateway.main.run``, exactly as
 served), and client processes (``bench.doubles.http_client``) holding N streaming HTTP
 requests on loopback in a closed loop. Per level it reports the delivery lag of every

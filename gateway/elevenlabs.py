@@ -27,7 +27,7 @@ continuous MP3 stream. Several contexts may speak at once on one socket.
 - after a flush and nothing since (Pipecat and LiveKit end a turn with a flush, then the
   close): the turn is over; the flushed audio is still delivered, then ``isFinal``;
 - anything else (text was sent after the last flush, or the context is already closing):
-  a barge-in. The unit being spoken is cancelled (``Cancel``, the vLLM request is
+  a barge-in. The unit being spoken is cancelled (``LlmCancel``, the vLLM request is
   aborted), the queued ones are dropped, then ``isFinal``.
 
 A close for an unknown or finished context is ignored; a bad message gets an ``error``

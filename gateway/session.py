@@ -8,7 +8,7 @@ A front end opens a session with ``Gateway.open_session`` (``gateway.service``):
         session.completed = True
 
 Entering admits the request (or raises ``APIError`` 429/503), allocates a stream id and
-sends ``Submit``; leaving frees the slot, cancels upstream work if the stream had not
+sends ``LlmSubmit``; leaving frees the slot, cancels upstream work if the stream had not
 finished, and records the outcome (``outcome_of``).
 """
 

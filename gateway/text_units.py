@@ -1,6 +1,6 @@
 """Cutting text that arrives in pieces into the units the streaming protocols speak.
 
-A *unit* is one piece of text sent to the workers as one complete stream (one ``Submit``
+A *unit* is one piece of text sent to the workers as one complete stream (one ``LlmSubmit``
 without open text). The voice-agent protocols cut at sentence ends as the text arrives,
 so that speech starts before the client's LLM has finished writing, and at a flush.
 Because the gateway made the cut, it knows which text each frame of audio speaks: the

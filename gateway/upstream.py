@@ -12,11 +12,11 @@ import logging
 import zmq
 
 from shm.messages import (
-    AppendText,
-    Cancel,
-    ControlMessage,
+    LlmAppendText,
+    LlmCancel,
+    LlmControl,
+    LlmSubmit,
     SamplingOverrides,
-    Submit,
     control_encoder,
 )
 
@@ -37,7 +37,7 @@ class ControlChannel:
         self._sock.connect(endpoint)
         self.failures = 0
 
-    def _send(self, msg: ControlMessage) -> None:
+    def _send(self, msg: LlmControl) -> None:
         try:
             self._sock.send(control_encoder.encode(msg), zmq.NOBLOCK)
         except zmq.Again:
@@ -54,18 +54,18 @@ class ControlChannel:
         text_open: bool = False,
     ) -> None:
         self._send(
-            Submit(
+            LlmSubmit(
                 stream_id=stream_id, text=text, voice=voice, sampling=sampling, text_open=text_open
             )
         )
 
     def append_text(self, stream_id: int, text: str, *, final: bool) -> None:
-        self._send(AppendText(stream_id=stream_id, text=text, final=final))
+        self._send(LlmAppendText(stream_id=stream_id, text=text, final=final))
 
     def cancel(self, stream_id: int, reason: str) -> None:
         """Best effort: a lost Cancel only costs the worker some wasted generation."""
         try:
-            self._send(Cancel(stream_id=stream_id, reason=reason))
+            self._send(LlmCancel(stream_id=stream_id, reason=reason))
         except UpstreamUnavailable:
             log.warning("could not queue Cancel for stream %#x (%s)", stream_id, reason)
 

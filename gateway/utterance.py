@@ -5,7 +5,7 @@ socket) turns its text into units (``gateway.text_units``) and speaks them in or
 ``Lane``: one unit at a time, each its own stream through ``Gateway.open_session`` (so
 admission, the idle and slow-client watchdogs, metrics and upstream cancellation are the
 same as for every other front end). Cancelling the lane (a barge-in, a client that went
-away) cancels the unit being spoken, which sends ``Cancel`` and aborts the vLLM request,
+away) cancels the unit being spoken, which sends ``LlmCancel`` and aborts the vLLM request,
 and drops the units queued behind it.
 """
 

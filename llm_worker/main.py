@@ -4,7 +4,7 @@
 runs one warm-up generation, tells the orchestrator it is ready, then serves until
 SIGTERM/SIGINT:
 
-- PULL ``layout.control`` (bound here): ``Submit`` / ``AppendText`` / ``Cancel`` from the
+- PULL ``layout.control`` (bound here): ``LlmSubmit`` / ``LlmAppendText`` / ``LlmCancel`` from the
   gateways, handled in arrival order;
 - the pump (:class:`llm_worker.service.LLMService`) publishes each engine step's frames to
   the code ring (:class:`llm_worker.output.RingSink`: producer of ``layout.code_ring``,
@@ -53,8 +53,8 @@ from shm.layout import InstanceLayout
 from shm.messages import (
     AdminReply,
     admin_request_decoder,
-    control_decoder,
     control_encoder,
+    llm_control_decoder,
 )
 from shm.records import FRAME_CODES
 from shm.ring import RingWriter
@@ -218,7 +218,7 @@ async def _control_loop(sock: zmq.asyncio.Socket, service: LLMService) -> None:
     while True:
         raw = await sock.recv()
         try:
-            msg = control_decoder.decode(raw)
+            msg = llm_control_decoder.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             log.warning("undecodable control message dropped: %s", e)
             continue

@@ -1,4 +1,4 @@
-"""From a ``Submit`` to the vLLM requests that speak it: validation, sampling, length caps.
+"""From a ``LlmSubmit`` to the vLLM requests that speak it: validation, sampling, length caps.
 
 Nothing here touches the engine: a request that fails validation is answered with a 400
 before any engine work. One utterance becomes one or more *segments* (pieces of text,
@@ -17,7 +17,7 @@ from vllm.sampling_params import RequestOutputKind
 from common.llm_config import LLMConfig, VoiceSampling
 from llm_worker import tokens as T
 from llm_worker.model_info import ModelInfo
-from shm.messages import SamplingOverrides, Submit
+from shm.messages import LlmSubmit, SamplingOverrides
 from shm.records import FRAME_CODES
 
 _MAX_SEED = 2**63 - 1
@@ -45,13 +45,13 @@ def _check(ok: bool, message: str) -> None:
         raise BadRequest(message)
 
 
-def voice_of(submit: Submit, config: LLMConfig) -> str:
+def voice_of(submit: LlmSubmit, config: LLMConfig) -> str:
     """The voice a request names, as voices are matched (stripped, lower case)."""
     return (submit.voice or config.default_voice).strip().lower()
 
 
 def plan_request(
-    submit: Submit, config: LLMConfig, info: ModelInfo, extra_voice: bool = False
+    submit: LlmSubmit, config: LLMConfig, info: ModelInfo, extra_voice: bool = False
 ) -> RequestPlan:
     """Validate ``submit`` and resolve its sampling: the voice's defaults, then overrides.
     ``extra_voice``: the voice is not the model's but known to the worker (custom, LoRA)."""

@@ -2,9 +2,9 @@
 
 Life of a stream::
 
-    Submit ──validate──► pieces of text ──► segment 0 (vLLM request) ──► segment 1 ──► ... END
+    LlmSubmit ──validate──► pieces of text ──► segment 0 (vLLM request) ──► segment 1 ──► ... END
       │ bad input: ERROR 400, no engine work          each engine step: CODES records
-      └ Cancel at any time: abort the request, END(reason="cancelled")
+      └ LlmCancel at any time: abort the request, END(reason="cancelled")
 
 Frame ``seq`` counts the stream's frames across all of its segments, so long text comes
 out as one continuous stream.
@@ -60,7 +60,7 @@ from llm_worker.requests import (
 )
 from llm_worker.sampling.hooks import SamplingHooks
 from llm_worker.text import TextStream, normalise_tags, split_text
-from shm.messages import AppendText, Cancel, ControlMessage, Submit
+from shm.messages import LlmAppendText, LlmCancel, LlmControl, LlmSubmit
 from shm.records import CODE_DTYPE, FRAME_CODES, RecordKind, StreamEnd, StreamError, end_encoder
 
 if TYPE_CHECKING:
@@ -192,14 +192,14 @@ class LLMService:
         """Called by the engine's step hook once a step's outputs are all delivered."""
         self._wake.set()
 
-    async def handle(self, msg: ControlMessage) -> None:
+    async def handle(self, msg: LlmControl) -> None:
         """Apply one control message. A bug while handling it fails that stream only."""
         try:
-            if isinstance(msg, Submit):
+            if isinstance(msg, LlmSubmit):
                 await self._submit(msg)
-            elif isinstance(msg, AppendText):
+            elif isinstance(msg, LlmAppendText):
                 await self._append(msg)
-            elif isinstance(msg, Cancel):
+            elif isinstance(msg, LlmCancel):
                 await self._cancel(msg)
         except EngineDeadError:
             raise
@@ -209,7 +209,7 @@ class LLMService:
             message = f"internal error: {type(e).__name__}: {e}"
             if s is not None:
                 await self._fail(s, "internal_error", message, 500)
-            elif isinstance(msg, Submit):
+            elif isinstance(msg, LlmSubmit):
                 self._reject(msg.stream_id, message, "internal_error", 500)
 
     async def run(self) -> None:
@@ -228,7 +228,7 @@ class LLMService:
 
     # -- control messages ---------------------------------------------------------------
 
-    async def _submit(self, msg: Submit) -> None:
+    async def _submit(self, msg: LlmSubmit) -> None:
         if msg.stream_id in self._streams:
             log.error("duplicate stream id %#x ignored (a gateway bug)", msg.stream_id)
             return
@@ -274,7 +274,7 @@ class LLMService:
         M.ACTIVE_STREAMS.inc()
         await self._advance(s)
 
-    async def _append(self, msg: AppendText) -> None:
+    async def _append(self, msg: LlmAppendText) -> None:
         s = self._streams.get(msg.stream_id)
         if s is None or s.done:
             return  # finished or cancelled already: nothing to do
@@ -287,7 +287,7 @@ class LLMService:
             s.text = None
         await self._advance(s)
 
-    async def _cancel(self, msg: Cancel) -> None:
+    async def _cancel(self, msg: LlmCancel) -> None:
         s = self._streams.get(msg.stream_id)
         if s is None or s.done:
             return

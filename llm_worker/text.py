@@ -8,7 +8,7 @@ Two entry points:
 
 - :func:`split_text` for text known in full: sentences are packed greedily into pieces of
   at most ``max_chars`` characters (fewer pieces, fewer prompt prefills).
-- :class:`TextStream` for text that arrives in parts (``AppendText``): each sentence is
+- :class:`TextStream` for text that arrives in parts (``LlmAppendText``): each sentence is
   released as soon as it is complete, so speech can start before the text ends.
 """
 

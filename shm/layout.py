@@ -37,7 +37,7 @@ class InstanceLayout(msgspec.Struct, frozen=True):
 
     @property
     def control(self) -> str:
-        """llm_worker binds PULL; gateways connect PUSH (Submit, AppendText, Cancel)."""
+        """llm_worker binds PULL; gateways connect PUSH (LlmSubmit, LlmAppendText, LlmCancel)."""
         return self._ipc("control")
 
     @property

@@ -2,7 +2,17 @@
 
 Bulk data never travels here: code frames and PCM go through the shared-memory rings
 (see ``shm.records``). Every message is a tagged Struct so one decoder handles a socket
-that carries several kinds.
+that carries several kinds. The names say which boundary a message crosses; the public
+ZeroMQ protocol's messages (``gateway.zmq_protocol``: ``Speak``, ``AppendText``, ``Cancel``)
+are a different, client-facing contract.
+
+| messages | from -> to | socket (``shm.layout``) |
+|---|---|---|
+| ``LlmSubmit``, ``LlmAppendText``, ``LlmCancel`` (``LlmControl``) | gateway -> llm_worker | ``control`` PUSH/PULL |
+| ``LoraLoad``, ``LoraUnload`` / ``AdminReply`` | gateway <-> llm_worker | ``admin`` DEALER/ROUTER |
+| ``EncodeRequest`` / ``EncodeReply`` | gateway <-> codec_worker | ``encode`` DEALER/ROUTER |
+| ``WorkerReady``, ``Heartbeat``, ``WorkerFailed`` | worker -> orchestrator | ``orch`` PUSH/PULL |
+| ``ClusterStatus`` | orchestrator -> gateways | ``status`` PUB/SUB |
 """
 
 from __future__ import annotations
@@ -20,12 +30,12 @@ class SamplingOverrides(msgspec.Struct, frozen=True, omit_defaults=True):
     seed: int | None = None
 
 
-class Submit(msgspec.Struct, tag="submit", frozen=True, omit_defaults=True):
+class LlmSubmit(msgspec.Struct, tag="submit", frozen=True, omit_defaults=True):
     """gateway -> llm_worker: start one utterance.
 
     ``stream_id`` is unique for the life of the instance; its high 16 bits name the
     gateway whose PCM ring receives the audio (see ``shm.records.gateway_of``).
-    ``text`` may be appended to later with ``AppendText`` when ``text_open`` is true
+    ``text`` may be appended to later with ``LlmAppendText`` when ``text_open`` is true
     (WebSocket clients that send text as their LLM writes it).
     """
 
@@ -36,7 +46,7 @@ class Submit(msgspec.Struct, tag="submit", frozen=True, omit_defaults=True):
     text_open: bool = False
 
 
-class AppendText(msgspec.Struct, tag="append", frozen=True):
+class LlmAppendText(msgspec.Struct, tag="append", frozen=True):
     """gateway -> llm_worker: more text for an open stream; ``final`` closes its text."""
 
     stream_id: int
@@ -44,7 +54,7 @@ class AppendText(msgspec.Struct, tag="append", frozen=True):
     final: bool = False
 
 
-class Cancel(msgspec.Struct, tag="cancel", frozen=True):
+class LlmCancel(msgspec.Struct, tag="cancel", frozen=True):
     """gateway -> llm_worker: the client went away; abort the vLLM request and drop state."""
 
     stream_id: int
@@ -137,11 +147,11 @@ class AdminReply(msgspec.Struct, tag="admin_reply", frozen=True):
 
 
 AdminRequest = LoraLoad | LoraUnload
-ControlMessage = Submit | AppendText | Cancel
+LlmControl = LlmSubmit | LlmAppendText | LlmCancel
 OrchestratorMessage = WorkerReady | Heartbeat | WorkerFailed
 
 control_encoder = msgspec.msgpack.Encoder()
-control_decoder = msgspec.msgpack.Decoder(ControlMessage)
+llm_control_decoder = msgspec.msgpack.Decoder(LlmControl)
 orchestrator_decoder = msgspec.msgpack.Decoder(OrchestratorMessage)
 status_decoder = msgspec.msgpack.Decoder(ClusterStatus)
 encode_request_decoder = msgspec.msgpack.Decoder(EncodeRequest)

@@ -34,7 +34,7 @@ from llm_worker.model_info import ModelInfo
 from llm_worker.prompt import PromptBuilder
 from llm_worker.requests import BadRequest, plan_request
 from shm.layout import InstanceLayout
-from shm.messages import Submit
+from shm.messages import LlmSubmit
 from shm.voices import TooManyVoices, VoiceExists, VoicesConfig, VoiceStore, new_record, voice_id
 
 RATE = 24_000
@@ -226,7 +226,7 @@ def test_worker_prefix_follows_the_store(tmp_path: Path, builder: PromptBuilder)
 
 def test_plan_accepts_a_custom_voice_only_when_the_worker_knows_it() -> None:
     info = ModelInfo(voices=("tara",), emotion_tags=(), source="test")
-    msg = Submit(stream_id=1, text="Hi.", voice="Anna")
+    msg = LlmSubmit(stream_id=1, text="Hi.", voice="Anna")
     with pytest.raises(BadRequest, match="unknown voice"):
         plan_request(msg, LLMConfig(), info)
     assert plan_request(msg, LLMConfig(), info, extra_voice=True).voice == "anna"

@@ -20,7 +20,7 @@ from gateway_harness import BYTES_PER_FRAME, running_gateway, wait_until
 from bench.doubles.synthetic_backend import StreamPlan, default_plan, synthetic_pcm
 from gateway.voices import ENGLISH_VOICES
 from shm.layout import InstanceLayout
-from shm.messages import ClusterStatus, Submit
+from shm.messages import ClusterStatus, LlmSubmit
 from shm.records import StreamError
 
 pytestmark = pytest.mark.timeout(60)
@@ -42,7 +42,7 @@ def decoded_samples(data: bytes) -> int:
     return sum(f.samples for f in frames) * 24000 // frames[0].sample_rate
 
 
-def scripted(submit: Submit) -> StreamPlan:
+def scripted(submit: LlmSubmit) -> StreamPlan:
     """Per-request behaviour chosen by the text (the test fixture's script)."""
     text = submit.text
     if text == "error-after-2":

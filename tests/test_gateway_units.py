@@ -26,7 +26,7 @@ from gateway.sse import delta_event, done_event
 from gateway.streams import StreamFailed, StreamRegistry
 from gateway.voices import ENGLISH_VOICES, VoiceCatalog
 from gateway.zmq_protocol import endpoint_for
-from shm.messages import Cancel, control_decoder
+from shm.messages import LlmCancel, llm_control_decoder
 from shm.records import RecordKind, StreamEnd, StreamError, end_encoder, gateway_of
 from shm.ring import Record
 
@@ -292,7 +292,9 @@ async def test_consumer_wakes_when_records_arrive() -> None:
 def test_cancel_messages_decode() -> None:
     from shm.messages import control_encoder
 
-    assert control_decoder.decode(control_encoder.encode(Cancel(5, "x"))) == Cancel(5, "x")
+    assert llm_control_decoder.decode(control_encoder.encode(LlmCancel(5, "x"))) == LlmCancel(
+        5, "x"
+    )
 
 
 # -- encoders --------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from llm_worker.model_info import ModelInfo
 from llm_worker.output import RingSink
 from llm_worker.service import LLMService
 from shm.layout import InstanceLayout
-from shm.messages import Submit
+from shm.messages import LlmSubmit
 from shm.records import CODE_DTYPE, FRAME_CODES, RecordKind
 from shm.ring import RingReader, RingWriter, create_ring
 
@@ -101,7 +101,7 @@ async def test_the_service_on_a_real_ring(ring: tuple[RingWriter, RingReader]) -
     rng = np.random.default_rng(0)
     f = {sid: rng.integers(0, 4096, (3, FRAME_CODES)).astype(np.int16) for sid in (1, 2)}
     for sid in f:
-        await svc.handle(Submit(sid, "Hello.", "tara"))
+        await svc.handle(LlmSubmit(sid, "Hello.", "tara"))
         engine.emit(f"{sid:x}-0", audio(f[sid])[:10])
     await svc.pump()
     for sid in f:

@@ -15,7 +15,7 @@ from llm_worker.requests import (
     segment_params,
     split_budget,
 )
-from shm.messages import SamplingOverrides, Submit
+from shm.messages import LlmSubmit, SamplingOverrides
 
 INFO = ModelInfo(voices=("tara", "leo"), emotion_tags=("laugh",), source="test")
 CONFIG = LLMConfig(
@@ -27,17 +27,17 @@ CONFIG = LLMConfig(
 
 
 def test_voice_defaults_and_overrides() -> None:
-    tara = plan_request(Submit(1, "Hi.", "Tara"), CONFIG, INFO)
+    tara = plan_request(LlmSubmit(1, "Hi.", "Tara"), CONFIG, INFO)
     assert (tara.voice, tara.temperature, tara.top_p, tara.repetition_penalty) == (
         "tara",
         0.6,
         0.8,
         1.1,
     )
-    leo = plan_request(Submit(2, "Hi.", "leo"), CONFIG, INFO)
+    leo = plan_request(LlmSubmit(2, "Hi.", "leo"), CONFIG, INFO)
     assert (leo.temperature, leo.top_p, leo.repetition_penalty) == (0.4, 0.9, 1.2)
     o = SamplingOverrides(temperature=0.9, repetition_penalty=1.3, seed=5, max_tokens=70)
-    custom = plan_request(Submit(3, "Hi.", "leo", o), CONFIG, INFO)
+    custom = plan_request(LlmSubmit(3, "Hi.", "leo", o), CONFIG, INFO)
     assert (custom.temperature, custom.top_p, custom.repetition_penalty) == (0.9, 0.9, 1.3)
     assert (custom.seed, custom.total_tokens) == (5, 70)
 
@@ -45,24 +45,27 @@ def test_voice_defaults_and_overrides() -> None:
 @pytest.mark.parametrize(
     ("submit", "fragment"),
     [
-        (Submit(1, "Hi.", "nobody"), "unknown voice"),
-        (Submit(1, "  \n ", "tara"), "empty text"),
-        (Submit(1, "Hi.", "tara", SamplingOverrides(temperature=-1.0)), "temperature"),
-        (Submit(1, "Hi.", "tara", SamplingOverrides(temperature=float("nan"))), "temperature"),
-        (Submit(1, "Hi.", "tara", SamplingOverrides(top_p=0.0)), "top_p"),
-        (Submit(1, "Hi.", "tara", SamplingOverrides(repetition_penalty=9.0)), "repetition_penalty"),
-        (Submit(1, "Hi.", "tara", SamplingOverrides(max_tokens=3)), "max_tokens"),
-        (Submit(1, "Hi.", "tara", SamplingOverrides(max_tokens=10**6)), "max_tokens"),
-        (Submit(1, "Hi.", "tara", SamplingOverrides(seed=-1)), "seed"),
+        (LlmSubmit(1, "Hi.", "nobody"), "unknown voice"),
+        (LlmSubmit(1, "  \n ", "tara"), "empty text"),
+        (LlmSubmit(1, "Hi.", "tara", SamplingOverrides(temperature=-1.0)), "temperature"),
+        (LlmSubmit(1, "Hi.", "tara", SamplingOverrides(temperature=float("nan"))), "temperature"),
+        (LlmSubmit(1, "Hi.", "tara", SamplingOverrides(top_p=0.0)), "top_p"),
+        (
+            LlmSubmit(1, "Hi.", "tara", SamplingOverrides(repetition_penalty=9.0)),
+            "repetition_penalty",
+        ),
+        (LlmSubmit(1, "Hi.", "tara", SamplingOverrides(max_tokens=3)), "max_tokens"),
+        (LlmSubmit(1, "Hi.", "tara", SamplingOverrides(max_tokens=10**6)), "max_tokens"),
+        (LlmSubmit(1, "Hi.", "tara", SamplingOverrides(seed=-1)), "seed"),
     ],
 )
-def test_bad_requests(submit: Submit, fragment: str) -> None:
+def test_bad_requests(submit: LlmSubmit, fragment: str) -> None:
     with pytest.raises(BadRequest, match=fragment):
         plan_request(submit, CONFIG, INFO)
 
 
 def test_open_text_may_start_empty() -> None:
-    assert plan_request(Submit(1, "", "tara", text_open=True), CONFIG, INFO).voice == "tara"
+    assert plan_request(LlmSubmit(1, "", "tara", text_open=True), CONFIG, INFO).voice == "tara"
 
 
 def test_length_cap_grows_with_text_within_bounds() -> None:
@@ -83,7 +86,7 @@ def test_split_budget() -> None:
 
 
 def test_segment_params_natural_end() -> None:
-    plan = plan_request(Submit(1, "Hi.", "tara", SamplingOverrides(seed=9)), CONFIG, INFO)
+    plan = plan_request(LlmSubmit(1, "Hi.", "tara", SamplingOverrides(seed=9)), CONFIG, INFO)
     p = segment_params(CONFIG, plan, index=2, chars=100, prompt_len=20)
     assert p.max_tokens == 700 and p.min_tokens == 0
     assert p.stop_token_ids == [T.END_OF_SPEECH] and not p.ignore_eos
@@ -93,13 +96,13 @@ def test_segment_params_natural_end() -> None:
 
 
 def test_segment_params_fixed_length_ignores_end_of_speech() -> None:
-    plan = plan_request(Submit(1, "Hi.", "tara", SamplingOverrides(max_tokens=84)), CONFIG, INFO)
+    plan = plan_request(LlmSubmit(1, "Hi.", "tara", SamplingOverrides(max_tokens=84)), CONFIG, INFO)
     p = segment_params(CONFIG, plan, index=0, chars=3, prompt_len=20, budget=84)
     assert p.max_tokens == 84 and p.min_tokens == 84, "stop ids masked until the budget is spent"
 
 
 def test_segment_params_respect_max_model_len_and_sampling_kwargs() -> None:
-    plan = plan_request(Submit(1, "Hi.", "tara"), CONFIG, INFO)
+    plan = plan_request(LlmSubmit(1, "Hi.", "tara"), CONFIG, INFO)
     p = segment_params(CONFIG, plan, 0, chars=500, prompt_len=1000)
     assert p.max_tokens == 21  # what fits in max_model_len, whole frames
     with pytest.raises(BadRequest, match="max_model_len"):

@@ -31,7 +31,7 @@ from llm_worker.model_info import ModelInfo
 from llm_worker.requests import BadRequest, length_cap
 from llm_worker.sampling.hooks import SamplingHooks
 from llm_worker.service import LLMService
-from shm.messages import AppendText, Cancel, SamplingOverrides, Submit
+from shm.messages import LlmAppendText, LlmCancel, LlmSubmit, SamplingOverrides
 from shm.records import FRAME_CODES, RecordKind
 
 INFO = ModelInfo(voices=("tara", "leo"), emotion_tags=("laugh",), source="test", zero_shot=True)
@@ -106,8 +106,8 @@ async def finish(svc: LLMService, eng: FakeEngine, sid: int, f: np.ndarray, reas
 async def test_a_step_is_one_record_per_stream_in_one_publish_and_end_follows_codes() -> None:
     svc, eng, sink = make()
     m = Metrics()
-    await svc.handle(Submit(1, "Hello there.", "tara"))
-    await svc.handle(Submit(2, "Hi.", "Leo"))
+    await svc.handle(LlmSubmit(1, "Hello there.", "tara"))
+    await svc.handle(LlmSubmit(2, "Hi.", "Leo"))
     assert [(r.request_id, spoken(r.prompt)) for r in eng.requests] == [
         ("1-0", "tara: Hello there."),
         ("2-0", "leo: Hi."),
@@ -145,7 +145,7 @@ async def test_a_step_is_one_record_per_stream_in_one_publish_and_end_follows_co
 
 async def test_frames_of_one_step_split_into_records_that_fit_the_ring() -> None:
     svc, eng, sink = make(MemorySink(max_payload=2 * 7 * 2))  # two frames per record
-    await svc.handle(Submit(1, "Hello.", "tara"))
+    await svc.handle(LlmSubmit(1, "Hello.", "tara"))
     f = frames(5)
     await finish(svc, eng, 1, f, "length")
     got = received(sink.records)[1]
@@ -157,7 +157,7 @@ async def test_frames_of_one_step_split_into_records_that_fit_the_ring() -> None
 async def test_invalid_tokens_drop_their_frame_and_seq_counts_frames_written() -> None:
     svc, eng, sink = make()
     m = Metrics()
-    await svc.handle(Submit(1, "Hello.", "tara"))
+    await svc.handle(LlmSubmit(1, "Hello.", "tara"))
     f = frames(3)
     tokens = audio(f)
     tokens[9] = 1000  # a text token in the second frame
@@ -175,7 +175,7 @@ async def test_invalid_tokens_drop_their_frame_and_seq_counts_frames_written() -
 async def test_a_length_cut_drops_the_incomplete_frame() -> None:
     svc, eng, sink = make()
     m = Metrics()
-    await svc.handle(Submit(1, "Hello.", "tara"))
+    await svc.handle(LlmSubmit(1, "Hello.", "tara"))
     f = frames(2)
     eng.emit("1-0", audio(f)[:11], "length")
     await svc.pump()
@@ -189,7 +189,7 @@ async def test_the_pump_runs_after_each_engine_step() -> None:
     svc, eng, sink = make()
     pump = asyncio.create_task(svc.run())
     try:
-        await svc.handle(Submit(1, "Hello.", "tara"))
+        await svc.handle(LlmSubmit(1, "Hello.", "tara"))
         eng.emit("1-0", [*audio(frames(1)), EOS], "stop")
         svc.on_step()  # the engine's step hook
         for _ in range(100):
@@ -209,7 +209,7 @@ async def test_the_pump_runs_after_each_engine_step() -> None:
 
 async def test_long_text_is_segments_in_order_with_continuous_frames() -> None:
     svc, eng, sink = make()
-    await svc.handle(Submit(1, " ".join(PIECES), "tara", SamplingOverrides(seed=5)))
+    await svc.handle(LlmSubmit(1, " ".join(PIECES), "tara", SamplingOverrides(seed=5)))
     parts = [frames(2 + k, k) for k in range(3)]
     reasons = ["stop", "length", "stop"]
     for k, (f, reason) in enumerate(zip(parts, reasons, strict=True)):
@@ -227,7 +227,7 @@ async def test_long_text_is_segments_in_order_with_continuous_frames() -> None:
 async def test_a_fixed_length_is_shared_among_segments_exactly() -> None:
     svc, eng, sink = make()
     text = "The first sentence is here. A second one follows it. And the third ends it all."
-    await svc.handle(Submit(1, text, "tara", SamplingOverrides(max_tokens=7 * 12, seed=5)))
+    await svc.handle(LlmSubmit(1, text, "tara", SamplingOverrides(max_tokens=7 * 12, seed=5)))
     budgets = []
     while eng.live:
         req = eng.current(1)
@@ -244,7 +244,7 @@ async def test_a_fixed_length_is_shared_among_segments_exactly() -> None:
 async def test_a_piece_whose_share_of_a_fixed_length_is_zero_is_skipped() -> None:
     svc, eng, sink = make()
     text = "Short one. This second sentence is rather longer."
-    await svc.handle(Submit(1, text, "tara", SamplingOverrides(max_tokens=7)))
+    await svc.handle(LlmSubmit(1, text, "tara", SamplingOverrides(max_tokens=7)))
     (req,) = eng.requests
     assert spoken(req.prompt) == "tara: This second sentence is rather longer."
     assert req.params.max_tokens == 7
@@ -255,9 +255,9 @@ async def test_a_piece_whose_share_of_a_fixed_length_is_zero_is_skipped() -> Non
 
 async def test_open_text_chains_segments_as_sentences_arrive() -> None:
     svc, eng, sink = make()
-    await svc.handle(Submit(1, "First part of it. Sec", "tara", text_open=True))
+    await svc.handle(LlmSubmit(1, "First part of it. Sec", "tara", text_open=True))
     assert [spoken(r.prompt) for r in eng.requests] == ["tara: First part of it."]
-    await svc.handle(AppendText(1, "ond part. Third", final=False))
+    await svc.handle(LlmAppendText(1, "ond part. Third", final=False))
     assert len(eng.requests) == 1, "one segment at a time"
     parts = [frames(2, k) for k in range(3)]
     await finish(svc, eng, 1, parts[0], "stop")
@@ -265,22 +265,22 @@ async def test_open_text_chains_segments_as_sentences_arrive() -> None:
     await finish(svc, eng, 1, parts[1], "stop")
     assert len(eng.requests) == 2 and not eng.live
     assert received(sink.records)[1].end is None, "open text: the stream waits for more"
-    await svc.handle(AppendText(1, " piece.", final=True))
+    await svc.handle(LlmAppendText(1, " piece.", final=True))
     assert spoken(eng.requests[2].prompt) == "tara: Third piece."
     await finish(svc, eng, 1, parts[2], "stop")
     got = received(sink.records)[1]
     assert contiguous(got) and np.array_equal(got.frames, np.concatenate(parts))
     assert got.end is not None and got.end.reason == "stop"
     n = len(sink.records)
-    await svc.handle(AppendText(1, "Too late.", final=True))
+    await svc.handle(LlmAppendText(1, "Too late.", final=True))
     await svc.pump()
     assert len(sink.records) == n and len(eng.requests) == 3
 
 
 async def test_append_text_to_a_closed_text_is_ignored() -> None:
     svc, eng, sink = make()
-    await svc.handle(Submit(1, "Hello.", "tara"))
-    await svc.handle(AppendText(1, "More words.", final=True))
+    await svc.handle(LlmSubmit(1, "Hello.", "tara"))
+    await svc.handle(LlmAppendText(1, "More words.", final=True))
     assert len(eng.requests) == 1
     await finish(svc, eng, 1, frames(1), "stop")
     assert len(eng.requests) == 1 and received(sink.records)[1].end is not None
@@ -288,8 +288,8 @@ async def test_append_text_to_a_closed_text_is_ignored() -> None:
 
 async def test_open_text_that_closes_empty_is_a_400() -> None:
     svc, eng, sink = make()
-    await svc.handle(Submit(1, "", "tara", text_open=True))
-    await svc.handle(AppendText(1, "  ", final=True))
+    await svc.handle(LlmSubmit(1, "", "tara", text_open=True))
+    await svc.handle(LlmAppendText(1, "  ", final=True))
     await svc.pump()
     got = received(sink.records)[1]
     assert got.error is not None and (got.error.status, got.error.code) == (400, "bad_request")
@@ -299,7 +299,7 @@ async def test_open_text_that_closes_empty_is_a_400() -> None:
 async def test_the_repetition_guard_ends_a_looping_segment() -> None:
     svc, eng, sink = make(repetition_guard_frames=8)
     m = Metrics()
-    await svc.handle(Submit(1, f"{PIECES[0]} {PIECES[1]}", "tara"))
+    await svc.handle(LlmSubmit(1, f"{PIECES[0]} {PIECES[1]}", "tara"))
     loop = np.tile(frames(1), (8, 1))
     eng.emit("1-0", audio(loop[:5]))
     await svc.pump()
@@ -321,11 +321,11 @@ async def test_the_repetition_guard_ends_a_looping_segment() -> None:
 async def test_cancel_mid_segment_aborts_and_ends_the_stream() -> None:
     svc, eng, sink = make()
     m = Metrics()
-    await svc.handle(Submit(1, "A long sentence to be cut short.", "tara"))
+    await svc.handle(LlmSubmit(1, "A long sentence to be cut short.", "tara"))
     f = frames(3)
     eng.emit("1-0", audio(f)[:17])  # two frames and three tokens
     await svc.pump()
-    await svc.handle(Cancel(1, "client went away"))
+    await svc.handle(LlmCancel(1, "client went away"))
     assert eng.aborted == ["1-0"]
     await svc.pump()
     got = received(sink.records)[1]
@@ -336,8 +336,8 @@ async def test_cancel_mid_segment_aborts_and_ends_the_stream() -> None:
         17,
     )
     n = len(sink.records)
-    await svc.handle(Cancel(1))
-    await svc.handle(AppendText(1, "more", final=True))
+    await svc.handle(LlmCancel(1))
+    await svc.handle(LlmAppendText(1, "more", final=True))
     await svc.pump()
     assert len(sink.records) == n and eng.aborted == ["1-0"], "nothing follows END"
     d = m.delta()
@@ -347,9 +347,9 @@ async def test_cancel_mid_segment_aborts_and_ends_the_stream() -> None:
 async def test_cancel_while_the_request_is_being_added() -> None:
     svc, eng, sink = make()
     eng.gate = asyncio.Event()
-    submit = asyncio.create_task(svc.handle(Submit(1, "Hello.", "tara")))
+    submit = asyncio.create_task(svc.handle(LlmSubmit(1, "Hello.", "tara")))
     await asyncio.sleep(0)
-    await svc.handle(Cancel(1))
+    await svc.handle(LlmCancel(1))
     eng.gate.set()
     await submit
     assert eng.aborted == ["1-0"], "the request added after the cancel is aborted"
@@ -365,9 +365,9 @@ async def test_cancel_while_the_request_is_being_added() -> None:
 
 async def test_cancel_between_segments_starts_no_more() -> None:
     svc, eng, sink = make()
-    await svc.handle(Submit(1, " ".join(PIECES), "tara"))
+    await svc.handle(LlmSubmit(1, " ".join(PIECES), "tara"))
     await finish(svc, eng, 1, frames(1), "stop")
-    await svc.handle(Cancel(1))
+    await svc.handle(LlmCancel(1))
     await svc.pump()
     assert eng.aborted == ["1-1"] and len(eng.requests) == 2
     got = received(sink.records)[1]
@@ -380,14 +380,17 @@ async def test_cancel_between_segments_starts_no_more() -> None:
 @pytest.mark.parametrize(
     ("submit", "fragment"),
     [
-        (Submit(1, "Hello.", "nobody"), "unknown voice"),
-        (Submit(1, "   ", "tara"), "empty text"),
-        (Submit(1, "Hi.", "tara", SamplingOverrides(temperature=3.0)), "temperature"),
-        (Submit(1, "Hi.", "tara", SamplingOverrides(max_tokens=3)), "max_tokens"),
-        (Submit(1, "Hi.", "tara", SamplingOverrides(max_tokens=70), text_open=True), "text_open"),
+        (LlmSubmit(1, "Hello.", "nobody"), "unknown voice"),
+        (LlmSubmit(1, "   ", "tara"), "empty text"),
+        (LlmSubmit(1, "Hi.", "tara", SamplingOverrides(temperature=3.0)), "temperature"),
+        (LlmSubmit(1, "Hi.", "tara", SamplingOverrides(max_tokens=3)), "max_tokens"),
+        (
+            LlmSubmit(1, "Hi.", "tara", SamplingOverrides(max_tokens=70), text_open=True),
+            "text_open",
+        ),
     ],
 )
-async def test_bad_requests_are_a_400_with_no_engine_work(submit: Submit, fragment: str) -> None:
+async def test_bad_requests_are_a_400_with_no_engine_work(submit: LlmSubmit, fragment: str) -> None:
     svc, eng, sink = make()
     m = Metrics()
     await svc.handle(submit)
@@ -403,7 +406,7 @@ async def test_bad_requests_are_a_400_with_no_engine_work(submit: Submit, fragme
 
 async def test_a_prompt_too_long_for_the_model_is_a_400_with_no_engine_work() -> None:
     svc, eng, sink = make(max_model_len=40)
-    await svc.handle(Submit(1, "This text makes a prompt of over forty ids.", "tara"))
+    await svc.handle(LlmSubmit(1, "This text makes a prompt of over forty ids.", "tara"))
     await svc.pump()
     got = received(sink.records)[1]
     assert (
@@ -414,8 +417,8 @@ async def test_a_prompt_too_long_for_the_model_is_a_400_with_no_engine_work() ->
 
 async def test_a_duplicate_stream_id_is_ignored() -> None:
     svc, eng, sink = make()
-    await svc.handle(Submit(1, "Hello.", "tara"))
-    await svc.handle(Submit(1, "Other.", "leo"))
+    await svc.handle(LlmSubmit(1, "Hello.", "tara"))
+    await svc.handle(LlmSubmit(1, "Other.", "leo"))
     assert len(eng.requests) == 1 and svc.active_streams == 1
     await finish(svc, eng, 1, frames(1), "stop")
     assert contiguous(received(sink.records)[1])
@@ -433,7 +436,7 @@ async def test_a_request_the_engine_refuses_fails_its_stream(
 ) -> None:
     svc, eng, sink = make()
     eng.add_error = error
-    await svc.handle(Submit(1, "Hello.", "tara"))
+    await svc.handle(LlmSubmit(1, "Hello.", "tara"))
     await svc.pump()
     got = received(sink.records)[1]
     assert got.error is not None and (got.error.status, got.error.code) == (status, code)
@@ -443,7 +446,7 @@ async def test_a_request_the_engine_refuses_fails_its_stream(
 async def test_a_broken_request_fails_its_stream_and_not_the_others() -> None:
     svc, eng, sink = make()
     for sid in (1, 2, 3):
-        await svc.handle(Submit(sid, "Hello.", "tara"))
+        await svc.handle(LlmSubmit(sid, "Hello.", "tara"))
     f = frames(1)
     eng.fail("1-0", RuntimeError("bad output"))
     eng.emit("2-0", audio(f), "abort")
@@ -469,8 +472,8 @@ async def test_a_bug_while_handling_a_message_fails_that_stream_only() -> None:
             return super().build(voice, text)
 
     svc, eng, sink = make(prompts=Broken())
-    await svc.handle(Submit(1, "Hello.", "tara"))
-    await svc.handle(Submit(2, "boom.", "tara"))
+    await svc.handle(LlmSubmit(1, "Hello.", "tara"))
+    await svc.handle(LlmSubmit(2, "boom.", "tara"))
     await svc.pump()
     err = received(sink.records)[2].error
     assert err is not None and (err.status, err.code) == (500, "internal_error")
@@ -482,8 +485,8 @@ async def test_a_bug_while_handling_a_message_fails_that_stream_only() -> None:
 
 async def test_a_dead_engine_stops_the_pump_and_shutdown_fails_every_stream() -> None:
     svc, eng, sink = make()
-    await svc.handle(Submit(1, "Hello.", "tara"))
-    await svc.handle(Submit(2, "Hello.", "tara"))
+    await svc.handle(LlmSubmit(1, "Hello.", "tara"))
+    await svc.handle(LlmSubmit(2, "Hello.", "tara"))
     eng.emit("2-0", audio(frames(1)))
     eng.fail("1-0", EngineDeadError())
     with pytest.raises(EngineDeadError):
@@ -496,12 +499,12 @@ async def test_a_dead_engine_stops_the_pump_and_shutdown_fails_every_stream() ->
     assert svc.active_streams == 0 and not eng.aborted, "a dead engine is not asked to abort"
     eng.add_error = EngineDeadError()
     with pytest.raises(EngineDeadError):
-        await svc.handle(Submit(3, "Hello.", "tara"))
+        await svc.handle(LlmSubmit(3, "Hello.", "tara"))
 
 
 async def test_shutdown_fails_the_streams_in_flight_with_503() -> None:
     svc, eng, sink = make()
-    await svc.handle(Submit(1, "Hello.", "tara"))
+    await svc.handle(LlmSubmit(1, "Hello.", "tara"))
     eng.emit("1-0", audio(frames(2)))
     await svc.pump()
     await svc.shutdown()
@@ -517,7 +520,7 @@ async def test_shutdown_fails_the_streams_in_flight_with_503() -> None:
 async def test_a_full_ring_fails_the_stream_being_written_and_spares_the_others() -> None:
     svc, eng, sink = make()
     for sid in (1, 2):
-        await svc.handle(Submit(sid, "Hello.", "tara"))
+        await svc.handle(LlmSubmit(sid, "Hello.", "tara"))
     a, b = frames(2, 1), frames(2, 2)
     eng.emit("1-0", audio(a)[:7])
     eng.emit("2-0", audio(b)[:7])
@@ -539,7 +542,7 @@ async def test_an_end_waits_for_ring_space_and_is_never_dropped() -> None:
     svc, eng, sink = make()
     pump = asyncio.create_task(svc.run())
     try:
-        await svc.handle(Submit(1, "Hello.", "tara"))
+        await svc.handle(LlmSubmit(1, "Hello.", "tara"))
         eng.emit("1-0", audio(frames(2)))
         await svc.pump()
         sink.full, sink.timeouts = True, 2
@@ -560,8 +563,8 @@ async def test_an_end_waits_for_ring_space_and_is_never_dropped() -> None:
 
 async def test_a_stream_cancelled_while_the_pump_waits_for_space_gets_no_more_codes() -> None:
     svc, eng, sink = make()
-    await svc.handle(Submit(1, "Hello.", "tara"))
-    await svc.handle(Submit(2, "Hello.", "tara"))
+    await svc.handle(LlmSubmit(1, "Hello.", "tara"))
+    await svc.handle(LlmSubmit(2, "Hello.", "tara"))
     eng.emit("1-0", audio(frames(1)))
     eng.emit("2-0", audio(frames(1)))
     sink.full = True
@@ -577,7 +580,7 @@ async def test_a_stream_cancelled_while_the_pump_waits_for_space_gets_no_more_co
     sink.wait_put = slow_wait  # type: ignore[method-assign]
     step = asyncio.create_task(svc.pump())
     await blocked.wait()  # the pump waits for space while writing stream 1
-    await svc.handle(Cancel(2))  # control messages go on meanwhile
+    await svc.handle(LlmCancel(2))  # control messages go on meanwhile
     release.set()
     await step
     await svc.pump()
@@ -615,16 +618,16 @@ def make_voices() -> tuple[LLMService, FakeEngine, MemorySink]:
 
 async def test_a_lora_voice_runs_with_its_adapter_and_speaker() -> None:
     svc, eng, _ = make_voices()
-    await svc.handle(Submit(1, "Hello.", "MyVoice"))
+    await svc.handle(LlmSubmit(1, "Hello.", "MyVoice"))
     (req,) = eng.requests
     assert req.lora == "lora-request" and spoken(req.prompt) == "spk: Hello."
-    await svc.handle(Submit(2, "Hello.", "tara"))
+    await svc.handle(LlmSubmit(2, "Hello.", "tara"))
     assert eng.requests[1].lora is None and spoken(eng.requests[1].prompt) == "tara: Hello."
 
 
 async def test_a_zero_shot_voice_is_its_prefix_then_the_plain_text() -> None:
     svc, eng, _ = make_voices()
-    await svc.handle(Submit(1, f"{PIECES[0]} {PIECES[1]}", "clone"))
+    await svc.handle(LlmSubmit(1, f"{PIECES[0]} {PIECES[1]}", "clone"))
     await finish(svc, eng, 1, frames(1), "stop")
     for req, piece in zip(eng.requests, PIECES, strict=False):
         assert tuple(req.prompt[:3]) == (11, 12, 13) and req.lora is None
@@ -636,7 +639,7 @@ async def test_a_zero_shot_voice_is_its_prefix_then_the_plain_text() -> None:
 )
 async def test_a_voice_that_cannot_be_served_is_a_400(voice: str, fragment: str) -> None:
     svc, eng, sink = make_voices()
-    await svc.handle(Submit(1, "Hello.", voice))
+    await svc.handle(LlmSubmit(1, "Hello.", voice))
     await svc.pump()
     err = received(sink.records)[1].error
     assert err is not None and err.status == 400 and fragment in err.message
@@ -664,9 +667,9 @@ async def test_sampling_hooks_follow_the_stream() -> None:
     config = LLMConfig(model="unused", max_model_len=2048, max_chars_per_segment=40)
     eng, sink, hooks = FakeEngine(), MemorySink(), Hooks()
     svc = LLMService(config, eng, sink, FakePrompts(), INFO, hooks)
-    await svc.handle(Submit(1, f"{PIECES[0]} {PIECES[1]}", "tara"))
-    await svc.handle(Submit(2, "Hello.", "nobody"))  # rejected: takes no slot
-    await svc.handle(Submit(3, "Hello.", "tara"))
+    await svc.handle(LlmSubmit(1, f"{PIECES[0]} {PIECES[1]}", "tara"))
+    await svc.handle(LlmSubmit(2, "Hello.", "nobody"))  # rejected: takes no slot
+    await svc.handle(LlmSubmit(3, "Hello.", "tara"))
     await finish(svc, eng, 1, frames(1), "stop")
     await finish(svc, eng, 1, frames(1), "stop")
     eng.fail("3-0", RuntimeError("x"))
@@ -732,7 +735,7 @@ async def _continuous(
                 tokens = tokens[k:]
             q.append((tokens, reason))
         queues[sid] = q
-        await svc.handle(Submit(sid, " ".join(PIECES[: len(segs)]), "tara"))
+        await svc.handle(LlmSubmit(sid, " ".join(PIECES[: len(segs)]), "tara"))
     while any(queues.values()):
         for sid, q in queues.items():
             if q:

@@ -31,11 +31,11 @@ from common.profiling import ProfileDone
 from orchestrator.child import SPEC_ENV, ChildSpec
 from shm.layout import InstanceLayout
 from shm.messages import (
-    AppendText,
-    Cancel,
     Heartbeat,
+    LlmAppendText,
+    LlmCancel,
+    LlmSubmit,
     SamplingOverrides,
-    Submit,
     WorkerReady,
     control_encoder,
     orchestrator_decoder,
@@ -85,7 +85,7 @@ class Harness:
         self._next_id += 1
         return self._next_id
 
-    def send(self, msg: Submit | AppendText | Cancel) -> None:
+    def send(self, msg: LlmSubmit | LlmAppendText | LlmCancel) -> None:
         self.ctl.send(control_encoder.encode(msg))
 
     def pump(self) -> None:
@@ -208,7 +208,7 @@ def test_fixed_length_is_exact_and_seeded(harness: Harness) -> None:
     for _ in range(2):
         sid = harness.new_id()
         overrides = SamplingOverrides(max_tokens=7 * 10, seed=7)
-        harness.send(Submit(sid, "Counting frames.", "tara", overrides))
+        harness.send(LlmSubmit(sid, "Counting frames.", "tara", overrides))
         got = harness.wait_for(sid)
         _check_contiguous(got)
         assert got.end is not None and got.end.reason == "length"
@@ -220,7 +220,7 @@ def test_fixed_length_is_exact_and_seeded(harness: Harness) -> None:
 def test_natural_end_of_speech(harness: Harness) -> None:
     sid = harness.new_id()
     # A low temperature makes the tiny model's end of speech likely at each frame boundary.
-    harness.send(Submit(sid, "Hi.", "leo", SamplingOverrides(temperature=0.3, seed=3)))
+    harness.send(LlmSubmit(sid, "Hi.", "leo", SamplingOverrides(temperature=0.3, seed=3)))
     got = harness.wait_for(sid)
     _check_contiguous(got)
     assert got.end is not None and got.end.reason == "stop"
@@ -230,7 +230,7 @@ def test_natural_end_of_speech(harness: Harness) -> None:
 def test_long_text_is_one_in_order_stream(harness: Harness) -> None:
     sid = harness.new_id()
     text = "The first sentence is here. A second one follows it. And the third ends it all."
-    harness.send(Submit(sid, text, "tara", SamplingOverrides(max_tokens=7 * 12, seed=5)))
+    harness.send(LlmSubmit(sid, text, "tara", SamplingOverrides(max_tokens=7 * 12, seed=5)))
     got = harness.wait_for(sid)
     _check_contiguous(got)
     # Three pieces of at most 40 characters, 4 frames each, seq never restarts.
@@ -240,10 +240,10 @@ def test_long_text_is_one_in_order_stream(harness: Harness) -> None:
 def test_open_text_streams_as_it_arrives(harness: Harness) -> None:
     sid = harness.new_id()
     overrides = SamplingOverrides(temperature=0.3, seed=11)
-    harness.send(Submit(sid, "First part of it. Sec", "tara", overrides, text_open=True))
+    harness.send(LlmSubmit(sid, "First part of it. Sec", "tara", overrides, text_open=True))
     first = harness.wait_for(sid, first_codes=True)
     assert first.codes and first.end is None, "speech starts before the text is complete"
-    harness.send(AppendText(sid, "ond part.", final=True))
+    harness.send(LlmAppendText(sid, "ond part.", final=True))
     got = harness.wait_for(sid)
     _check_contiguous(got)
     assert got.end is not None and got.end.reason in ("stop", "length")
@@ -251,10 +251,10 @@ def test_open_text_streams_as_it_arrives(harness: Harness) -> None:
 
 def test_cancel_ends_the_stream(harness: Harness) -> None:
     sid = harness.new_id()
-    harness.send(Submit(sid, "A long sentence to be cut short.", "tara",
+    harness.send(LlmSubmit(sid, "A long sentence to be cut short.", "tara",
                         SamplingOverrides(max_tokens=7 * 200, seed=2)))  # fmt: skip
     harness.wait_for(sid, first_codes=True)
-    harness.send(Cancel(sid))
+    harness.send(LlmCancel(sid))
     got = harness.wait_for(sid)
     _check_contiguous(got)
     assert got.end is not None and got.end.reason == "cancelled" and got.end.frames < 200
@@ -269,7 +269,7 @@ def test_cancel_ends_the_stream(harness: Harness) -> None:
 )
 def test_bad_input_is_a_400(harness: Harness, voice: str, text: str, fragment: str) -> None:
     sid = harness.new_id()
-    harness.send(Submit(sid, text, voice))
+    harness.send(LlmSubmit(sid, text, voice))
     got = harness.wait_for(sid, timeout_s=10)
     assert got.error is not None and got.error.status == 400 and got.error.code == "bad_request"
     assert fragment in got.error.message and not got.codes
@@ -278,7 +278,7 @@ def test_bad_input_is_a_400(harness: Harness, voice: str, text: str, fragment: s
 def test_concurrent_streams_all_complete(harness: Harness) -> None:
     ids = [harness.new_id() for _ in range(4)]
     for i, sid in enumerate(ids):
-        harness.send(Submit(sid, f"Stream number {i}.", "zoe",
+        harness.send(LlmSubmit(sid, f"Stream number {i}.", "zoe",
                             SamplingOverrides(max_tokens=7 * (3 + i), seed=i)))  # fmt: skip
     for i, sid in enumerate(ids):
         got = harness.wait_for(sid)
@@ -291,7 +291,7 @@ def test_full_ring_is_backpressure_then_explicit_failure(harness: Harness) -> No
     than dropping data; once the reader resumes, every stream ends explicitly, in order."""
     ids = [harness.new_id() for _ in range(8)]
     for i, sid in enumerate(ids):
-        harness.send(Submit(sid, f"Backpressure {i}.", "tara",
+        harness.send(LlmSubmit(sid, f"Backpressure {i}.", "tara",
                             SamplingOverrides(max_tokens=7 * 40, seed=i)))  # fmt: skip
     deadline = time.monotonic() + STREAM_TIMEOUT_S
     while harness.reader.capacity - harness.reader.used_bytes() > 128:
@@ -300,7 +300,7 @@ def test_full_ring_is_backpressure_then_explicit_failure(harness: Harness) -> No
         time.sleep(0.2)
     time.sleep(2 * RING_FULL_TIMEOUT_S + 1)  # the worker gives up on a stream meanwhile
     for sid in ids:  # end the survivors quickly (a failed stream ignores its Cancel)
-        harness.send(Cancel(sid))
+        harness.send(LlmCancel(sid))
     results = [harness.wait_for(sid) for sid in ids]
     failed = [r for r in results if r.error is not None]
     assert failed, "a stream that cannot be served is failed explicitly"
@@ -315,7 +315,7 @@ def test_full_ring_is_backpressure_then_explicit_failure(harness: Harness) -> No
     harness.pump()
     assert all(r.after_end == 0 for r in results)
     sid = harness.new_id()  # and the worker still serves
-    harness.send(Submit(sid, "Still here.", "tara", SamplingOverrides(max_tokens=21, seed=1)))
+    harness.send(LlmSubmit(sid, "Still here.", "tara", SamplingOverrides(max_tokens=21, seed=1)))
     got = harness.wait_for(sid)
     _check_contiguous(got)
     assert got.end is not None and got.end.frames == 3
@@ -324,7 +324,7 @@ def test_full_ring_is_backpressure_then_explicit_failure(harness: Harness) -> No
 def test_metrics_reach_the_shared_directory(harness: Harness) -> None:
     """The worker's orpheus_llm_* and the engine's vllm:* metrics, one multiprocess scrape."""
     sid = harness.new_id()
-    harness.send(Submit(sid, "Metrics.", "tara", SamplingOverrides(max_tokens=7 * 4, seed=1)))
+    harness.send(LlmSubmit(sid, "Metrics.", "tara", SamplingOverrides(max_tokens=7 * 4, seed=1)))
     harness.wait_for(sid)
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(harness.metrics_dir))
@@ -344,7 +344,9 @@ def test_profile_trigger_captures_engine_traces(harness: Harness) -> None:
     done_path = harness.profile_dir / f"llm-{harness.proc.pid}.done"
     (harness.profile_dir / "trigger").write_text("unit-test")
     sid = harness.new_id()  # engine steps to trace while the capture runs
-    harness.send(Submit(sid, "Profile me.", "tara", SamplingOverrides(max_tokens=7 * 30, seed=2)))
+    harness.send(
+        LlmSubmit(sid, "Profile me.", "tara", SamplingOverrides(max_tokens=7 * 30, seed=2))
+    )
     harness.wait_for(sid)
     deadline = time.monotonic() + 120
     while not done_path.exists():

@@ -6,15 +6,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shm.messages import (
-    AppendText,
-    Cancel,
     ClusterStatus,
     Heartbeat,
+    LlmAppendText,
+    LlmCancel,
+    LlmSubmit,
     SamplingOverrides,
-    Submit,
     WorkerReady,
-    control_decoder,
     control_encoder,
+    llm_control_decoder,
     orchestrator_decoder,
     status_decoder,
 )
@@ -39,16 +39,16 @@ overrides = st.builds(
     seed=st.none() | st.integers(0, 2**31),
 )
 control = st.one_of(
-    st.builds(Submit, stream_id=ids, text=st.text(), voice=st.text(), sampling=overrides,
+    st.builds(LlmSubmit, stream_id=ids, text=st.text(), voice=st.text(), sampling=overrides,
               text_open=st.booleans()),
-    st.builds(AppendText, stream_id=ids, text=st.text(), final=st.booleans()),
-    st.builds(Cancel, stream_id=ids, reason=st.text()),
+    st.builds(LlmAppendText, stream_id=ids, text=st.text(), final=st.booleans()),
+    st.builds(LlmCancel, stream_id=ids, reason=st.text()),
 )  # fmt: skip
 
 
 @given(control)
 def test_control_roundtrip(msg) -> None:
-    assert control_decoder.decode(control_encoder.encode(msg)) == msg
+    assert llm_control_decoder.decode(control_encoder.encode(msg)) == msg
 
 
 @given(st.builds(WorkerReady, role=st.text(), pid=st.integers(1, 2**22), detail=st.text())

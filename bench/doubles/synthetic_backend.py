@@ -1,7 +1,7 @@
 """A synthetic llm_worker + codec_worker for gateway tests and ``bench gateway``.
 
 NOT part of the serving path. It speaks the real contracts on the real transports: it
-binds the control PULL socket (``Submit``/``AppendText``/``Cancel``), writes ``PCM``/``END``/
+binds the control PULL socket (``LlmSubmit``/``LlmAppendText``/``LlmCancel``), writes ``PCM``/``END``/
 ``ERROR`` records into the real PCM rings, and (standing in for the orchestrator) publishes
 ``ClusterStatus``. What it does with each request is a ``StreamPlan``: by default a
 deterministic tone of ``max_tokens // 7`` frames (one frame = 2048 samples = 85.3 ms), and an
@@ -30,12 +30,12 @@ import zmq
 from gateway.voices import ENGLISH_VOICES
 from shm.layout import InstanceLayout
 from shm.messages import (
-    AppendText,
-    Cancel,
     ClusterStatus,
-    Submit,
-    control_decoder,
+    LlmAppendText,
+    LlmCancel,
+    LlmSubmit,
     control_encoder,
+    llm_control_decoder,
 )
 from shm.records import (
     FRAME_CODES,
@@ -69,7 +69,7 @@ def synthetic_pcm(start_sample: int, samples: int) -> np.ndarray:
 
 
 class StreamPlan(msgspec.Struct, frozen=True, kw_only=True):
-    """What the synthetic backend does with one ``Submit``."""
+    """What the synthetic backend does with one ``LlmSubmit``."""
 
     frames: int
     """Audio frames to emit (for an open text: per piece of text, see ``frames_for_text``)."""
@@ -84,7 +84,7 @@ class StreamPlan(msgspec.Struct, frozen=True, kw_only=True):
     end_reason: str = "stop"
 
 
-PlanFn = Callable[[Submit], StreamPlan]
+PlanFn = Callable[[LlmSubmit], StreamPlan]
 
 
 def frames_for_text(text: str) -> int:
@@ -95,7 +95,7 @@ def frames_for_text(text: str) -> int:
 def default_plan(voices: Sequence[str]) -> PlanFn:
     known = frozenset(voices)
 
-    def plan(submit: Submit) -> StreamPlan:
+    def plan(submit: LlmSubmit) -> StreamPlan:
         if submit.voice not in known:
             return StreamPlan(
                 frames=0,
@@ -122,7 +122,7 @@ class _Stream:
         "writer",
     )
 
-    def __init__(self, submit: Submit, plan: StreamPlan, writer: RingWriter, due: float) -> None:
+    def __init__(self, submit: LlmSubmit, plan: StreamPlan, writer: RingWriter, due: float) -> None:
         self.stream_id = submit.stream_id
         self.plan = plan
         self.writer = writer
@@ -163,9 +163,9 @@ class SyntheticBackend:
         """Published every 0.2 s while not None; replace it to change what gateways see."""
         self.ring_timeout_s = ring_timeout_s
         self._lock = threading.Lock()
-        self.submits: list[Submit] = []
-        self.appends: list[AppendText] = []
-        self.cancels: list[Cancel] = []
+        self.submits: list[LlmSubmit] = []
+        self.appends: list[LlmAppendText] = []
+        self.cancels: list[LlmCancel] = []
         self.chunks_written = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -189,7 +189,7 @@ class SyntheticBackend:
         with self._lock:
             return {c.stream_id for c in self.cancels}
 
-    def submitted(self) -> list[Submit]:
+    def submitted(self) -> list[LlmSubmit]:
         with self._lock:
             return list(self.submits)
 
@@ -247,9 +247,9 @@ class SyntheticBackend:
                 raw = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            msg = control_decoder.decode(raw)
+            msg = llm_control_decoder.decode(raw)
             now = time.monotonic()
-            if isinstance(msg, Submit):
+            if isinstance(msg, LlmSubmit):
                 with self._lock:
                     self.submits.append(msg)
                 plan = self.plan(msg)
@@ -257,7 +257,7 @@ class SyntheticBackend:
                 s = _Stream(msg, plan, writers[gateway_of(msg.stream_id)], due)
                 streams[msg.stream_id] = s
                 heapq.heappush(heap, (due, msg.stream_id))
-            elif isinstance(msg, AppendText):
+            elif isinstance(msg, LlmAppendText):
                 with self._lock:
                     self.appends.append(msg)
                 s2 = streams.get(msg.stream_id)
@@ -268,7 +268,7 @@ class SyntheticBackend:
                         s2.due = max(now, s2.due)
                         s2.scheduled = True
                         heapq.heappush(heap, (s2.due, msg.stream_id))
-            elif isinstance(msg, Cancel):
+            elif isinstance(msg, LlmCancel):
                 with self._lock:
                     self.cancels.append(msg)
                 s3 = streams.pop(msg.stream_id, None)
