@@ -89,4 +89,4 @@ bench-gateway: install
 	$(BIN)/orpheus-serve bench gateway --json docs/results/gateway_cpu.json
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) $(VENV025) .venv-rehearsal tiny-model demo.wav .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(CHECKOV_VENV) $(VENV025) .venv-rehearsal tiny-model demo.wav demo.log .pytest_cache .ruff_cache .hypothesis

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable
 
 import msgspec
@@ -144,8 +145,15 @@ def engine_args(
         enable_prefix_caching=config.enable_prefix_caching,
         **_lora_args(config, device),
         enable_log_requests=False,
+        # tqdm's own switch (the orchestrator sets it below log_level DEBUG) also governs
+        # vLLM's weight-loading bar, which passes tqdm an explicit `disable`.
+        use_tqdm_on_load=not _tqdm_disabled(),
         **({"profiler_config": profiler} if profiler is not None else {}),
     )
+
+
+def _tqdm_disabled() -> bool:
+    return os.environ.get("TQDM_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 LORA_CPU_FIX = "llm_worker.lora_cpu.LoraCpuFix"

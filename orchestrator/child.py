@@ -28,7 +28,7 @@ import msgspec
 from common.config import ServeConfig
 from orchestrator import proctree
 from orchestrator.failures import EXIT_PERMANENT, Failure, classify
-from orchestrator.logs import protect_stdio, setup_logging
+from orchestrator.logs import protect_stdio, quiet_teardown, setup_logging
 from shm.layout import InstanceLayout
 
 SPEC_ENV = "ORPHEUS_SERVE_CHILD_SPEC"
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1  # the orchestrator died before we got here
     protect_stdio()  # a full log disk must not kill the worker (tqdm, print)
     setup_logging(spec.config.log_format, spec.config.log_level)
+    quiet_teardown(spec.config.log_level)  # first atexit handler: runs after the others
     try:
         from setproctitle import setproctitle
 
@@ -163,6 +164,14 @@ def _prepare_spawned() -> None:
     worker's own, since nothing is inherited but the environment and the open files."""
     protect_stdio()  # a full log disk must not fail vLLM's weight loading (tqdm on stderr)
     _die_with_parent()
+    # The worker's log format and levels: what vLLM logs before it configures its own
+    # logging (import-time notes, on the root logger) is then labelled and filtered too.
+    try:
+        config = msgspec.json.decode(os.environ[SPEC_ENV].encode(), type=ChildSpec).config
+    except (KeyError, msgspec.DecodeError, msgspec.ValidationError):
+        return
+    setup_logging(config.log_format, config.log_level)
+    quiet_teardown(config.log_level)
 
 
 if __name__ == "__mp_main__":

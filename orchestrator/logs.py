@@ -1,14 +1,51 @@
-"""Logging setup shared by every process: text or JSON lines on stderr."""
+"""Logging setup shared by every process: text or JSON lines on stderr.
+
+``log_level`` (INFO by default) is the level of this project's own lines: one per phase of a
+start and a stop. The libraries below it (vLLM, torch, triton, transformers, httpx...) are
+held at WARNING, so their warnings and errors still reach the operator but their chatter
+does not; ``log_level=DEBUG`` gives them back their own INFO. Output the libraries write
+themselves, outside Python logging, is set by their own switches (:func:`library_env`):
+vLLM's ``VLLM_LOGGING_LEVEL``, tqdm's ``TQDM_DISABLE``, the hub's
+``HF_HUB_DISABLE_PROGRESS_BARS``; a variable the operator set is left as it is.
+"""
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import logging
 import os
 import sys
 import time
+import warnings
+from collections.abc import Mapping
 from typing import Any, TextIO
+
+LIBRARY_LOGGERS = (
+    "vllm",
+    "torch",
+    "triton",
+    "transformers",
+    "tokenizers",
+    "huggingface_hub",
+    "httpx",
+    "httpcore",
+    "urllib3",
+    "filelock",
+    "asyncio",
+    "numba",
+    "PIL",
+)
+"""Python loggers of the libraries the processes use: at WARNING unless log_level=DEBUG."""
+
+LIBRARY_MODULES = r"(vllm|torch|triton|transformers|huggingface_hub|snac)(\.|$)"
+"""Modules whose deprecation warnings (a library calling another's deprecated API: nothing
+an operator can act on) are shown only at log_level=DEBUG."""
+
+NANOBIND_MODULES = ("triton._C.libtriton",)
+"""Extensions built with nanobind, which prints a report of the objects still alive at
+interpreter teardown (triton's, imported by vLLM: hundreds of lines, nothing to act on)."""
 
 
 class JsonLineFormatter(logging.Formatter):
@@ -95,6 +132,60 @@ def protect_stdio() -> None:
             setattr(sys, name, TolerantStream(stream))
 
 
+def verbose(level: str) -> bool:
+    """Whether ``log_level`` asks for the libraries' own chatter too."""
+    return level.upper() == "DEBUG"
+
+
+def library_level(level: str) -> int:
+    """The level of the libraries' loggers for ``log_level``: INFO (their own default) at
+    DEBUG, otherwise ``log_level`` but never below WARNING."""
+    ours = logging.getLevelName(level.upper())
+    if not isinstance(ours, int):
+        ours = logging.INFO
+    return logging.INFO if ours <= logging.DEBUG else max(logging.WARNING, ours)
+
+
+def library_env(level: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """Environment for the worker processes (inherited by what they start: vLLM's engine core
+    and workers) that sets the libraries' own output switches for ``log_level``. Variables
+    already in ``environ`` (the operator's) are not returned: they win."""
+    want = {"VLLM_LOGGING_LEVEL": logging.getLevelName(library_level(level))}
+    if not verbose(level):
+        # Progress bars (the hub's downloads; vLLM's weight loading: llm_worker.engine
+        # passes tqdm's switch on as vLLM's use_tqdm_on_load).
+        want["TQDM_DISABLE"] = "1"
+        want["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    return {k: v for k, v in want.items() if k not in environ}
+
+
+def quiet_teardown(level: str) -> None:
+    """At exit, after every atexit handler registered later than this call (call it early),
+    send stderr to /dev/null if a nanobind extension is loaded: its teardown report (see
+    :data:`NANOBIND_MODULES`) has no switch a user can reach (``nb::set_leak_warnings`` is
+    C++ only, not exported by triton). triton silences it the same way in its own compile
+    workers. Kept at ``log_level=DEBUG``."""
+    if not verbose(level):
+        atexit.register(_silence_nanobind_teardown)
+
+
+def _silence_nanobind_teardown() -> None:
+    if not any(name in sys.modules for name in NANOBIND_MODULES):
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 2)
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def setup_logging(fmt: str = "text", level: str = "INFO") -> None:
     handler = QuietStreamHandler(sys.stderr)
     if fmt == "json":
@@ -109,3 +200,10 @@ def setup_logging(fmt: str = "text", level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(library_level(level))
+    # Python warnings become log lines (with the process's role), filtered like the rest.
+    logging.captureWarnings(True)
+    if not verbose(level):
+        for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+            warnings.filterwarnings("ignore", category=category, module=LIBRARY_MODULES)

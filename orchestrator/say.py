@@ -7,6 +7,7 @@ import asyncio
 import sys
 import time
 import wave
+from typing import NamedTuple
 
 from shm.records import SAMPLE_RATE
 
@@ -56,23 +57,49 @@ async def _say_zmq(args: argparse.Namespace) -> tuple[bytes, float | None, float
     return bytes(pcm), ttfb, time.perf_counter() - t0
 
 
-def say(args: argparse.Namespace) -> int:
+class Speech(NamedTuple):
+    pcm: bytes
+    """16-bit little-endian mono at :data:`SAMPLE_RATE`."""
+    ttfb_s: float | None
+    """Seconds from the request to the first audio byte (None: no audio came)."""
+    total_s: float
+
+    @property
+    def audio_s(self) -> float:
+        return len(self.pcm) / 2 / SAMPLE_RATE
+
+    @property
+    def rtf(self) -> float:
+        return self.total_s / self.audio_s if self.audio_s else float("inf")
+
+    def summary(self) -> str:
+        ttfb = f"{self.ttfb_s * 1000:.0f} ms" if self.ttfb_s is not None else "n/a"
+        return (
+            f"{self.audio_s:.2f} s of audio; TTFB {ttfb}; total {self.total_s:.2f} s; "
+            f"RTF {self.rtf:.2f}"
+        )
+
+
+def synthesize(args: argparse.Namespace) -> Speech:
+    """One utterance through a running server (``args``: those of ``orpheus-serve say``)."""
     runner = _say_zmq if args.zmq else _say_http
-    try:
-        pcm, ttfb, total = asyncio.run(runner(args))
-    except Exception as exc:  # a CLI reports failures as one line
-        print(f"orpheus-serve say: {exc}", file=sys.stderr)
-        return 1
-    with wave.open(args.output, "wb") as w:
+    return Speech(*asyncio.run(runner(args)))
+
+
+def write_wav(path: str, pcm: bytes) -> None:
+    with wave.open(path, "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(SAMPLE_RATE)
         w.writeframes(pcm)
-    audio_s = len(pcm) / 2 / SAMPLE_RATE
-    rtf = total / audio_s if audio_s else float("inf")
-    ttfb_ms = f"{ttfb * 1000:.0f} ms" if ttfb is not None else "n/a"
-    print(
-        f"wrote {args.output}: {audio_s:.2f} s of audio; TTFB {ttfb_ms}; "
-        f"total {total:.2f} s; RTF {rtf:.2f}"
-    )
+
+
+def say(args: argparse.Namespace) -> int:
+    try:
+        speech = synthesize(args)
+    except Exception as exc:  # a CLI reports failures as one line
+        print(f"orpheus-serve say: {exc}", file=sys.stderr)
+        return 1
+    write_wav(args.output, speech.pcm)
+    print(f"wrote {args.output}: {speech.summary()}")
     return 0

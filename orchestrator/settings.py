@@ -9,6 +9,7 @@ section.key=value``; the common ones have their own flags (``--model``, ``--port
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tomllib
 from collections.abc import Mapping
@@ -143,6 +144,21 @@ def is_set(
         if isinstance(table, Mapping) and key in table:
             return True
     return False
+
+
+def describe(cfg: ServeConfig, toml_path: str | None = None) -> str:
+    """One line for the start-up log: where the configuration came from and what matters most."""
+    from orchestrator.logs import library_level
+
+    g = cfg.gateway
+    host = f"[{g.host}]" if ":" in g.host else g.host
+    source = f"{toml_path}, environment, flags" if toml_path else "defaults, environment, flags"
+    libraries = logging.getLevelName(library_level(cfg.log_level))
+    return (
+        f"config loaded ({source}): device {cfg.device}, model {cfg.llm.model}, "
+        f"http://{host}:{g.port}, {g.processes} gateway process(es), log level "
+        f"{cfg.log_level.upper()} (libraries {libraries})"
+    )
 
 
 def validate(cfg: ServeConfig) -> None:

@@ -33,6 +33,7 @@ from common.config import ServeConfig
 from orchestrator import proctree
 from orchestrator.child import SPEC_ENV, ChildSpec
 from orchestrator.failures import EXIT_PERMANENT, Failure
+from orchestrator.logs import library_env
 from shm.layout import InstanceLayout
 from shm.messages import (
     ClusterStatus,
@@ -42,7 +43,12 @@ from shm.messages import (
     control_encoder,
     orchestrator_decoder,
 )
-from shm.segments import create_instance, destroy_instance, remove_stale_instances
+from shm.segments import (
+    create_instance,
+    describe_segments,
+    destroy_instance,
+    remove_stale_instances,
+)
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +126,7 @@ class Supervisor:
             log.warning("cannot become a child subreaper: orphans of a dead worker go to init")
         remove_stale_instances(self.config.shm.run_dir)
         create_instance(self.layout, self.config.shm)
+        log.info("%s", describe_segments(self.layout))
         os.makedirs(self.metrics_dir, exist_ok=True)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
@@ -216,6 +223,8 @@ class Supervisor:
     def _spec_env(self) -> dict[str, str]:
         spec = ChildSpec(config=self.config, layout=self.layout, parent_pid=os.getpid())
         env = dict(os.environ)
+        # The libraries' own output switches for log_level (the operator's values win).
+        env.update(library_env(self.config.log_level, env))
         env[SPEC_ENV] = msgspec.json.encode(spec).decode()
         env["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
         env["PYTHONUNBUFFERED"] = "1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,7 +91,7 @@ def _with_codec_from_model_dir(cfg: ServeConfig, explicit: bool) -> ServeConfig:
 def cmd_serve(args: argparse.Namespace) -> int:
     from orchestrator.failures import EXIT_PERMANENT, preflight
     from orchestrator.logs import protect_stdio, setup_logging
-    from orchestrator.settings import ConfigError, is_set, load_config
+    from orchestrator.settings import ConfigError, describe, is_set, load_config
 
     try:
         flags = _serve_flags(args)
@@ -100,6 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     protect_stdio()
     setup_logging(cfg.log_format, cfg.log_level)
+    logging.getLogger("orchestrator").info("%s", describe(cfg, args.config))
     cfg = _with_codec_from_model_dir(cfg, is_set(args.config, flags, "codec", "model"))
     failure = preflight(cfg)
     if failure is not None:

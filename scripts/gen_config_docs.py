@@ -50,7 +50,10 @@ DESCRIPTIONS: dict[str, str] = {
     "profile (the CPU profile column).",
     "log_format": '"text" (human-readable) or "json" (one JSON object per line) on stderr, for '
     "every process.",
-    "log_level": "Python logging level of every process: DEBUG, INFO, WARNING or ERROR.",
+    "log_level": "Level of the project's own log lines in every process: DEBUG, INFO, WARNING "
+    "or ERROR. The libraries (vLLM, torch, triton, transformers, httpx...) log their warnings "
+    "and errors only, unless DEBUG gives them back their own INFO lines, progress bars and "
+    "deprecation warnings (docs/configuration.md, Logs).",
     "drain_timeout_s": "On SIGTERM/SIGINT the gateways stop admitting (GET /ready answers 503) "
     "and let active streams finish for at most this long; then the workers stop. A service "
     "manager's stop timeout must exceed it by 30 s or more (deploy/).",

@@ -42,6 +42,21 @@ def destroy_instance(layout: InstanceLayout) -> None:
     shutil.rmtree(layout.socket_dir, ignore_errors=True)
 
 
+def describe_segments(layout: InstanceLayout) -> str:
+    """One line for the start-up log: the instance's segments and their sizes."""
+    parts = []
+    for name in instance_segments(layout.instance):
+        try:
+            size = os.stat(os.path.join(SHM_DIR, name)).st_size
+        except OSError:
+            continue
+        parts.append(f"{name[len(layout.instance) + 1 :]} {size / (1 << 20):.1f} MiB")
+    return (
+        f"shared memory: {len(parts)} segments created in {SHM_DIR} for instance "
+        f"{layout.instance} ({', '.join(parts)}); sockets in {layout.socket_dir}"
+    )
+
+
 def instance_segments(instance: str) -> list[str]:
     return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(f"{instance}-"))
 
