@@ -17,7 +17,8 @@ The ranges (docs/api.md, *Sampling limits*):
   llm_worker has always served (ORPHEUS.md: at least 1.1 is needed for stable speech, and
   raising it makes speech faster; below 1 it rewards repeats, and loops are this model's
   most common failure).
-- ``seed`` 0..2**63-1: what vLLM's seeded generator takes.
+- ``seed`` 0..2**63-1: a non-negative signed 64-bit integer (vLLM seeds a torch generator
+  with it; segment ``i`` of a stream takes ``seed + i`` modulo 2**63).
 - ``max_tokens`` ``FRAME_CODES``..``llm.max_tokens_cap``: fewer than one frame of codes is
   no audio at all; the cap bounds one generation (the server's own, not the client's).
   A fixed length fixes it for a complete text: not with ``text_open`` (ZeroMQ).
