@@ -37,6 +37,7 @@ from bench.doubles.http_client import CHUNK_BYTES, LevelResult, LevelSpec, clien
 from bench.doubles.local_server import free_port
 from common.config import ServeConfig
 from common.gateway_config import GatewayConfig
+from common.llm_config import LLMConfig
 from shm.config import ShmConfig
 from shm.layout import InstanceLayout
 from shm.messages import WorkerReady, orchestrator_decoder
@@ -45,6 +46,13 @@ from shm.ring import create_ring, unlink_ring
 
 TARGET_P99_LAG_MS = 20.0
 BYTES_PER_AUDIO_S = SAMPLE_RATE * 2
+
+
+def _tokens(audio_seconds: float) -> int:
+    """``max_tokens`` of a request for this much synthetic audio (7 tokens a 2048-sample frame)."""
+    return 7 * max(1, round(audio_seconds * SAMPLE_RATE / 2048))
+
+
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -159,7 +167,7 @@ def _run_level(
 ) -> dict[str, Any]:
     body = json.dumps({
         "model": "tts-1", "input": "bench", "voice": "tara", "response_format": "pcm",
-        "max_tokens": 7 * max(1, round(args.audio_seconds * SAMPLE_RATE / 2048)),
+        "max_tokens": _tokens(args.audio_seconds),
     }).encode()  # fmt: skip
     pipes: list[Connection] = []
     clients = []
@@ -284,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         device="cpu", log_level="WARNING", shm=shm,
         gateway=GatewayConfig(port=port, max_active_streams=max(levels) + 64,
                               max_queued_streams=1024, playground=False),
+        # the gateway refuses max_tokens over the cap (common.limits): room for --audio-seconds
+        llm=LLMConfig(max_tokens_cap=max(LLMConfig().max_tokens_cap, _tokens(args.audio_seconds))),
     )  # fmt: skip
     import zmq
 

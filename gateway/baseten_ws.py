@@ -104,6 +104,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
         start = _start_decoder.decode(first.data)
         params = build_params(
             gateway.voices,
+            gateway.limits,
             text="",
             voice=start.voice or None,
             max_chars=None,

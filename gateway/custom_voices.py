@@ -55,6 +55,7 @@ from shm.voices import (
     VoiceSummary,
     new_record,
     voice_id,
+    zero_shot_unsupported,
 )
 
 SAMPLE_RATE = 24_000
@@ -226,27 +227,20 @@ class CustomVoices:
     def zero_shot(self) -> bool:
         return bool(self.config.llm.zero_shot)
 
-    def knows(self, vid: str) -> bool:
-        """Whether ``vid`` (lower case, not a model voice) is a LoRA or custom voice that the
-        llm_worker takes, decided as it decides (LoRA first): for ``VoiceCatalog``, before
-        admission. APIError 400 (the worker's) for a custom voice of a model without
-        zero-shot support. A stat or two: no file is read."""
-        if not ID_RE.match(vid):
-            return False
-        if vid in self._config_loras or (
-            self.config.llm.lora_enabled and (self.loras.directory / f"{vid}.json").is_file()
-        ):
-            return True
+    # The gateway's view of the voices ``shm.voices.VoiceLookup`` asks about (before
+    # admission, in the order the llm_worker asks its own): a stat or two, no file is read.
+    def is_lora(self, vid: str) -> bool:
+        """Whether ``vid`` is a LoRA voice: configured, or loaded at run time (its entry in
+        the state directory, written by the llm_worker once the adapter is loaded)."""
+        return vid in self._config_loras or (self.config.llm.lora_enabled and self.loras.has(vid))
+
+    def is_custom(self, vid: str) -> bool:
+        """Whether ``vid`` is a custom (zero-shot) voice; APIError 400 (the llm_worker's
+        message) for one while the model takes none."""
         if self.store.stat_key(vid) is None:
             return False
         if not self.zero_shot:
-            raise APIError(
-                400,
-                "bad_request",
-                f"voice {vid!r} is a custom (zero-shot) voice, and this model does not declare "
-                "zero-shot support (config.json 'orpheus.zero_shot'; [llm] zero_shot)",
-                param="voice",
-            )
+            raise APIError(400, "bad_request", zero_shot_unsupported(vid), param="voice")
         return True
 
     def lora_listing(self) -> list[LoraListing]:

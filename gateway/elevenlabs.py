@@ -98,6 +98,7 @@ def params_for(
     by ``output_format``; with no text, the template of a socket or a context."""
     return build_params(
         gateway.voices,
+        gateway.limits,
         text=text,
         voice=request.match_info["voice_id"],
         max_chars=max_chars,

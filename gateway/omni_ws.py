@@ -179,6 +179,7 @@ class _Session:
         try:
             params = build_params(
                 g.voices,
+                g.limits,
                 text="",
                 voice=cfg.voice or cfg.speaker or None,
                 max_chars=None,

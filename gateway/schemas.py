@@ -3,11 +3,13 @@
 Each front end decodes its own wire format (the OpenAI body here, ``Speak`` in
 ``gateway.zmq_protocol``, the WebSocket protocols' messages) with plain types, then hands the
 fields to ``build_params``, which holds every rule about them: the ranges and enums
-(``FieldRules``), the text (``check_text``), the voice (``VoiceCatalog.resolve``: its name, an
-alias, a voice this server has) and the format at its sample rate (``output_format``). A bad
-field therefore gets the same 400 (code, message, ``param``) through HTTP, every WebSocket
-protocol and ZeroMQ, and the whole request is checked before admission, so a bad request is
-a 400 even when the server is full.
+(``FieldRules``), the sampling fields' limits (``common.limits.RequestLimits``: the
+llm_worker checks the same ones with the same function), the text (``check_text``), the voice
+(``VoiceCatalog.resolve``: its name, an alias, a voice this server has, looked up as the
+llm_worker does) and the format at its sample rate (``output_format``). A bad field therefore
+gets the same 400 (code, message, ``param``) through HTTP, every WebSocket protocol and
+ZeroMQ, and the whole request is checked before admission, so a bad request is a 400 even
+when the server is full: anything the llm_worker would refuse is refused here first.
 
 Decoding the OpenAI body is strict (msgspec with ``forbid_unknown_fields``): a misspelt field
 is a 400 that names it, as OpenAI answers, instead of a silently ignored option.
@@ -21,6 +23,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from common.limits import LimitError, RequestLimits
 from gateway.audio_out import OutputFormat, check_format
 from gateway.errors import APIError
 from gateway.voices import VoiceCatalog
@@ -31,11 +34,6 @@ ResponseFormat = Literal["pcm", "wav", "mp3", "opus", "aac", "flac", "ulaw", "al
 SampleRate = Literal[8000, 16000, 22050, 24000, 44100, 48000]
 StreamFormat = Literal["audio", "sse"]
 Speed = Annotated[float, Meta(ge=0.25, le=4.0)]
-MaxTokens = Annotated[int, Meta(ge=1, le=1 << 20)]
-Seed = Annotated[int, Meta(ge=0, le=(1 << 63) - 1)]
-Temperature = Annotated[float, Meta(ge=0.0, le=5.0)]
-TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
-RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=10.0)]
 ModelName = Annotated[str, Meta(min_length=1, max_length=256)]
 
 
@@ -46,26 +44,24 @@ class VoiceRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class FieldRules(msgspec.Struct, frozen=True, kw_only=True):
-    """The rule of each field an utterance request may set, whatever front end it came
-    through: the one place a range or an enum is written. Wire formats declare these fields
-    with plain types; ``build_params`` checks their values here."""
+    """The rule of each field of the gateway's own that an utterance request may set,
+    whatever front end it came through: the one place such a range or enum is written. The
+    sampling fields' rules are the llm_worker's too: ``common.limits``. Wire formats declare
+    these fields with plain types; ``build_params`` checks their values here."""
 
     response_format: ResponseFormat = "pcm"
     sample_rate: SampleRate | None = None
     speed: Speed = 1.0
     stream_format: StreamFormat = "audio"
-    max_tokens: MaxTokens | None = None
-    seed: Seed | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    repetition_penalty: RepetitionPenalty | None = None
 
 
 class SamplingFields(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Extensions to OpenAI's request (HTTP and ZeroMQ); their rules are ``FieldRules``'."""
+    """Extensions to OpenAI's request (HTTP and ZeroMQ); their limits are
+    ``common.limits``' (the llm_worker's)."""
 
     max_tokens: int | None = None
-    """Upper bound on audio tokens (7 per 85 ms frame); the server also caps by text length."""
+    """Exact number of audio tokens (7 per 85 ms frame), at least 7, at most
+    ``llm.max_tokens_cap``; None: the server caps the length by the text's."""
     seed: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -181,6 +177,7 @@ def check_text(
 
 def build_params(
     voices: VoiceCatalog,
+    limits: RequestLimits,
     *,
     text: str,
     voice: str | None,
@@ -193,45 +190,38 @@ def build_params(
     speed: float | None = None,
     stream_format: str = "audio",
     sampling: SamplingOverrides | None = None,
+    text_open: bool = False,
 ) -> SpeechParams:
     """The one way a request becomes ``SpeechParams``, whatever front end it came through.
 
     Checked in this order, each failure an ``APIError`` 400 that is the same everywhere:
-    the fields' values (``FieldRules``; ``param`` names the field), the text
-    (``check_text``), the voice (``voices.resolve``; None: the default voice, "" is not a
-    name), the format at its rate (``output_format``). ``speed`` None: 1.0. ``bitrate`` is
+    the fields' values (``FieldRules``, then the sampling fields' ``limits``, with
+    ``text_open``: the request's text is open, ZeroMQ's; ``param`` names the field), the
+    text (``check_text``), the voice (``voices.resolve``; None: the default voice, "" is not
+    a name), the format at its rate (``output_format``). ``speed`` None: 1.0. ``bitrate`` is
     not the client's (ElevenLabs' named formats carry one). A streaming protocol builds a
     template with ``text=""``, ``allow_empty=True`` and speaks each unit with its text.
     """
-    o = sampling or SamplingOverrides()
     given = {
         "response_format": response_format,
         "sample_rate": sample_rate,
         "speed": speed,
         "stream_format": stream_format,
-        "max_tokens": o.max_tokens,
-        "seed": o.seed,
-        "temperature": o.temperature,
-        "top_p": o.top_p,
-        "repetition_penalty": o.repetition_penalty,
     }
     try:
         f = msgspec.convert({k: v for k, v in given.items() if v is not None}, FieldRules)
+        checked = limits.check(sampling or SamplingOverrides(), text_open=text_open)
     except msgspec.ValidationError as e:
         raise bad_request(str(e), param=_param_of(e)) from None
+    except LimitError as e:
+        raise bad_request(e.message, param=e.param) from None
     text = check_text(text, max_chars, param=text_param, allow_empty=allow_empty)
     model_voice = voices.resolve(voices.default if voice is None else voice)
     fmt = output_format(f.response_format, f.sample_rate, bitrate)
     return SpeechParams(
         text=text,
         voice=model_voice,
-        sampling=SamplingOverrides(
-            temperature=f.temperature,
-            top_p=f.top_p,
-            repetition_penalty=f.repetition_penalty,
-            max_tokens=f.max_tokens,
-            seed=f.seed,
-        ),
+        sampling=checked,
         response_format=f.response_format,
         sample_rate=fmt.sample_rate,
         bitrate=bitrate,
@@ -240,10 +230,13 @@ def build_params(
     )
 
 
-def speech_params(req: SpeechRequest, voices: VoiceCatalog, max_chars: int) -> SpeechParams:
+def speech_params(
+    req: SpeechRequest, voices: VoiceCatalog, limits: RequestLimits, max_chars: int
+) -> SpeechParams:
     """``POST /v1/audio/speech``'s body through ``build_params``."""
     return build_params(
         voices,
+        limits,
         text=req.input,
         voice=req.voice if isinstance(req.voice, str) else req.voice.id,
         max_chars=max_chars,

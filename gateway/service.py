@@ -14,6 +14,7 @@ import contextlib
 import logging
 
 from common.config import ServeConfig
+from common.limits import RequestLimits
 from gateway.admission import Admission
 from gateway.cluster import ClusterWatcher, worker_lost
 from gateway.custom_voices import CustomVoices
@@ -56,8 +57,14 @@ class Gateway:
         model_voices = config.llm.voices or list(ENGLISH_VOICES)
         self.custom_voices = CustomVoices(config, layout, model_voices, list(g.voice_aliases))
         self.voices = VoiceCatalog(
-            g.voice_aliases, model_voices, config.llm.default_voice, self.custom_voices.knows
+            g.voice_aliases,
+            model_voices,
+            config.llm.default_voice,
+            self.custom_voices.is_lora,
+            self.custom_voices.is_custom,
         )
+        self.limits = RequestLimits.of(config.llm)
+        """The sampling fields' limits, the llm_worker's (``build_params`` checks them)."""
         self.control = ControlChannel(layout.control)
         self.registry = StreamRegistry(
             index,

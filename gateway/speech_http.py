@@ -51,7 +51,9 @@ def speech_handler(gateway: Gateway) -> Handler:
     async def create_speech(request: web.Request) -> web.StreamResponse:
         started_at = gateway.loop.time()
         body = await read_body(request, g.max_body_bytes)
-        params = speech_params(decode_speech_request(body), gateway.voices, g.max_input_chars)
+        params = speech_params(
+            decode_speech_request(body), gateway.voices, gateway.limits, g.max_input_chars
+        )
         api = "sse" if params.stream_format == "sse" else "http"
         encoder = make_output(params.output, params.speed)
         try:

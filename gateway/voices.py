@@ -2,11 +2,11 @@
 
 A request's voice is resolved and checked here, before admission (``gateway.schemas``): its
 *shape* (nothing but a plain identifier may reach the prompt ``"{voice}: {text}"``), an
-alias to its model voice, then that the voice is one the llm_worker takes: a voice of the
-model (``llm.voices``, resolved once by the orchestrator from the model's configuration) or
-one of ``extra`` (the custom and LoRA voices, ``CustomVoices.knows``). The llm_worker makes
-the same decision again when the stream starts (a voice deleted in between is its 400), with
-the same message, matched case-insensitively as it does.
+alias to its model voice, then that the voice is one the llm_worker takes, looked up by
+``shm.voices.VoiceLookup``: a voice of the model (``llm.voices``, resolved once by the
+orchestrator from the model's configuration), a LoRA voice, a custom voice (``is_lora`` and
+``is_custom``: ``CustomVoices``'). The llm_worker makes the same decision again, with the same
+lookup and the same message, when the stream starts (a voice deleted in between is its 400).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable
 import msgspec
 
 from gateway.errors import APIError
+from shm.voices import VoiceLookup
 
 ENGLISH_VOICES = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")
 """Voices of the English Orpheus checkpoints, used when the configuration names none."""
@@ -38,15 +39,15 @@ class VoiceCatalog:
         aliases: dict[str, str],
         model_voices: list[str],
         default: str,
-        extra: Callable[[str], bool] | None = None,
+        is_lora: Callable[[str], bool] | None = None,
+        is_custom: Callable[[str], bool] | None = None,
     ) -> None:
-        """``extra(voice)``: whether a voice that is not the model's (lower case) exists
-        (custom, LoRA); it may raise ``APIError`` for one that exists and cannot be used."""
+        """``is_lora(voice)``, ``is_custom(voice)``: whether a voice that is not the model's
+        (lower case) is a LoRA or a custom voice; either may raise ``APIError`` for one that
+        exists and cannot be used."""
         self._aliases = {k.lower(): v for k, v in aliases.items()}
         self.model_voices = list(model_voices)
-        self._model = tuple(dict.fromkeys(v.strip().lower() for v in model_voices))
-        """As the llm_worker holds them (``ModelInfo.voices``): stripped, lower case."""
-        self._extra = extra
+        self.lookup = VoiceLookup(model_voices, is_lora, is_custom)
         self.default = default
         self.listing = VoiceList(voices=self.model_voices, aliases=dict(aliases), default=default)
 
@@ -64,13 +65,6 @@ class VoiceCatalog:
                     param="voice",
                 )
             voice = name
-        key = voice.strip().lower()
-        if key not in self._model and not (self._extra is not None and self._extra(key)):
-            raise APIError(
-                400,
-                "bad_request",
-                f"unknown voice {voice!r}; voices: {', '.join(self._model)} "
-                "(and the custom voices listed by GET /v1/audio/voices)",
-                param="voice",
-            )
+        if self.lookup.kind(voice) is None:
+            raise APIError(400, "bad_request", self.lookup.unknown(voice), param="voice")
         return voice

@@ -186,6 +186,7 @@ class ZmqFrontend:
         self._keys.check(msg.api_key, ZMQ_KEY_HINT)
         return build_params(
             self._gateway.voices,
+            self._gateway.limits,
             text=msg.input,
             voice=msg.voice or None,
             max_chars=self._gateway.config.gateway.max_input_chars,
@@ -194,6 +195,7 @@ class ZmqFrontend:
             sample_rate=msg.sample_rate,
             speed=msg.speed,
             sampling=msg.overrides(),
+            text_open=msg.text_open,
         )
 
     async def _send_audio(self, identity: bytes, msg: Audio, session: Session) -> None:

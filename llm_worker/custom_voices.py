@@ -16,7 +16,7 @@ import msgspec
 
 from llm_worker.prompt import PromptBuilder
 from llm_worker.requests import BadRequest
-from shm.voices import VoiceStore
+from shm.voices import VoiceStore, zero_shot_unsupported
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,10 @@ class ZeroShotVoices:
         self._supported = supported
         self._cache: dict[str, tuple[tuple[int, int], tuple[int, ...]]] = {}
 
+    def has(self, vid: str) -> bool:
+        """Whether there is a custom voice ``vid`` (one ``stat``; for ``VoiceLookup``)."""
+        return self._store.stat_key(vid) is not None
+
     def prefix(self, vid: str) -> tuple[int, ...] | None:
         """The prompt prefix of custom voice ``vid``; None if there is no such voice.
         BadRequest if the model does not take zero-shot voices or the file is damaged."""
@@ -38,10 +42,7 @@ class ZeroShotVoices:
             self._cache.pop(vid, None)
             return None
         if not self._supported:
-            raise BadRequest(
-                f"voice {vid!r} is a custom (zero-shot) voice, and this model does not declare "
-                "zero-shot support (config.json 'orpheus.zero_shot'; [llm] zero_shot)"
-            )
+            raise BadRequest(zero_shot_unsupported(vid))
         hit = self._cache.get(vid)
         if hit is not None and hit[0] == key:
             return hit[1]

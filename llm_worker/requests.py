@@ -1,8 +1,12 @@
 """From a ``LlmSubmit`` to the vLLM requests that speak it: validation, sampling, length caps.
 
 Nothing here touches the engine: a request that fails validation is answered with a 400
-before any engine work. One utterance becomes one or more *segments* (pieces of text,
-:mod:`llm_worker.text`), each a vLLM request, generated in order.
+before any engine work. The rules are the gateway's too (it checks them before admission):
+the sampling fields' limits are ``common.limits``, the voice lookup and its message
+``shm.voices.VoiceLookup``; here they are the last line of defence (ZeroMQ internal clients
+that bypass a gateway, a voice deleted after admission, bugs). One utterance becomes one or
+more *segments* (pieces of text, :mod:`llm_worker.text`), each a vLLM request, generated in
+order.
 """
 
 from __future__ import annotations
@@ -14,13 +18,13 @@ import msgspec
 from vllm import SamplingParams
 from vllm.sampling_params import RequestOutputKind
 
+from common.limits import SEED_MAX, LimitError, RequestLimits
 from common.llm_config import LLMConfig, VoiceSampling
 from llm_worker import tokens as T
 from llm_worker.model_info import ModelInfo
 from shm.messages import LlmSubmit, SamplingOverrides
 from shm.records import FRAME_CODES
-
-_MAX_SEED = 2**63 - 1
+from shm.voices import VoiceKind, VoiceLookup
 
 
 class BadRequest(ValueError):
@@ -31,6 +35,8 @@ class RequestPlan(msgspec.Struct, frozen=True):
     """Everything about one utterance that does not depend on its text."""
 
     voice: str
+    kind: VoiceKind
+    """Which kind of voice it is (``VoiceLookup``): the model's, a LoRA or a custom voice."""
     temperature: float
     top_p: float
     repetition_penalty: float
@@ -51,40 +57,39 @@ def voice_of(submit: LlmSubmit, config: LLMConfig) -> str:
 
 
 def plan_request(
-    submit: LlmSubmit, config: LLMConfig, info: ModelInfo, extra_voice: bool = False
+    submit: LlmSubmit, config: LLMConfig, info: ModelInfo, voices: VoiceLookup | None = None
 ) -> RequestPlan:
     """Validate ``submit`` and resolve its sampling: the voice's defaults, then overrides.
-    ``extra_voice``: the voice is not the model's but known to the worker (custom, LoRA)."""
-    voice = voice_of(submit, config)
-    _check(
-        extra_voice or voice in info.voices,
-        f"unknown voice {submit.voice!r}; voices: {', '.join(info.voices)} "
-        "(and the custom voices listed by GET /v1/audio/voices)",
-    )
+
+    Checked in the gateway's order (``gateway.schemas.build_params``), so a request with
+    several faults gets the same 400 from both: the sampling fields (``RequestLimits``), the
+    text, the voice (``voices``: the model's, LoRA and custom voices, looked up in the one
+    order; None: the model's voices only). The voices' defaults are within the limits (the
+    configuration's check, ``common.limits.sampling_problem``)."""
+    try:
+        o: SamplingOverrides = RequestLimits.of(config).check(
+            submit.sampling, text_open=submit.text_open
+        )
+    except LimitError as e:
+        raise BadRequest(e.message) from None
     _check(
         submit.text_open or bool(submit.text.strip()),
         "empty text: there is nothing to say",
     )
+    lookup = voices if voices is not None else VoiceLookup(info.voices)
+    voice = voice_of(submit, config)
+    kind = lookup.kind(voice)
+    if kind is None:
+        raise BadRequest(lookup.unknown(submit.voice))
     base: VoiceSampling = config.voice_sampling.get(voice, config.sampling)
-    o: SamplingOverrides = submit.sampling
-    temperature = base.temperature if o.temperature is None else o.temperature
-    top_p = base.top_p if o.top_p is None else o.top_p
-    penalty = base.repetition_penalty if o.repetition_penalty is None else o.repetition_penalty
-    _check(math.isfinite(temperature) and 0.0 <= temperature <= 2.0, "temperature: 0..2")
-    _check(math.isfinite(top_p) and 0.0 < top_p <= 1.0, "top_p: greater than 0, at most 1")
-    _check(math.isfinite(penalty) and 0.5 <= penalty <= 2.0, "repetition_penalty: 0.5..2")
-    if o.seed is not None:
-        _check(0 <= o.seed <= _MAX_SEED, f"seed: 0..{_MAX_SEED}")
-    if o.max_tokens is not None:
-        _check(
-            FRAME_CODES <= o.max_tokens <= config.max_tokens_cap,
-            f"max_tokens: {FRAME_CODES}..{config.max_tokens_cap}",
-        )
     return RequestPlan(
         voice=voice,
-        temperature=temperature,
-        top_p=top_p,
-        repetition_penalty=penalty,
+        kind=kind,
+        temperature=base.temperature if o.temperature is None else o.temperature,
+        top_p=base.top_p if o.top_p is None else o.top_p,
+        repetition_penalty=(
+            base.repetition_penalty if o.repetition_penalty is None else o.repetition_penalty
+        ),
         seed=o.seed,
         total_tokens=o.max_tokens,
     )
@@ -161,7 +166,7 @@ def segment_params(
         # budget is spent (so 128258 is never sampled and no frame is lost to it).
         min_tokens=max_tokens if fixed else 0,
         stop_token_ids=[T.END_OF_SPEECH],
-        seed=None if plan.seed is None else (plan.seed + index) % (_MAX_SEED + 1),
+        seed=None if plan.seed is None else (plan.seed + index) % (SEED_MAX + 1),
         detokenize=False,
         skip_special_tokens=False,
         output_kind=RequestOutputKind.DELTA,

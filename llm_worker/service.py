@@ -56,12 +56,12 @@ from llm_worker.requests import (
     plan_request,
     segment_params,
     split_budget,
-    voice_of,
 )
 from llm_worker.sampling.hooks import SamplingHooks
 from llm_worker.text import TextStream, normalise_tags, split_text
 from shm.messages import LlmAppendText, LlmCancel, LlmControl, LlmSubmit
 from shm.records import CODE_DTYPE, FRAME_CODES, RecordKind, StreamEnd, StreamError, end_encoder
+from shm.voices import VoiceLookup
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -162,6 +162,12 @@ class LLMService:
         self._config = config
         self._custom = custom
         self._loras = loras
+        self._voices = VoiceLookup(
+            info.voices,
+            None if loras is None else (lambda v: loras.get(v) is not None),
+            None if custom is None else custom.has,
+        )
+        """The voices this worker takes, looked up in the gateway's order (shm.voices)."""
         self._engine = engine
         self._sink = sink
         self._prompts = prompts
@@ -233,22 +239,21 @@ class LLMService:
             log.error("duplicate stream id %#x ignored (a gateway bug)", msg.stream_id)
             return
         try:
-            voice = voice_of(msg, self._config)
+            plan = plan_request(msg, self._config, self._info, self._voices)
             prefix: tuple[int, ...] | None = None
             lora: LoRARequest | None = None
-            speaker = voice
-            if voice not in self._info.voices:
-                if self._loras is not None and (lv := self._loras.get(voice)) is not None:
-                    lora, speaker = lv.request, lv.speaker
-                elif self._custom is not None:
-                    prefix = self._custom.prefix(voice)
-            plan = plan_request(
-                msg, self._config, self._info, prefix is not None or lora is not None
-            )
-            if msg.text_open and plan.total_tokens is not None:
-                raise BadRequest(
-                    "max_tokens fixes the length of a complete text: not with text_open"
-                )
+            speaker = plan.voice
+            if plan.kind == "lora":
+                assert self._loras is not None
+                lv = self._loras.get(plan.voice)
+                if lv is None:  # unloaded since the lookup
+                    raise BadRequest(self._voices.unknown(msg.voice))
+                lora, speaker = lv.request, lv.speaker
+            elif plan.kind == "custom":
+                assert self._custom is not None
+                prefix = self._custom.prefix(plan.voice)
+                if prefix is None:  # deleted since the lookup
+                    raise BadRequest(self._voices.unknown(msg.voice))
         except BadRequest as e:
             self._reject(msg.stream_id, str(e))
             return

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from common.config import ServeConfig
+from common.limits import MAX_TOKENS_MIN, sampling_problem
 from shm.voices import ID_RE as VOICE_ID_RE
 
 ENV_PREFIX = "ORPHEUS_"
@@ -191,6 +192,15 @@ def validate(cfg: ServeConfig) -> None:
         problems.append("llm.max_lora_rank must be one of 1 8 16 32 64 128 256 320 512 (vLLM's)")
     if llm.max_loras < 1:
         problems.append("llm.max_loras must be >= 1")
+    if llm.max_tokens_cap < MAX_TOKENS_MIN:
+        problems.append(f"llm.max_tokens_cap must be >= {MAX_TOKENS_MIN} (one frame of codes)")
+    # A voice's defaults must be what a request may ask for (common.limits): the llm_worker
+    # checks a request's overrides only.
+    defaults = {"llm.sampling": llm.sampling}
+    defaults.update({f"llm.voice_sampling.{v}": s for v, s in llm.voice_sampling.items()})
+    for key, sampling in defaults.items():
+        if (problem := sampling_problem(sampling)) is not None:
+            problems.append(f"{key}: {problem}")
     for name in llm.lora_voices:
         if not VOICE_ID_RE.match(name.strip().lower()):
             problems.append(f"llm.lora_voices: {name!r} is not a voice name (letters, digits, _-.)")

@@ -68,16 +68,17 @@ DESCRIPTIONS: dict[str, str] = {
     "llm.enforce_eager": "Run vLLM without CUDA graphs (slower; for debugging, and the CPU build).",
     "llm.default_voice": "Voice used when a request names none (or an alias of it).",
     "llm.sampling": "Sampling parameters of every voice (the three options below).",
-    "llm.sampling.temperature": "Sampling temperature. Higher makes speech faster and less stable.",
-    "llm.sampling.top_p": "Nucleus sampling threshold.",
-    "llm.sampling.repetition_penalty": "Repetition penalty over the generated audio tokens; "
-    "at least 1.1 is needed for stable speech.",
+    "llm.sampling.temperature": "Sampling temperature, 0-2 (as a request's: docs/api.md, "
+    "Sampling limits). Higher makes speech faster and less stable.",
+    "llm.sampling.top_p": "Nucleus sampling threshold, in (0, 1].",
+    "llm.sampling.repetition_penalty": "Repetition penalty over the generated audio tokens, "
+    "0.5-2; at least 1.1 is needed for stable speech.",
     "llm.voice_sampling": "Per-voice overrides of llm.sampling, e.g. "
     "`[llm.voice_sampling.leo]` `temperature = 0.5`; unset keys keep the VoiceSampling "
     "defaults.",
     "llm.min_max_tokens": "Smallest audio-token budget of a request, however short its text.",
     "llm.max_tokens_cap": "Largest audio-token budget of one generation (4096 tokens = 585 "
-    "frames, about 50 s of audio).",
+    "frames, about 50 s of audio); a request's max_tokens above it is a 400.",
     "llm.seed": "Seed of the engine's random state (a request's own seed takes precedence).",
     # [codec]
     "codec.context_frames": "Frames before the emitted hop that each decode window includes "

@@ -35,7 +35,18 @@ from llm_worker.prompt import PromptBuilder
 from llm_worker.requests import BadRequest, plan_request
 from shm.layout import InstanceLayout
 from shm.messages import LlmSubmit
-from shm.voices import TooManyVoices, VoiceExists, VoicesConfig, VoiceStore, new_record, voice_id
+from shm.voices import (
+    LoraEntry,
+    LoraRegistry,
+    TooManyVoices,
+    VoiceExists,
+    VoiceLookup,
+    VoicesConfig,
+    VoiceStore,
+    new_record,
+    unknown_voice,
+    voice_id,
+)
 
 RATE = 24_000
 
@@ -229,7 +240,43 @@ def test_plan_accepts_a_custom_voice_only_when_the_worker_knows_it() -> None:
     msg = LlmSubmit(stream_id=1, text="Hi.", voice="Anna")
     with pytest.raises(BadRequest, match="unknown voice"):
         plan_request(msg, LLMConfig(), info)
-    assert plan_request(msg, LLMConfig(), info, extra_voice=True).voice == "anna"
+    lookup = VoiceLookup(info.voices, is_custom=lambda v: v == "anna")
+    plan = plan_request(msg, LLMConfig(), info, lookup)
+    assert (plan.voice, plan.kind) == ("anna", "custom")
+
+
+def test_one_lookup_order_for_every_process(tmp_path: Path) -> None:
+    """shm.voices.VoiceLookup: the model's voices, then LoRA, then custom; one message."""
+    asked: list[str] = []
+
+    def lora(v: str) -> bool:
+        asked.append(f"lora:{v}")
+        return v in ("both", "ada")
+
+    def custom(v: str) -> bool:
+        asked.append(f"custom:{v}")
+        return v in ("both", "anna")
+
+    lookup = VoiceLookup(["Tara", " leo "], lora, custom)
+    assert lookup.kind("TARA") == "model" and asked == [], "a model voice touches no file"
+    assert lookup.kind(" Ada ") == "lora" and asked == ["lora:ada"]
+    assert lookup.kind("anna") == "custom" and asked[-2:] == ["lora:anna", "custom:anna"]
+    assert lookup.kind("both") == "lora", "a LoRA voice wins over a custom voice"
+    assert lookup.kind("nobody") is None and lookup.kind("no body") is None
+    assert asked[-1] == "custom:nobody", "a name that cannot be an id is not looked up"
+    assert (
+        lookup.unknown("Nobody")
+        == unknown_voice("Nobody", ["tara", "leo"])
+        == (
+            "unknown voice 'Nobody'; voices: tara, leo "
+            "(and the custom voices listed by GET /v1/audio/voices)"
+        )
+    )
+    registry = LoraRegistry(tmp_path)
+    assert not registry.has("ada") and not registry.has("not a name")
+    registry.save(LoraEntry(name="Ada", path="/adapters/ada"))
+    assert registry.has("ada") and registry.has("ADA")
+    assert registry.delete("ada") and not registry.has("ada")
 
 
 # -- decoding the upload -------------------------------------------------------------------------

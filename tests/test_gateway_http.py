@@ -18,6 +18,7 @@ import pytest
 from gateway_harness import BYTES_PER_FRAME, running_gateway, wait_until
 
 from bench.doubles.synthetic_backend import StreamPlan, default_plan, synthetic_pcm
+from common.llm_config import LLMConfig
 from gateway.voices import ENGLISH_VOICES
 from shm.layout import InstanceLayout
 from shm.messages import ClusterStatus, LlmSubmit
@@ -406,9 +407,15 @@ async def test_slow_client_is_dropped_without_growing_memory(layout: InstanceLay
 
 
 async def test_stalled_client_is_dropped_by_the_watchdog(layout: InstanceLayout) -> None:
-    async with running_gateway(layout, max_buffered_seconds=600, client_stall_timeout_s=0.5) as h:
+    async with running_gateway(
+        layout,
+        max_buffered_seconds=600,
+        client_stall_timeout_s=0.5,
+        serve={"llm": LLMConfig(max_tokens_cap=7 * 2500)},
+    ) as h:
         # More audio than the kernel's socket buffers hold (about 10 MB), far less than the
         # buffer limit: only the stall watchdog can notice that the client does not read.
+        # (Over the default llm.max_tokens_cap of one generation: raised.)
         req = json.dumps(body(response_format="pcm", max_tokens=7 * 2500)).encode()
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

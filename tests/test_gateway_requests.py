@@ -153,8 +153,16 @@ CASES = [
     ({"voice": "ta ra"}, "invalid_voice", INVALID_VOICE, ALL),
     ({"speed": 9}, "invalid_request", "Expected `float` <= 4.0 - at `$.speed`",
      ("http", "zmq", "omni", "elevenlabs_ws", "elevenlabs_http")),
-    ({"temperature": 7}, "invalid_request", "Expected `float` <= 5.0 - at `$.temperature`",
+    ({"temperature": 7}, "invalid_request", "Expected `float` <= 2.0 - at `$.temperature`",
      ("http", "zmq", "omni", "baseten")),
+    ({"repetition_penalty": 2.5}, "invalid_request",
+     "Expected `float` <= 2.0 - at `$.repetition_penalty`", ("http", "zmq", "omni", "baseten")),
+    ({"max_tokens": 4097}, "invalid_request", "Expected `int` <= 4096 - at `$.max_tokens`",
+     ("http", "zmq")),
+    ({"max_tokens": 6}, "invalid_request", "Expected `int` >= 7 - at `$.max_tokens`",
+     ("http", "zmq")),
+    ({"max_tokens": 70, "text_open": True}, "invalid_request",
+     "max_tokens fixes the length of a complete text: not with text_open", ("zmq",)),
     ({"top_p": 0}, "invalid_request", "Expected `float` > 0.0 - at `$.top_p`",
      ("http", "zmq", "omni", "baseten")),
     ({"seed": -1}, "invalid_request", "Expected `int` >= 0 - at `$.seed`",
@@ -263,4 +271,45 @@ async def test_a_bad_voice_is_a_400_even_when_the_server_is_full(layout: Instanc
             assert h.metric(
                 "orpheus_gateway_requests_total", {"api": "http", "outcome": "rejected"}
             ) == 1  # fmt: skip
+        await wait_until(lambda: h.gateway.active_streams == 0, what="the holder closed")
+
+
+LIMIT_CASES = [
+    # a sampling field the llm_worker refuses (common.limits), and the front ends carrying it
+    ({"temperature": 2.5}, "Expected `float` <= 2.0 - at `$.temperature`",
+     ("http", "zmq", "omni", "baseten")),
+    ({"repetition_penalty": 0.25}, "Expected `float` >= 0.5 - at `$.repetition_penalty`",
+     ("http", "zmq", "omni", "baseten")),
+    ({"max_tokens": 4097}, "Expected `int` <= 4096 - at `$.max_tokens`", ("http", "zmq")),
+]  # fmt: skip
+
+
+async def test_a_sampling_value_the_worker_refuses_is_a_400_even_when_the_server_is_full(
+    layout: InstanceLayout,
+) -> None:
+    """The gateway refuses what the llm_worker would refuse (``common.limits``) before
+    admission: a 400 that says why, not a 429 that invites the client to retry it."""
+    async with (
+        running_gateway(
+            layout, zmq=True, max_active_streams=1, max_queued_streams=0,
+            backend={"realtime": True},
+        ) as h,
+        aiohttp.ClientSession() as s,
+    ):  # fmt: skip
+        long = {"model": "tts-1", "input": "x" * 200, "voice": "tara", "response_format": "pcm"}
+        async with s.post(h.url + "/v1/audio/speech", json=long) as holder:
+            assert holder.status == 200  # holds the only slot while it streams
+            await holder.content.readany()
+            at_limit = {**long, "input": "Hi.", "temperature": 2.0, "repetition_penalty": 0.5,
+                        "max_tokens": 4096}  # fmt: skip
+            async with s.post(h.url + "/v1/audio/speech", json=at_limit) as r:
+                assert r.status == 429  # the server is full, and this one is within limits
+            for field, message, front_ends in LIMIT_CASES:
+                for name in front_ends:
+                    code, got = await SENDERS[name](h, s, field)
+                    if name == "baseten":
+                        assert message.startswith(got), name
+                    else:
+                        assert (code, got) == ("invalid_request", message), name
+            assert [sub.voice for sub in h.backend.submitted()] == ["tara"]
         await wait_until(lambda: h.gateway.active_streams == 0, what="the holder closed")

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from common.gateway_config import OPENAI_VOICES
+from common.limits import RequestLimits
 from gateway.admission import Admission
 from gateway.encoders import CONTENT_TYPES, make_encoder, tempo_factors, wav_header
 from gateway.errors import APIError
@@ -31,10 +32,11 @@ from shm.records import RecordKind, StreamEnd, StreamError, end_encoder, gateway
 from shm.ring import Record
 
 VOICES = VoiceCatalog(OPENAI_VOICES, list(ENGLISH_VOICES), "tara")
+LIMITS = RequestLimits()
 
 
 def _params(body: dict) -> object:
-    return speech_params(decode_speech_request(json.dumps(body).encode()), VOICES, 100)
+    return speech_params(decode_speech_request(json.dumps(body).encode()), VOICES, LIMITS, 100)
 
 
 # -- request validation ----------------------------------------------------------------------
@@ -71,8 +73,8 @@ def test_a_voice_the_server_does_not_have_is_the_workers_400() -> None:
         "unknown voice 'pierre'; voices: tara, leah, jess, leo, dan, mia, zac, zoe "
         "(and the custom voices listed by GET /v1/audio/voices)"
     )
-    # Other voices (custom, LoRA) are the catalog's ``extra``; an alias's target is checked too.
-    extra = VoiceCatalog({"alloy": "ava"}, ["tara"], "tara", extra=lambda v: v == "ava")
+    # Other voices (custom, LoRA) are the catalog's lookups; an alias's target is checked too.
+    extra = VoiceCatalog({"alloy": "ava"}, ["tara"], "tara", is_custom=lambda v: v == "ava")
     assert extra.resolve("ALLOY") == "ava" and extra.resolve("Ava") == "Ava"
     with pytest.raises(APIError):
         VoiceCatalog({"alloy": "pierre"}, ["tara"], "tara").resolve("alloy")
@@ -95,7 +97,13 @@ def test_a_voice_the_server_does_not_have_is_the_workers_400() -> None:
         ({"model": "m", "input": "x", "voice": "tara", "stream_format": "chunks"}, "stream_format"),
         ({"model": "m", "input": "x", "voice": "tara", "max_tokens": 0}, "max_tokens"),
         ({"model": "m", "input": "x", "voice": "tara", "max_tokens": True}, "max_tokens"),
+        ({"model": "m", "input": "x", "voice": "tara", "max_tokens": 4097}, "max_tokens"),
         ({"model": "m", "input": "x", "voice": "tara", "top_p": 0}, "top_p"),
+        ({"model": "m", "input": "x", "voice": "tara", "temperature": 2.5}, "temperature"),
+        (
+            {"model": "m", "input": "x", "voice": "tara", "repetition_penalty": 3},
+            "repetition_penalty",
+        ),
         ({"model": "m", "input": "x", "voice": "tara", "colour": "blue"}, "colour"),
         ({"model": "", "input": "x", "voice": "tara"}, "model"),
     ],
@@ -134,7 +142,7 @@ bodies = (
 @given(bodies)
 def test_any_body_is_accepted_or_a_400(body: bytes) -> None:
     try:
-        decode_and_validate = speech_params(decode_speech_request(body), VOICES, 100)
+        decode_and_validate = speech_params(decode_speech_request(body), VOICES, LIMITS, 100)
     except APIError as e:
         assert e.status == 400
     else:

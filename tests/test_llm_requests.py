@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from vllm.sampling_params import RequestOutputKind
 
@@ -42,26 +43,51 @@ def test_voice_defaults_and_overrides() -> None:
     assert (custom.seed, custom.total_tokens) == (5, 70)
 
 
+def _o(**kw: object) -> LlmSubmit:
+    return LlmSubmit(1, "Hi.", "tara", SamplingOverrides(**kw))  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
-    ("submit", "fragment"),
+    ("submit", "message"),
     [
-        (LlmSubmit(1, "Hi.", "nobody"), "unknown voice"),
-        (LlmSubmit(1, "  \n ", "tara"), "empty text"),
-        (LlmSubmit(1, "Hi.", "tara", SamplingOverrides(temperature=-1.0)), "temperature"),
-        (LlmSubmit(1, "Hi.", "tara", SamplingOverrides(temperature=float("nan"))), "temperature"),
-        (LlmSubmit(1, "Hi.", "tara", SamplingOverrides(top_p=0.0)), "top_p"),
         (
-            LlmSubmit(1, "Hi.", "tara", SamplingOverrides(repetition_penalty=9.0)),
-            "repetition_penalty",
+            LlmSubmit(1, "Hi.", "nobody"),
+            "unknown voice 'nobody'; voices: tara, leo "
+            "(and the custom voices listed by GET /v1/audio/voices)",
         ),
-        (LlmSubmit(1, "Hi.", "tara", SamplingOverrides(max_tokens=3)), "max_tokens"),
-        (LlmSubmit(1, "Hi.", "tara", SamplingOverrides(max_tokens=10**6)), "max_tokens"),
-        (LlmSubmit(1, "Hi.", "tara", SamplingOverrides(seed=-1)), "seed"),
+        (LlmSubmit(1, "  \n ", "tara"), "empty text: there is nothing to say"),
+        # The limits are common.limits' (the gateway's too), in msgspec's words.
+        (_o(temperature=-1.0), "Expected `float` >= 0.0 - at `$.temperature`"),
+        (_o(temperature=float("nan")), "Expected `float` >= 0.0 - at `$.temperature`"),
+        (_o(temperature=2.01), "Expected `float` <= 2.0 - at `$.temperature`"),
+        (_o(top_p=0.0), "Expected `float` > 0.0 - at `$.top_p`"),
+        (_o(repetition_penalty=9.0), "Expected `float` <= 2.0 - at `$.repetition_penalty`"),
+        (_o(repetition_penalty=0.4), "Expected `float` >= 0.5 - at `$.repetition_penalty`"),
+        (_o(max_tokens=6), "Expected `int` >= 7 - at `$.max_tokens`"),
+        (_o(max_tokens=10**6), "Expected `int` <= 4096 - at `$.max_tokens`"),
+        (_o(seed=-1), "Expected `int` >= 0 - at `$.seed`"),
+        (
+            LlmSubmit(1, "Hi.", "tara", SamplingOverrides(max_tokens=70), text_open=True),
+            "max_tokens fixes the length of a complete text: not with text_open",
+        ),
     ],
 )
-def test_bad_requests(submit: LlmSubmit, fragment: str) -> None:
-    with pytest.raises(BadRequest, match=fragment):
+def test_bad_requests(submit: LlmSubmit, message: str) -> None:
+    with pytest.raises(BadRequest) as e:
         plan_request(submit, CONFIG, INFO)
+    assert str(e.value) == message
+
+
+def test_the_limits_are_inclusive_and_the_cap_is_the_configurations() -> None:
+    ok = _o(temperature=2.0, top_p=1.0, repetition_penalty=0.5, max_tokens=4096, seed=2**63 - 1)
+    plan = plan_request(ok, CONFIG, INFO)
+    assert (plan.temperature, plan.repetition_penalty, plan.total_tokens) == (2.0, 0.5, 4096)
+    assert plan_request(_o(temperature=0, repetition_penalty=2), CONFIG, INFO).temperature == 0.0
+    assert plan_request(_o(max_tokens=7), CONFIG, INFO).total_tokens == 7
+    big = msgspec.structs.replace(CONFIG, max_tokens_cap=8000)
+    assert plan_request(_o(max_tokens=8000), big, INFO).total_tokens == 8000
+    with pytest.raises(BadRequest, match="<= 8000"):
+        plan_request(_o(max_tokens=8001), big, INFO)
 
 
 def test_open_text_may_start_empty() -> None:

@@ -601,6 +601,9 @@ class Loras:
 
 
 class Custom:
+    def has(self, voice: str) -> bool:
+        return voice in ("clone", "damaged", "deleted")
+
     def prefix(self, voice: str) -> tuple[int, ...] | None:
         if voice == "clone":
             return (11, 12, 13)
@@ -635,7 +638,8 @@ async def test_a_zero_shot_voice_is_its_prefix_then_the_plain_text() -> None:
 
 
 @pytest.mark.parametrize(
-    ("voice", "fragment"), [("damaged", "cannot be read"), ("nobody", "unknown voice")]
+    ("voice", "fragment"),
+    [("damaged", "cannot be read"), ("nobody", "unknown voice"), ("deleted", "unknown voice")],
 )
 async def test_a_voice_that_cannot_be_served_is_a_400(voice: str, fragment: str) -> None:
     svc, eng, sink = make_voices()

@@ -1,0 +1,134 @@
+"""The limits of one utterance request's sampling fields: the one definition of them.
+
+Both processes check a request's ``SamplingOverrides`` with :meth:`RequestLimits.check`: the
+gateway before admission (``gateway.schemas.build_params``), so a request that can never be
+served is a 400 even while the server is full, never a 429; the llm_worker again when the
+stream starts (``llm_worker.requests.plan_request``), the last line of defence against
+ZeroMQ internal clients that bypass a gateway, and bugs. Same function, same verdict, same
+message (msgspec's wording, as every other field's: ``Expected `float` <= 2.0 - at
+`$.temperature```) and the field it names.
+
+The ranges (docs/api.md, *Sampling limits*):
+
+- ``temperature`` 0..2: vLLM's ``SamplingParams`` refuses more (``temperature must be in
+  [0, 2]``); 0 is greedy.
+- ``top_p`` (0, 1]: vLLM's range.
+- ``repetition_penalty`` 0.5..2: vLLM takes any positive value; this is the range the
+  llm_worker has always served (ORPHEUS.md: at least 1.1 is needed for stable speech, and
+  raising it makes speech faster; below 1 it rewards repeats, and loops are this model's
+  most common failure).
+- ``seed`` 0..2**63-1: a non-negative signed 64-bit integer (vLLM seeds a torch generator
+  with it; segment ``i`` of a stream takes ``seed + i`` modulo 2**63).
+- ``max_tokens`` ``FRAME_CODES``..``llm.max_tokens_cap``: fewer than one frame of codes is
+  no audio at all; the cap bounds one generation (the server's own, not the client's).
+  A fixed length fixes it for a complete text: not with ``text_open`` (ZeroMQ).
+
+The voices' default sampling (``llm.sampling``, ``llm.voice_sampling``) must lie in the same
+ranges; ``sampling_problem`` says what is wrong with one (the configuration's check).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
+
+from common.llm_config import LLMConfig, VoiceSampling
+from shm.messages import SamplingOverrides
+from shm.records import FRAME_CODES
+
+TEMPERATURE_MAX = 2.0
+REPETITION_PENALTY_MIN = 0.5
+REPETITION_PENALTY_MAX = 2.0
+SEED_MAX = 2**63 - 1
+MAX_TOKENS_MIN = FRAME_CODES
+
+Temperature = Annotated[float, Meta(ge=0.0, le=TEMPERATURE_MAX)]
+TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
+RepetitionPenalty = Annotated[float, Meta(ge=REPETITION_PENALTY_MIN, le=REPETITION_PENALTY_MAX)]
+Seed = Annotated[int, Meta(ge=0, le=SEED_MAX)]
+MaxTokens = Annotated[int, Meta(ge=MAX_TOKENS_MIN)]
+
+TEXT_OPEN_MAX_TOKENS = "max_tokens fixes the length of a complete text: not with text_open"
+
+
+class SamplingRules(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The static ranges of the sampling fields (the cap of ``max_tokens`` is the
+    configuration's: :class:`RequestLimits`)."""
+
+    max_tokens: MaxTokens | None = None
+    seed: Seed | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+
+
+FIELDS = SamplingRules.__struct_fields__
+
+
+class LimitError(ValueError):
+    """A sampling field outside its limits: ``message`` (as the client reads it) and
+    ``param`` (the field it is about)."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+_PATH_RE = re.compile(r"at `\$\.([A-Za-z_]+)")
+
+
+def _convert(values: dict[str, object]) -> SamplingRules:
+    try:
+        return msgspec.convert(values, SamplingRules)
+    except msgspec.ValidationError as e:
+        m = _PATH_RE.search(str(e))
+        raise LimitError(str(e), m.group(1) if m else None) from None
+
+
+class RequestLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """The limits of this server's requests (they depend on its ``[llm]`` configuration)."""
+
+    max_tokens_cap: int = LLMConfig().max_tokens_cap
+
+    @classmethod
+    def of(cls, llm: LLMConfig) -> RequestLimits:
+        return cls(max_tokens_cap=llm.max_tokens_cap)
+
+    def check(self, o: SamplingOverrides, *, text_open: bool = False) -> SamplingOverrides:
+        """``o`` checked, its numbers as their fields' types (an int temperature as a
+        float). LimitError for the first failure: the ranges (a field at a time, as msgspec
+        reports it), then the cap of ``max_tokens``, then ``max_tokens`` with ``text_open``."""
+        r = _convert({f: v for f in FIELDS if (v := getattr(o, f)) is not None})
+        if r.max_tokens is not None:
+            if r.max_tokens > self.max_tokens_cap:
+                raise LimitError(
+                    f"Expected `int` <= {self.max_tokens_cap} - at `$.max_tokens`", "max_tokens"
+                )
+            if text_open:
+                raise LimitError(TEXT_OPEN_MAX_TOKENS, "max_tokens")
+        return SamplingOverrides(
+            temperature=r.temperature,
+            top_p=r.top_p,
+            repetition_penalty=r.repetition_penalty,
+            max_tokens=r.max_tokens,
+            seed=r.seed,
+        )
+
+
+def sampling_problem(s: VoiceSampling) -> str | None:
+    """What is wrong with a voice's default sampling (None: it is within the limits)."""
+    try:
+        _convert(
+            {
+                "temperature": s.temperature,
+                "top_p": s.top_p,
+                "repetition_penalty": s.repetition_penalty,
+            }
+        )
+    except LimitError as e:
+        return e.message
+    return None
