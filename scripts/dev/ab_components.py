@@ -3,8 +3,9 @@
     python scripts/dev/ab_components.py --before ../before --after . --json out.json
 
 Each round runs every benchmark once in each tree, alternating which goes first, so that a
-drift of the machine (other load, thermal state) falls on both. A tree's command is found
-by what it has: ``python -m orpheus_serve`` where that package exists, else the older
+drift of the machine (other load, thermal state) falls on both. The ``server`` benchmark
+starts each tree's own server (tiny model, CPU, loopback) and drives it with ``bench load``.
+A tree's command is found by what it has: ``python -m orpheus_serve`` where that package exists, else the older
 ``python -m orchestrator.cli``. Prints a table of medians and after/before ratios and writes
 them, with every run's raw value, as JSON.
 """
@@ -12,14 +13,18 @@ them, with every run's raw value, as JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,8 @@ class Bench:
     """What the number is, with its unit; ``lower`` says which way is better."""
     lower: bool
     extract: Extract
+    server: bool = False
+    """Run against a server of the same tree (the tiny model on CPU), started for the run."""
 
 
 def _level(key: str, field: str, value: int) -> Extract:
@@ -43,25 +50,21 @@ def _level(key: str, field: str, value: int) -> Extract:
 
 BENCHES = (
     Bench(
+        "server",
+        tuple("load --concurrency 8 --duration 20 --fixed-tokens 140 --no-progress".split()),
+        "whole server, tiny model on CPU: audio s per s at 8 streams",
+        False,
+        lambda d: d["levels"][0]["audio_s_per_s"],
+        server=True,
+    ),
+    Bench(
         "codec",
-        (
-            "codec",
-            "--streams",
-            "8",
-            "--frames",
-            "48",
-            "--rounds",
-            "1",
-            "--seam-frames",
-            "8",
-            "--seam-streams",
-            "1",
-            "--threads",
-            "1",
+        tuple(
+            "codec --streams 8 --frames 24 --rounds 1 --seam-frames 8 --seam-streams 1 --threads 1".split()
         ),
         "codec worker CPU s per audio s, 8 streams",
         True,
-        _level("streams", "worker_cpu_s_per_audio_s", 8),
+        _level("levels", "worker_cpu_s_per_audio_s", 8),
     ),
     Bench(
         "codes",
@@ -74,7 +77,7 @@ BENCHES = (
     ),
     Bench(
         "gateway",
-        ("gateway", "--levels", "100", "--duration", "6", "--ramp", "1", "--warmup", "1"),
+        tuple("gateway --levels 100 --duration 6 --ramp 1 --warmup 1".split()),
         "gateway CPU ms per stream-second, 100 streams",
         True,
         lambda d: d["levels"][0]["cpu_ms_per_stream_s"],
@@ -94,12 +97,55 @@ def command(tree: Path) -> list[str]:
     return [sys.executable, "-m", module, "bench"]
 
 
-def run_one(tree: Path, bench: Bench, timeout_s: float) -> float:
-    with tempfile.TemporaryDirectory(prefix="ab-") as tmp:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def tiny_server(tree: Path, model: Path, env: dict[str, str], log: Path) -> Iterator[str]:
+    """The tree's server on loopback with the tiny model on CPU; stopped (SIGTERM) after."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve = [*command(tree)[:-1], "serve", "--model", str(model), "--codec-model",
+             str(model / "snac"), "--device", "cpu", "--port", str(port)]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(serve, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 600
+            while not _ready(url):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"server of {tree} not ready: {log.read_text()[-3000:]}")
+                time.sleep(1)
+            yield url
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/ready", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def run_one(tree: Path, bench: Bench, timeout_s: float, model: Path) -> float:
+    with tempfile.TemporaryDirectory(prefix="ab-") as tmp, contextlib.ExitStack() as stack:
         out = Path(tmp) / "result.json"
         env = {**os.environ, "PYTHONPATH": str(tree)}
+        extra: list[str] = []
+        if bench.server:
+            url = stack.enter_context(tiny_server(tree, model, env, Path(tmp) / "server.log"))
+            extra = ["--url", url]
         res = subprocess.run(
-            [*command(tree), *bench.args, "--json", str(out)],
+            [*command(tree), *bench.args, *extra, "--json", str(out)],
             cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s,
         )  # fmt: skip
         if res.returncode != 0 or not out.exists():
@@ -117,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated benchmark names")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--model", type=Path, default=Path("tiny-model"),
+                    help="the tiny model for the whole-server run (orpheus-serve tiny-model DIR)")  # fmt: skip
     args = ap.parse_args(argv)
+    model = args.model.resolve()
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     chosen = [b for b in BENCHES if not args.only or b.name in args.only.split(",")]
     raw: dict[str, dict[str, list[float]]] = {b.name: {"before": [], "after": []} for b in chosen}
@@ -126,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         order = ("before", "after") if r % 2 == 0 else ("after", "before")
         for b in chosen:
             for side in order:
-                value = run_one(trees[side], b, args.timeout)
+                value = run_one(trees[side], b, args.timeout, model)
                 raw[b.name][side].append(value)
                 print(f"round {r + 1} {b.name:<10} {side:<6} {value:.4g}", flush=True)
     rows = []
