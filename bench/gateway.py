@@ -16,11 +16,9 @@ Bounded: each level runs ramp + warm-up + ``--duration`` seconds, then stops.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing as mp
 import os
-import platform
 import shutil
 import signal
 import sys
@@ -35,6 +33,7 @@ import numpy as np
 
 from bench.doubles.http_client import CHUNK_BYTES, LevelResult, LevelSpec, client_main
 from bench.doubles.local_server import free_port
+from bench.report import environment, show, table, write_json
 from common.config import ServeConfig
 from common.gateway_config import GatewayConfig
 from common.llm_config import LLMConfig
@@ -90,26 +89,17 @@ def _active_streams(port: int) -> int:
         return int(json.load(e)["active_streams"])
 
 
-def _machine() -> dict[str, Any]:
-    model = platform.processor()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
-            "loadavg_before": os.getloadavg()}  # fmt: skip
-
-
-def _versions() -> dict[str, Any]:
+def header() -> dict[str, dict[str, Any]]:
+    """The machine (with its load average now) and versions, with those of the gateway's
+    network stack; shared with ``bench protocols``."""
     import aiohttp
     import uvloop
     import zmq
 
-    from bench.load.environment import versions
-
-    return {"aiohttp": aiohttp.__version__, "uvloop": uvloop.__version__,
-            "pyzmq": zmq.__version__, **msgspec.structs.asdict(versions())}  # fmt: skip
+    return environment(
+        {"loadavg_before": os.getloadavg()},
+        {"aiohttp": aiohttp.__version__, "uvloop": uvloop.__version__, "pyzmq": zmq.__version__},
+    )
 
 
 def _steal_ticks() -> dict[int, tuple[int, int]]:
@@ -243,16 +233,11 @@ def _run_level(
 
 
 def _print_table(levels: list[dict[str, Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title="bench gateway: one gateway process, synthetic real-time PCM, loopback HTTP")
-    for col in ("streams", "audio s/s", "p50 lag ms", "p99 lag ms", "max lag ms",
-                "gw CPU ms / stream-s", "gw CPU %", "source %", "clients %", "steal %", "errors",
-                f"p99 < {TARGET_P99_LAG_MS:g} ms"):  # fmt: skip
-        t.add_column(col, justify="right")
-    for lv in levels:
-        t.add_row(
+    columns = ("streams", "audio s/s", "p50 lag ms", "p99 lag ms", "max lag ms",
+               "gw CPU ms / stream-s", "gw CPU %", "source %", "clients %", "steal %", "errors",
+               f"p99 < {TARGET_P99_LAG_MS:g} ms")  # fmt: skip
+    rows = [
+        (
             str(lv["streams"]), f"{lv['audio_s_per_s']:.0f}", f"{lv['p50_lag_ms']:.2f}",
             f"{lv['p99_lag_ms']:.2f}", f"{lv['max_lag_ms']:.1f}",
             f"{lv['cpu_ms_per_stream_s']:.3f}" if lv["cpu_ms_per_stream_s"] is not None else "-",
@@ -260,8 +245,11 @@ def _print_table(levels: list[dict[str, Any]]) -> None:
             f"{lv['clients_cpu_pct']:.0f}", f"{lv['steal_pct_gateway_cores']:.1f}",
             str(lv["errors"]),
             "yes" if lv["meets_target"] else "NO",
-        )  # fmt: skip
-    Console(width=max(132, shutil.get_terminal_size().columns)).print(t)
+        )
+        for lv in levels
+    ]  # fmt: skip
+    title = "bench gateway: one gateway process, synthetic real-time PCM, loopback HTTP"
+    show(table(title, columns, rows), min_width=132)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     stop, ready = ctx.Event(), ctx.Event()
     source = ctx.Process(target=_run_source, args=(layout, stop, ready), daemon=True)
     gateway = ctx.Process(target=_run_gateway, args=(config, layout), daemon=True)
-    machine = _machine()
+    env = header()
+    machine = env["machine"]
     results: list[dict[str, Any]] = []
     try:
         source.start()
@@ -357,8 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         "description": "one gateway process; synthetic real-time PCM (85.3 ms chunks of 4096 B) "
         "into the real ring; N closed-loop streaming HTTP clients (pcm) on loopback in "
         f"{args.client_procs} client processes; lag = ring write -> last byte at the client",
-        "machine": machine,
-        "versions": _versions(),
+        **env,
         "config": {
             "levels": levels,
             "duration_s": args.duration,
@@ -380,11 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
         "levels": results,
     }
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {args.json}", file=sys.stderr)
+    write_json(report, args.json, announce=sys.stderr)
     return 0
 
 

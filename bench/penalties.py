@@ -27,49 +27,23 @@ would hide the penalty's cost (``--top-p 0.8`` runs the voices' default).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from bench.lockstep import (
+    KV_BYTES_PER_TOKEN,
+    TEXTS,
+    add_lockstep_arguments,
+    paired_median,
+    step_in_lockstep,
+)
+from bench.report import environment, show, table, write_json
+
 STREAMS = (1, 16, 64)
 VARIANTS = ("none", "upstream", "ours", "constraint")
-TEXTS = (
-    "Hello there! How are you doing today?",
-    "The weather is lovely this morning, with a light breeze.",
-    "Could you tell me the way to the library, please?",
-    "We will meet at the station at half past seven; please do not be late.",
-    "Thank you very much, and have a nice day.",
-    "Reading aloud is a skill that improves with practice.",
-    "Voice assistants read messages, answer questions and tell stories.",
-    "The river flows quietly through the valley, past farms and small villages.",
-)
-KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 64 * 4  # tiny model: layers * (K, V) * kv heads * dim * fp32
-
-
-def _machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": None, "python": platform.python_version()}
-
-
-def _commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=5
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 class Bench:
@@ -140,16 +114,7 @@ class Bench:
                 self._next_id += 1
                 prompt = {"prompt_token_ids": self.prompts[i % len(self.prompts)]}
                 engine.add_request(str(self._next_id), prompt, self.params(v, i, tokens))
-        cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
-        for step in range(tokens):  # the prefill step samples the first token
-            k = step % len(VARIANTS)
-            for v in VARIANTS[k:] + VARIANTS[:k]:
-                c0 = time.process_time()
-                self.engines[v].step()
-                cpu[v].append((time.process_time() - c0) * 1e3)
-        for engine in self.engines.values():
-            while engine.has_unfinished_requests():  # nothing left in steady state
-                engine.step()
+        cpu = step_in_lockstep(self.engines, tokens)  # the prefill step samples the first token
         first = min(1 + self.args.skip, tokens - 1)
         return {v: times[first:] for v, times in cpu.items()}
 
@@ -190,10 +155,7 @@ def bench(args: argparse.Namespace, model: str) -> tuple[list[dict[str, Any]], d
     for n in args.streams:
         s = steps[n]
         med = {v: statistics.median(s[v]) for v in VARIANTS}
-
-        def paired(v: str, s: dict[str, list[float]] = s) -> float:
-            return statistics.median(x / y for x, y in zip(s[v], s["none"], strict=True))
-
+        paired = {v: paired_median(s[v], s["none"]) for v in VARIANTS[1:]}
         results.append(
             {
                 "streams": n,
@@ -201,11 +163,11 @@ def bench(args: argparse.Namespace, model: str) -> tuple[list[dict[str, Any]], d
                 "step_ms_no_penalty": med["none"],
                 "step_ms_upstream_penalty": med["upstream"],
                 "step_ms_our_penalty": med["ours"],
-                "upstream_penalty_overhead_ratio": paired("upstream"),
-                "our_penalty_overhead_ratio": paired("ours"),
+                "upstream_penalty_overhead_ratio": paired["upstream"],
+                "our_penalty_overhead_ratio": paired["ours"],
                 "step_ms_no_constraint": med["none"],
                 "step_ms_constraint": med["constraint"],
-                "constraint_overhead_ratio": paired("constraint"),
+                "constraint_overhead_ratio": paired["constraint"],
                 "step_ms_p90": {v: statistics.quantiles(s[v], n=10)[-1] for v in VARIANTS},
             }
         )
@@ -213,15 +175,10 @@ def bench(args: argparse.Namespace, model: str) -> tuple[list[dict[str, Any]], d
 
 
 def _print_table(results: list[dict[str, Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="engine step, CPU ms (median), and paired ratio to no penalty")
-    cols = ("streams", "none", "upstream", "ours", "upstream/none", "ours/none")
-    for col in (*cols, "constraint", "constraint/none"):
-        table.add_column(col, justify="right", no_wrap=True)
-    for r in results:
-        table.add_row(
+    columns = ("streams", "none", "upstream", "ours", "upstream/none", "ours/none",
+               "constraint", "constraint/none")  # fmt: skip
+    rows = [
+        (
             str(r["streams"]),
             f"{r['step_ms_no_penalty']:.1f}",
             f"{r['step_ms_upstream_penalty']:.1f}",
@@ -231,7 +188,10 @@ def _print_table(results: list[dict[str, Any]]) -> None:
             f"{r['step_ms_constraint']:.1f}",
             f"{r['constraint_overhead_ratio']:.3f}",
         )
-    Console(width=120).print(table)
+        for r in results
+    ]
+    title = "engine step, CPU ms (median), and paired ratio to no penalty"
+    show(table(title, columns, rows, no_wrap=True), min_width=120)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,9 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         "--model", help="model directory (default: the tiny model, written to a temp dir)"
     )
     p.add_argument("--streams", type=int, nargs="+", default=list(STREAMS))
-    p.add_argument("--tokens", type=int, default=32, help="tokens per stream per batch")
-    p.add_argument("--skip", type=int, default=2, help="decode steps not counted per batch")
-    p.add_argument("--rounds", type=int, default=3)
+    add_lockstep_arguments(p, tokens=32)
     p.add_argument("--penalty", type=float, default=1.1)
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -269,21 +227,16 @@ def main(argv: list[str] | None = None) -> int:
         f"upstream: {top['upstream_penalty_overhead_ratio']:.3f}"
     )
     if args.json:
-        import torch
-        import vllm
-
         doc = {
             "benchmark": "penalties",
-            "machine": _machine(),
-            "versions": {"torch": torch.__version__, "vllm": vllm.__version__, "commit": _commit()},
+            **environment(),
             "config": config,
             "our_penalty_overhead_ratio": top["our_penalty_overhead_ratio"],
             "upstream_penalty_overhead_ratio": top["upstream_penalty_overhead_ratio"],
             "constraint_overhead_ratio": top["constraint_overhead_ratio"],
             "results": results,
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        write_json(doc, args.json)
     return 0
 
 

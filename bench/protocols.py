@@ -37,7 +37,8 @@ import aiohttp
 import numpy as np
 
 from bench.doubles.local_server import free_port
-from bench.gateway import _machine, _versions
+from bench.gateway import header
+from bench.report import show, table, write_json
 from common.config import ServeConfig
 from common.gateway_config import GatewayConfig
 from shm.config import ShmConfig
@@ -269,18 +270,14 @@ def _stats(xs: list[float]) -> dict[str, float]:
 
 
 def _print_table(rows: list[dict[str, Any]], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=title)
-    for col in ("protocol", "sessions", "turns", "p50 ms", "p90 ms", "max ms", "p50 / openai_http"):
-        t.add_column(col, justify="right")
-    for r in rows:
-        ratio = r.get("p50_vs_openai_http")
-        t.add_row(r["protocol"], str(r["sessions"]), str(r["n"]), f"{r['p50_ms']:.1f}",
-                  f"{r['p90_ms']:.1f}", f"{r['max_ms']:.1f}",
-                  "-" if ratio is None else f"{ratio:.2f}")  # fmt: skip
-    Console(width=max(100, shutil.get_terminal_size().columns)).print(t)
+    columns = ("protocol", "sessions", "turns", "p50 ms", "p90 ms", "max ms", "p50 / openai_http")
+    cells = [
+        (r["protocol"], str(r["sessions"]), str(r["n"]), f"{r['p50_ms']:.1f}",
+         f"{r['p90_ms']:.1f}", f"{r['max_ms']:.1f}",
+         "-" if r.get("p50_vs_openai_http") is None else f"{r['p50_vs_openai_http']:.2f}")
+        for r in rows
+    ]  # fmt: skip
+    show(table(title, columns, cells), min_width=100)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(protocols) - set(PROTOCOLS)
     if unknown:
         ap.error(f"unknown protocols {sorted(unknown)}; choose from {', '.join(PROTOCOLS)}")
-    machine = _machine()
+    env = header()
+    machine = env["machine"]
     rows: list[dict[str, Any]] = []
 
     def measure(base: str) -> None:
@@ -332,8 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         "the first audio byte, per protocol and number of concurrent sessions; WebSockets "
         "connected and configured before the clock starts",
         "backend": backend,
-        "machine": machine,
-        "versions": _versions(),
+        **env,
         "config": {
             "levels": levels,
             "rounds": args.rounds,
@@ -343,11 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "results": rows,
     }
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {args.json}", file=sys.stderr)
+    write_json(report, args.json, announce=sys.stderr)
     return 0
 
 

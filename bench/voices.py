@@ -24,35 +24,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
-import json
 import os
 import statistics
+import sys
 import tempfile
 import time
-import wave
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.penalties import KV_BYTES_PER_TOKEN, TEXTS, _commit, _machine
+from bench.doubles.clips import reference_clip
+from bench.lockstep import (
+    KV_BYTES_PER_TOKEN,
+    TEXTS,
+    add_lockstep_arguments,
+    paired_median,
+    step_in_lockstep,
+)
+from bench.report import environment, write_json
 
 LORA_VARIANTS = ("no-lora", "0 adapters", "1 adapter", "4 adapters")
 LORA_RANK = 8
-
-
-def _clip(seconds: float, f0: float) -> bytes:
-    rate = 24_000
-    t = np.arange(int(seconds * rate)) / rate
-    x = 0.3 * np.sin(2 * np.pi * f0 * t) * (1 + 0.5 * np.sin(2 * np.pi * 2.5 * t))
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((x * 32767).astype("<i2").tobytes())
-    return buf.getvalue()
 
 
 # -- TTFB ----------------------------------------------------------------------------------------
@@ -95,7 +88,9 @@ async def _ttfb_variant(url: str, args: argparse.Namespace) -> dict[str, Any]:
     first, reuse, builtin = [], [], []
     tokens = 0
     for v in range(args.voices):
-        made = await _create(url, f"bench{v}", _clip(args.ref_seconds, 150.0 + 40 * v))
+        made = await _create(
+            url, f"bench{v}", reference_clip(args.ref_seconds, 24_000, 150.0 + 40 * v)
+        )
         tokens = made["frames"] * 7
         first.append(await _ttfb(url, f"bench{v}", TEXTS[v % len(TEXTS)], 100 + v))
         for k in range(args.reuses):
@@ -288,16 +283,7 @@ class LoraBench:
                     params,
                     lora_request=self._lora(v, i),
                 )
-        cpu: dict[str, list[float]] = {v: [] for v in LORA_VARIANTS}
-        for step in range(tokens):
-            k = step % len(LORA_VARIANTS)
-            for v in LORA_VARIANTS[k:] + LORA_VARIANTS[:k]:
-                c0 = time.process_time()
-                self.engines[v].step()
-                cpu[v].append((time.process_time() - c0) * 1e3)
-        for engine in self.engines.values():
-            while engine.has_unfinished_requests():
-                engine.step()
+        cpu = step_in_lockstep(self.engines, tokens)
         return {v: t[1 + self.args.skip :] for v, t in cpu.items()}
 
 
@@ -309,9 +295,6 @@ def run_lora(args: argparse.Namespace, model: Path) -> dict[str, Any]:
         for v, t in b.run(args.tokens).items():
             steps[v].extend(t)
 
-    def paired(v: str, ref: str) -> float:
-        return statistics.median(x / y for x, y in zip(steps[v], steps[ref], strict=True))
-
     return {
         "streams": args.streams,
         "tokens_per_stream": args.tokens,
@@ -320,8 +303,10 @@ def run_lora(args: argparse.Namespace, model: Path) -> dict[str, Any]:
         "lora_rank": LORA_RANK,
         "max_loras": 4,
         "median_step_ms": {v: statistics.median(t) for v, t in steps.items()},
-        "ratio_to_no_lora": {v: paired(v, "no-lora") for v in LORA_VARIANTS},
-        "ratio_to_0_adapters": {v: paired(v, "0 adapters") for v in LORA_VARIANTS},
+        "ratio_to_no_lora": {v: paired_median(steps[v], steps["no-lora"]) for v in LORA_VARIANTS},
+        "ratio_to_0_adapters": {
+            v: paired_median(steps[v], steps["0 adapters"]) for v in LORA_VARIANTS
+        },
     }
 
 
@@ -341,18 +326,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuses", type=int, default=4, help="requests per voice after its first")
     p.add_argument("--ref-seconds", type=float, default=15.0)
     p.add_argument("--streams", type=int, default=16)
-    p.add_argument("--tokens", type=int, default=48)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--skip", type=int, default=2, help="decode steps not counted per batch")
+    add_lockstep_arguments(p, tokens=48)
     args = p.parse_args(argv)
 
     from bench.doubles.tiny_model import write_random_snac, write_tiny_model
 
+    env = environment()
     result: dict[str, Any] = {
         "benchmark": "voices",
-        "machine": _machine(),
+        "machine": env["machine"],
         "load_average": os.getloadavg(),
-        "commit": _commit(),
+        "commit": env["versions"]["git_commit"],
+        "versions": env["versions"],
         "model": "tiny Orpheus-vocabulary Llama (bench.doubles.tiny_model), random weights",
     }
     with tempfile.TemporaryDirectory(prefix="orpheus-bench-voices-") as tmp:
@@ -372,9 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             result["lora"] = run_lora(args, model)
             print_lora(result["lora"])
     result["load_average_after"] = os.getloadavg()
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_json(result, args.json, announce=sys.stdout)
     return 0
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -20,3 +21,11 @@ def layout() -> Iterator[InstanceLayout]:
     yield lay
     destroy_instance(lay)
     os.rmdir(run_dir) if not os.listdir(run_dir) else None
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model and its SNAC (``orpheus-serve tiny-model``), one per test module."""
+    from e2e_harness import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")

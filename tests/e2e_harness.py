@@ -7,18 +7,18 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import IO
 
 from bench.doubles.local_server import free_port, wait_ready
+from bench.load.servers import ORPHEUS_SERVE, orpheus_serve_argv
 from orchestrator import proctree
 from shm.records import SAMPLES_PER_FRAME
 from shm.ring import SHM_DIR
 
-EXE = str(Path(sys.executable).parent / "orpheus-serve")
+EXE = ORPHEUS_SERVE
 BYTES_PER_FRAME = SAMPLES_PER_FRAME * 2
 START_TIMEOUT_S = 600.0  # vLLM's CPU start-up on a busy 2-core machine
 
@@ -28,6 +28,11 @@ class Server:
         self.proc = proc
         self.url = url
         self.zmq_endpoint = zmq_endpoint
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Seconds until ``/ready`` answers 200 (again); fails at once if the orchestrator
+        exited (it must survive worker faults)."""
+        return wait_ready(self.url, self.proc.poll, timeout_s, interval_s=0.25)
 
     @property
     def instance(self) -> str:
@@ -116,15 +121,13 @@ def start_server(
     ``log``: where the server's stdout and stderr go (a file; default: inherited)."""
     port = free_port()
     zmq_endpoint = f"tcp://127.0.0.1:{free_port()}" if zmq else ""
-    cmd = [EXE, "serve", "--model", str(model), "--device", "cpu", "--port", str(port), *extra]
-    if codec_model:
-        cmd += ["--codec-model", str(model / "snac")]
-    if zmq:
-        cmd += ["--set", f"gateway.zmq_endpoint={zmq_endpoint}"]
+    codec = str(model / "snac") if codec_model else None
+    zmq_set = ["--set", f"gateway.zmq_endpoint={zmq_endpoint}"] if zmq else []
+    cmd = orpheus_serve_argv(str(model), codec, "cpu", port, [*extra, *zmq_set])
     proc = subprocess.Popen(cmd, stdout=log, stderr=log)
     srv = Server(proc, f"http://127.0.0.1:{port}", zmq_endpoint)
     try:
-        wait_ready(srv.url, proc.poll, START_TIMEOUT_S)
+        srv.wait_ready(START_TIMEOUT_S)
     except BaseException:
         proc.kill()
         proc.wait()

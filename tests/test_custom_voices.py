@@ -8,7 +8,6 @@ import io
 import math
 import os
 import threading
-import wave
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 import torch
 from gateway_harness import running_gateway
 
+from bench.doubles.clips import wav_bytes
 from bench.doubles.tiny_model import build_tokenizer, random_snac
 from codec_worker.encoder import EncodeServer, VoiceEncoder
 from codec_worker.levels import frames_to_levels
@@ -58,16 +58,6 @@ def tone(seconds: float, rate: int = RATE, amplitude: float = 0.3, channels: int
     t = np.arange(int(seconds * rate)) / rate
     x = amplitude * np.sin(2 * np.pi * 220 * t) * (1 + 0.3 * np.sin(2 * np.pi * 3 * t))
     return np.repeat(x[:, None], channels, axis=1).astype(np.float32)
-
-
-def wav_bytes(x: np.ndarray, rate: int) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(x.shape[1])
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((np.clip(x, -1, 1) * 32767).astype("<i2").tobytes())
-    return buf.getvalue()
 
 
 def encoded_bytes(x: np.ndarray, rate: int, container: str, codec: str) -> bytes:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_harness import EXE, make_tiny_model, start_server, stop_server
+from e2e_harness import EXE, start_server, stop_server
 
 from orchestrator import proctree
 from orchestrator.failures import EXIT_PERMANENT
@@ -128,11 +128,6 @@ def test_a_demo_failure_shows_the_log_tail_and_the_cause_in_one_line(tmp_path: P
 
 
 # -- orpheus-serve serve -------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_serve_logs_one_line_per_phase_and_only_the_libraries_warnings(

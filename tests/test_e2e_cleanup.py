@@ -28,7 +28,6 @@ from e2e_harness import (
     Server,
     child_pid,
     instance_pids,
-    make_tiny_model,
     rss_bytes,
     start_server,
     stop_server,
@@ -36,6 +35,7 @@ from e2e_harness import (
 )
 
 from bench.doubles.local_server import wait_ready
+from bench.load.soak import instance_segments, segment_bytes
 from orchestrator import proctree
 from shm.ring import SHM_DIR
 
@@ -46,11 +46,6 @@ HEARTBEAT_TIMEOUT_S = 20
 LOG_DISK_BYTES = 4 << 20
 RSS_GROWTH_LIMIT = 1.25
 """Node RSS after the crash cycles over before: allocator and page-cache noise stays below."""
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")
@@ -67,22 +62,6 @@ def log_disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield path
     if mounted:
         subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def _instance_segments(instance: str, pids: list[int]) -> set[str]:
-    """The /dev/shm segments of the instance: its own, and those its processes map."""
-    own = {n for n in os.listdir(SHM_DIR) if n.startswith(f"{instance}-")}
-    return own | proctree.shm_mappings(pids)
-
-
-def _segment_bytes(names: set[str]) -> int:
-    total = 0
-    for n in names:
-        try:
-            total += os.stat(os.path.join(SHM_DIR, n)).st_blocks * 512
-        except OSError:
-            pass
-    return total
 
 
 def _speak(url: str, frames: int = 6) -> int:
@@ -153,7 +132,7 @@ class Node:
         return instance_pids(self.instance, self.sessions)
 
     def note_segments(self) -> set[str]:
-        segs = _instance_segments(self.instance, self.pids())
+        segs = instance_segments(self.instance, self.pids())
         self.seen_segments |= segs
         return segs
 
@@ -213,7 +192,7 @@ def test_kill_9_llm_worker_cycles_leave_no_engine_and_no_growth(node: Node) -> N
         psm = {s for s in proctree.shm_mappings(tree) if not s.startswith(node.instance)}
         node.note_segments()
         pids = node.pids()
-        rss, shm = rss_bytes(pids), _segment_bytes(_instance_segments(node.instance, pids))
+        rss, shm = rss_bytes(pids), segment_bytes(instance_segments(node.instance, pids))
         if cycle == 0:
             first_rss, first_shm = rss, shm
         os.kill(llm, signal.SIGKILL)
@@ -228,7 +207,7 @@ def test_kill_9_llm_worker_cycles_leave_no_engine_and_no_growth(node: Node) -> N
     node.note_segments()
     pids = node.pids()
     end_rss = rss_bytes(pids)
-    end_shm = _segment_bytes(_instance_segments(node.instance, pids))
+    end_shm = segment_bytes(instance_segments(node.instance, pids))
     print("\ncycle  node RSS MB  instance /dev/shm MB  vLLM segments  engine dead s  ready s")
     for c, rss, shm, nseg, dead_s, ready_s in rows:
         print(f"{c:5d}  {rss / 1e6:11.0f}  {shm / 1e6:20.1f}  {nseg:13d}  {dead_s:13.2f}  "
@@ -285,10 +264,10 @@ def test_kill_9_orchestrator_takes_every_process_and_segment_down(
     try:
         sessions = proctree.worker_sessions(srv.proc.pid)
         pids = instance_pids(srv.instance)
-        segs = _instance_segments(srv.instance, pids)
+        segs = instance_segments(srv.instance, pids)
         assert len(pids) >= 5, "orchestrator, 3 workers and vLLM's engine processes"
         assert any(not s.startswith(srv.instance) for s in segs), "vLLM's psm_* segments"
-        seg_bytes = _segment_bytes(segs)
+        seg_bytes = segment_bytes(segs)
         os.kill(srv.proc.pid, signal.SIGKILL)
         srv.proc.wait()
         t0 = time.monotonic()

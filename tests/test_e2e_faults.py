@@ -10,41 +10,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from e2e_harness import Server, make_tiny_model, start_server, stop_server
-
-from bench.doubles.local_server import wait_ready
+from e2e_harness import Server, child_pid, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
-
-
-def _wait_ready(srv: Server, timeout_s: float) -> float:
-    """Seconds until ready again; fails at once if the orchestrator itself exited (it must
-    survive worker faults)."""
-    return wait_ready(srv.url, srv.proc.poll, timeout_s, interval_s=0.25)
-
-
-def _child_pid(orchestrator_pid: int, role: str) -> int:
-    """The pid of the orchestrator's child running `role` (llm, codec, gateway)."""
-    out = subprocess.run(
-        # Children retitle themselves "orpheus-serve <role>" (setproctitle) once started.
-        ["pgrep", "-P", str(orchestrator_pid), "-f", f"(orchestrator\\.child |orpheus-serve ){role}"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    pids = [int(p) for p in out.stdout.split()]
-    assert len(pids) == 1, f"expected one {role} child, found {pids}"
-    return pids[0]
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +65,7 @@ async def _kill_mid_stream(srv: Server, role: str) -> tuple[list[Outcome], float
     # Kill only once every stream is really streaming (has audio).
     await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), 180)
     assert all(o.status == 200 and o.audio > 0 for o in outs), [o.status for o in outs]
-    os.kill(_child_pid(srv.proc.pid, role), signal.SIGKILL)
+    os.kill(child_pid(srv.proc.pid, role), signal.SIGKILL)
     killed_at = time.monotonic()
     await asyncio.wait_for(asyncio.gather(*tasks), 180)
     return outs, killed_at
@@ -99,7 +73,7 @@ async def _kill_mid_stream(srv: Server, role: str) -> tuple[list[Outcome], float
 
 @pytest.mark.parametrize("role", ["codec", "llm"])
 def test_kill_worker_mid_stream_fails_streams_then_recovers(server: Server, role: str) -> None:
-    _wait_ready(server, 600)
+    server.wait_ready(600)
     outs, killed_at = asyncio.run(_kill_mid_stream(server, role))
     for o in outs:
         # The streams had started (200 and audio) and then ended early instead of hanging:
@@ -111,7 +85,7 @@ def test_kill_worker_mid_stream_fails_streams_then_recovers(server: Server, role
             f"streams held by the killed {role} worker ended within 30 s, not hung"
         )
         assert o.error is not None, "the client is told the stream failed (truncated body)"
-    recovery = _wait_ready(server, 600)
+    recovery = server.wait_ready(600)
     print(f"\n{role} kill -9: streams ended {max(o.finished_at for o in outs) - killed_at:.2f}s "
           f"after the kill; ready again {recovery:.1f}s later")  # fmt: skip
     # A new stream after recovery completes normally.
@@ -121,11 +95,11 @@ def test_kill_worker_mid_stream_fails_streams_then_recovers(server: Server, role
 
 
 def test_kill_gateway_restarts_it(server: Server) -> None:
-    _wait_ready(server, 600)
-    os.kill(_child_pid(server.proc.pid, "gateway"), signal.SIGKILL)
+    server.wait_ready(600)
+    os.kill(child_pid(server.proc.pid, "gateway"), signal.SIGKILL)
     t0 = time.monotonic()
     time.sleep(0.3)
-    recovery = _wait_ready(server, 120)
+    recovery = server.wait_ready(120)
     print(f"\ngateway kill -9: serving again {time.monotonic() - t0:.1f}s after the kill")
     assert recovery < 120
     out, ev = Outcome(), asyncio.Event()
@@ -135,7 +109,7 @@ def test_kill_gateway_restarts_it(server: Server) -> None:
 
 def test_sigterm_under_load_drains_active_streams(server: Server) -> None:
     """Last: SIGTERM stops admission, lets active streams finish, then exits cleanly."""
-    _wait_ready(server, 600)
+    server.wait_ready(600)
 
     async def scenario() -> tuple[list[Outcome], int | None]:
         outs = [Outcome() for _ in range(3)]

@@ -16,14 +16,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from e2e_harness import BYTES_PER_FRAME, Server, make_tiny_model, start_server, stop_server
+from e2e_harness import BYTES_PER_FRAME, Server, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")

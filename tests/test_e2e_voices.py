@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import json
-import wave
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,23 +17,13 @@ import numpy as np
 import pytest
 from e2e_harness import BYTES_PER_FRAME, EXE, Server, start_server, stop_server
 
+from bench.doubles.clips import reference_clip
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 FRAMES = 6
-
-
-def clip(seconds: float = 3.5, rate: int = 44_100, f0: float = 180.0) -> bytes:
-    t = np.arange(int(seconds * rate)) / rate
-    x = 0.3 * np.sin(2 * np.pi * f0 * t) * (1 + 0.5 * np.sin(2 * np.pi * 2.5 * t))
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((x * 32767).astype("<i2").tobytes())
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +98,7 @@ def _max_abs_diff(a: bytes, b: bytes) -> int:
 
 
 def test_a_custom_voice_speaks_in_every_api(server: Server) -> None:
-    status, made = asyncio.run(_create(server.url, "Me", clip()))
+    status, made = asyncio.run(_create(server.url, "Me", reference_clip(3.5, 44_100)))
     assert status == 201, made
     assert made["id"] == "me" and made["frames"] == -(-int(3.5 * 24000) // 2048)
     listing = asyncio.run(_get(server.url, "/v1/audio/voices"))
@@ -235,7 +223,7 @@ def test_lora_admin_load_and_unload(server: Server, model: Path) -> None:
 
 def test_deleting_a_voice_in_use_fails_no_stream(server: Server) -> None:
     async def run() -> tuple[int, int, int, int]:
-        status, _ = await _create(server.url, "brief", clip(3.2, 48_000, 240.0))
+        status, _ = await _create(server.url, "brief", reference_clip(3.2, 48_000, 240.0))
         assert status == 201
         frames = 40
         body = {"model": "tts-1", "input": "A longer sentence to keep speaking for a while.",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from e2e_harness import EXE, instance_pids, make_tiny_model, wait_no_instance_pids
+from e2e_harness import EXE, instance_pids, wait_no_instance_pids
 
 from bench.doubles.local_server import free_port
 from codec_worker.snac_model import load_snac
@@ -26,11 +26,6 @@ from orpheus_serve.cli import _with_codec_from_model_dir
 from shm.ring import SHM_DIR
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 def _cfg(model: Path, **over: object) -> ServeConfig:

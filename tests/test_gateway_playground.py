@@ -3,15 +3,14 @@ voices load, audio streams into Web Audio, TTFB is shown, errors are shown."""
 
 from __future__ import annotations
 
-import io
 import os
-import wave
 from pathlib import Path
 
 import numpy as np
 import pytest
 from gateway_harness import running_gateway
 
+from bench.doubles.clips import wav_bytes
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(90)
@@ -88,8 +87,10 @@ async def test_playground_makes_a_custom_voice_from_an_uploaded_clip(
     from shm.voices import VoicesConfig
 
     t = np.arange(int(3.5 * 16_000)) / 16_000
-    (tmp_path / "me.wav").write_bytes(_wav(0.3 * np.sin(2 * np.pi * 200 * t), 16_000))
-    (tmp_path / "short.wav").write_bytes(_wav(0.3 * np.sin(2 * np.pi * 200 * t[:8000]), 16_000))
+    (tmp_path / "me.wav").write_bytes(wav_bytes(0.3 * np.sin(2 * np.pi * 200 * t), 16_000))
+    (tmp_path / "short.wav").write_bytes(
+        wav_bytes(0.3 * np.sin(2 * np.pi * 200 * t[:8000]), 16_000)
+    )
     encoder = EncodeServer(
         VoiceEncoder(fuse_weight_norm(random_snac(1, SNAC_24KHZ_SMALL))), layout.encode
     )
@@ -129,13 +130,3 @@ async def test_playground_makes_a_custom_voice_from_an_uploaded_clip(
                 await browser.close()
     finally:
         encoder.stop()
-
-
-def _wav(x: np.ndarray, rate: int) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((x * 32767).astype("<i2").tobytes())
-    return buf.getvalue()

@@ -20,9 +20,9 @@ from typing import Any
 import msgspec
 from rich.console import Console
 
-from bench.load.environment import machine, versions
+from bench.environment import machine, versions
 from bench.load.plot import plot_levels
-from bench.load.report import LoadReport, now_iso, print_report, write_json
+from bench.load.report import LoadReport, print_report
 from bench.load.runner import LevelPlan
 from bench.load.search import SearchResult
 from bench.load.session import (
@@ -35,6 +35,7 @@ from bench.load.session import (
 )
 from bench.load.summary import LevelResult, Slo
 from bench.load.texts import Corpus, load_corpus
+from bench.report import now_iso, write_json
 
 
 def parse_ints(text: str) -> list[int]:
@@ -57,15 +58,15 @@ def parse_floats(text: str) -> list[float]:
     return values
 
 
+def _seconds(group: argparse._ArgumentGroup, flag: str, default: float | None, help: str) -> None:
+    group.add_argument(flag, type=float, default=default, metavar="S", help=help)
+
+
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     """What each level sends and how long it runs (shared with ``bench compare``)."""
     g = p.add_argument_group("workload")
-    g.add_argument(
-        "--duration",
-        type=float,
-        default=60.0,
-        metavar="S",
-        help="seconds per level during which measured requests are issued (60)",
+    _seconds(
+        g, "--duration", 60.0, "seconds per level during which measured requests are issued (60)"
     )
     g.add_argument(
         "--max-requests",
@@ -74,20 +75,10 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="at most N measured requests per level",
     )
-    g.add_argument(
-        "--warmup",
-        type=float,
-        default=None,
-        metavar="S",
-        help="requests scheduled earlier are not measured (default: closed loop 0 "
-        "plus its whole first wave; open loop 10%% of the duration)",
-    )
-    g.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=120.0,
-        metavar="S",
-        help="after the duration, how long measured requests may run (120)",
+    _seconds(g, "--warmup", None, "requests scheduled earlier are not measured (default: closed "
+             "loop 0 plus its whole first wave; open loop 10%% of the duration)")  # fmt: skip
+    _seconds(
+        g, "--drain-timeout", 120.0, "after the duration, how long measured requests may run (120)"
     )
     g.add_argument(
         "--long-fraction",
@@ -107,21 +98,9 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--voice", default="tara")
     g.add_argument("--model-name", default="tts-1", help="the request's model field")
     g.add_argument("--seed", type=int, default=0, help="seed of texts and arrivals")
-    g.add_argument(
-        "--read-timeout",
-        type=float,
-        default=60.0,
-        metavar="S",
-        help="a stream silent this long counts as broken (60)",
-    )
+    _seconds(g, "--read-timeout", 60.0, "a stream silent this long counts as broken (60)")
     s = p.add_argument_group("targets")
-    s.add_argument(
-        "--ttfb-budget",
-        type=float,
-        default=1.0,
-        metavar="S",
-        help="p99 TTFB budget for pass/fail, goodput and capacity (1.0)",
-    )
+    _seconds(s, "--ttfb-budget", 1.0, "p99 TTFB budget for pass/fail, goodput and capacity (1.0)")
     s.add_argument(
         "--ttfb-report",
         type=parse_floats,
@@ -129,8 +108,31 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S,...",
         help="further TTFB budgets reported alongside (0.5)",
     )
-    s.add_argument("--jitter-buffer", type=float, default=0.1, metavar="S",
-                   help="player's buffer before playback starts, for underruns (0.1)")  # fmt: skip
+    _seconds(
+        s, "--jitter-buffer", 0.1, "player's buffer before playback starts, for underruns (0.1)"
+    )
+
+
+def add_search_arguments(p: argparse.ArgumentParser, help: str) -> None:
+    """The bracketing capacity search (shared with ``bench compare``)."""
+    p.add_argument("--search", action="store_true", help=help)
+    p.add_argument("--search-start", type=int, default=8, metavar="N")
+    p.add_argument("--search-max", type=int, default=1024, metavar="N")
+    p.add_argument(
+        "--search-resolution",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="stop bisecting when the bracket is within this fraction (0.1)",
+    )
+
+
+def add_output_arguments(p: argparse.ArgumentParser, *, progress: bool = True) -> None:
+    """Where the report goes (shared with ``bench compare`` and ``bench soak``)."""
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the report here")
+    p.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="write a PNG here")
+    if progress:
+        p.add_argument("--no-progress", action="store_true", help="no live progress display")
 
 
 def plan_from_args(args: argparse.Namespace) -> LevelPlan:
@@ -182,21 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="R,...",
         help="open-loop levels: Poisson arrivals per second",
     )
-    p.add_argument(
-        "--search", action="store_true", help="bracketing search for the capacity (closed loop)"
-    )
-    p.add_argument("--search-start", type=int, default=8, metavar="N")
-    p.add_argument("--search-max", type=int, default=1024, metavar="N")
-    p.add_argument(
-        "--search-resolution",
-        type=float,
-        default=0.1,
-        metavar="F",
-        help="stop bisecting when the bracket is within this fraction (0.1)",
-    )
-    p.add_argument("--json", type=Path, default=None, metavar="FILE")
-    p.add_argument("--plot", type=Path, default=None, metavar="FILE.png")
-    p.add_argument("--no-progress", action="store_true", help="no live progress display")  # fmt: skip
+    add_search_arguments(p, "bracketing search for the capacity (closed loop)")
+    add_output_arguments(p)
     add_workload_arguments(p)
     return p
 

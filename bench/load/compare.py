@@ -21,7 +21,10 @@ from pathlib import Path
 from rich.console import Console
 
 from bench.doubles.local_server import free_port
+from bench.environment import machine, versions
 from bench.load.cli import (
+    add_output_arguments,
+    add_search_arguments,
     add_workload_arguments,
     event_loop_runner,
     parse_ints,
@@ -41,15 +44,21 @@ from bench.load.comparison import (
     compare_levels,
     comparison_table,
 )
-from bench.load.environment import machine, versions
 from bench.load.plot import plot_levels
-from bench.load.report import levels_table, now_iso, write_json
+from bench.load.report import levels_table
 from bench.load.runner import LevelPlan
 from bench.load.search import SearchResult
-from bench.load.servers import ServerFailed, ServerProcess, baseline_argv, orpheus_serve_argv
+from bench.load.servers import (
+    ServerFailed,
+    ServerProcess,
+    add_model_arguments,
+    baseline_argv,
+    orpheus_serve_argv,
+)
 from bench.load.session import LevelSpec, Target, run_levels, search_capacity
 from bench.load.summary import LevelResult, Slo
 from bench.load.texts import Corpus, load_corpus
+from bench.report import now_iso, write_json
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,9 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="The reference serving approach (baseline) and orpheus-serve on the same "
         "model, corpus and load levels, one after the other; reports their ratios.",
     )
-    p.add_argument("--model", required=True, help="Orpheus checkpoint (HF name or directory)")
-    p.add_argument("--codec-model", required=True, help="SNAC 24 kHz checkpoint directory")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    add_model_arguments(p, device="cuda")
     p.add_argument(
         "--concurrency",
         type=parse_ints,
@@ -68,14 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N,...",
         help="closed-loop levels compared at equal concurrency (8,32)",
     )
-    p.add_argument(
-        "--search",
-        action="store_true",
-        help="also search each server's capacity (bracketing, closed loop)",
-    )
-    p.add_argument("--search-start", type=int, default=8, metavar="N")
-    p.add_argument("--search-max", type=int, default=1024, metavar="N")
-    p.add_argument("--search-resolution", type=float, default=0.1, metavar="F")
+    add_search_arguments(p, "also search each server's capacity (bracketing, closed loop)")
     p.add_argument("--rounds", type=int, default=1, help="alternate the two this many times (1)")
     p.add_argument(
         "--only",
@@ -124,9 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path("runs/compare-logs"),
         help="server logs go here (runs/compare-logs)",
     )
-    p.add_argument("--json", type=Path, default=None, metavar="FILE")
-    p.add_argument("--plot", type=Path, default=None, metavar="FILE.png")
-    p.add_argument("--no-progress", action="store_true")  # fmt: skip
+    add_output_arguments(p)
     add_workload_arguments(p)
     # On CPU nothing is real time and the baseline can stay silent for minutes while its
     # event loop decodes other streams' windows; a client that gave up would throw away its

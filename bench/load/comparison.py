@@ -9,9 +9,10 @@ from typing import Literal
 import msgspec
 from rich.table import Table
 
-from bench.load.environment import Machine, Versions
+from bench.load.report import LoadHeader, fmt
 from bench.load.search import SearchResult
 from bench.load.summary import LevelResult, Slo
+from bench.report import table
 
 SCHEMA = "orpheus-serve/bench-compare/1"
 Variant = Literal["baseline", "ours"]
@@ -47,17 +48,11 @@ class CapacityComparison(msgspec.Struct, frozen=True, kw_only=True):
     """None when the baseline's capacity is 0 (neither real time nor within budget)."""
 
 
-class CompareReport(msgspec.Struct, kw_only=True):
+class CompareReport(LoadHeader, kw_only=True):
     schema: str = SCHEMA
-    created: str
-    machine: Machine
-    versions: Versions
     model: str
     codec_model: str
     device: str
-    config: dict[str, object]
-    corpus: dict[str, object]
-    slo: Slo
     concurrency: int
     """The headline level: the highest concurrency compared."""
     baseline_audio_s_per_s: float
@@ -135,25 +130,25 @@ def compare_capacity(runs: list[VariantRun], slo: Slo) -> CapacityComparison:
     )
 
 
-def _fmt(x: float | None, digits: int = 2) -> str:
-    return "-" if x is None or math.isnan(x) else f"{x:.{digits}f}"
-
-
 def comparison_table(comparisons: list[Comparison], capacity: CapacityComparison) -> Table:
-    table = Table(title="baseline vs orpheus-serve (closed loop)", title_justify="left")
-    for name in ("concurrency", "baseline audio s/s", "orpheus-serve audio s/s", "ratio", "rounds"):
-        table.add_column(name, justify="right")
-    for c in comparisons:
-        table.add_row(
-            str(c.concurrency),
-            _fmt(c.baseline_audio_s_per_s, 3),
-            _fmt(c.ours_audio_s_per_s, 3),
-            f"[bold]{_fmt(c.ratio)}x[/bold]" if c.ratio is not None else "-",
-            ", ".join(_fmt(r) for r in c.round_ratios),
-        )
-    table.caption = (
+    t = table(
+        "baseline vs orpheus-serve (closed loop)",
+        ("concurrency", "baseline audio s/s", "orpheus-serve audio s/s", "ratio", "rounds"),
+        [
+            (
+                str(c.concurrency),
+                fmt(c.baseline_audio_s_per_s, 3),
+                fmt(c.ours_audio_s_per_s, 3),
+                f"[bold]{fmt(c.ratio)}x[/bold]" if c.ratio is not None else "-",
+                ", ".join(fmt(r) for r in c.round_ratios),
+            )
+            for c in comparisons
+        ],
+        title_justify="left",
+    )
+    t.caption = (
         f"capacity ({capacity.method}; p99 TTFB < {capacity.ttfb_budget_s * 1000:.0f} ms, "
         f"p99 RTF < 1, no underrun): baseline {capacity.baseline}, orpheus-serve "
-        f"{capacity.ours}, ratio {_fmt(capacity.ratio)}"
+        f"{capacity.ours}, ratio {fmt(capacity.ratio)}"
     )
-    return table
+    return t

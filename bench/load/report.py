@@ -2,57 +2,71 @@
 
 from __future__ import annotations
 
-import datetime
 import math
-from pathlib import Path
 from typing import Any
 
 import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from bench.load.environment import Machine, Versions
+from bench.environment import Machine, Versions
 from bench.load.search import SearchResult
 from bench.load.summary import LevelResult, Slo, budget_key
+from bench.report import table
 
 SCHEMA = "orpheus-serve/bench-load/1"
 
 
-class LoadReport(msgspec.Struct, kw_only=True):
-    schema: str = SCHEMA
+class LoadHeader(msgspec.Struct, kw_only=True):
+    """What a load result begins with (``bench load`` and ``bench compare``)."""
+
+    schema: str
     created: str
-    target: str
-    """What was measured: the URL or ZeroMQ endpoint, and the server's name."""
     machine: Machine
     versions: Versions
     config: dict[str, Any]
     corpus: dict[str, object]
     slo: Slo
+
+
+class LoadReport(LoadHeader, kw_only=True):
+    schema: str = SCHEMA
+    target: str
+    """What was measured: the URL or ZeroMQ endpoint, and the server's name."""
     levels: list[LevelResult]
     search: SearchResult | None = None
-
-
-def now_iso() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-
-
-def write_json(report: msgspec.Struct, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n")
 
 
 def _ms(x: float) -> str:
     return "-" if math.isnan(x) else f"{x * 1000:.0f}"
 
 
-def _f(x: float, digits: int = 2) -> str:
-    return "-" if math.isnan(x) else f"{x:.{digits}f}"
+def fmt(x: float | None, digits: int = 2) -> str:
+    """A number for a table: "-" when there is none (None or NaN)."""
+    return "-" if x is None or math.isnan(x) else f"{x:.{digits}f}"
+
+
+def _level_row(r: LevelResult, budget: str) -> tuple[str, ...]:
+    t = r.ttfb_s
+    return (
+        r.label,
+        f"{r.ok}/{r.requests}",
+        f"{r.short}/{r.long}",
+        fmt(r.load_held, 1),
+        "/".join(_ms(x) for x in (t.mean, t.p50, t.p90, t.p99)),
+        "/".join(fmt(x) for x in (r.rtf.mean, r.rtf.p90, r.rtf.p99)),
+        f"{r.underruns} ({r.underrun_streams})",
+        _ms(r.worst_lag_s.p99),
+        fmt(r.tokens_per_s, 0),
+        fmt(r.audio_s_per_s),
+        fmt(r.goodput_per_s.get(budget, math.nan)),
+        "[green]yes" if r.passes.get(budget, False) else "[red]no",
+    )
 
 
 def levels_table(title: str, levels: list[LevelResult], slo: Slo) -> Table:
     budget = budget_key(slo.ttfb_s)
-    table = Table(title=title, title_justify="left")
-    for name in (
+    columns = (
         "load",
         "ok/req",
         "short/long",
@@ -65,25 +79,9 @@ def levels_table(title: str, levels: list[LevelResult], slo: Slo) -> Table:
         "audio s/s",
         f"goodput/s @{budget} ms",
         "pass",
-    ):
-        table.add_column(name, justify="right")
-    for r in levels:
-        t = r.ttfb_s
-        table.add_row(
-            r.label,
-            f"{r.ok}/{r.requests}",
-            f"{r.short}/{r.long}",
-            _f(r.load_held, 1),
-            "/".join(_ms(x) for x in (t.mean, t.p50, t.p90, t.p99)),
-            "/".join(_f(x) for x in (r.rtf.mean, r.rtf.p90, r.rtf.p99)),
-            f"{r.underruns} ({r.underrun_streams})",
-            _ms(r.worst_lag_s.p99),
-            _f(r.tokens_per_s, 0),
-            _f(r.audio_s_per_s),
-            _f(r.goodput_per_s.get(budget, math.nan)),
-            "[green]yes" if r.passes.get(budget, False) else "[red]no",
-        )
-    return table
+    )
+    rows = [_level_row(r, budget) for r in levels]
+    return table(title, columns, rows, title_justify="left")
 
 
 def print_report(console: Console, report: LoadReport) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -11,6 +12,14 @@ from types import TracebackType
 from typing import IO, Self
 
 from bench.doubles.local_server import NotReady, wait_ready
+
+
+def add_model_arguments(p: argparse.ArgumentParser, *, device: str | None) -> None:
+    """The model, codec and device a server is started on (``bench compare`` and the
+    baseline server); ``device``: the default."""
+    p.add_argument("--model", required=True, help="Orpheus checkpoint (HF name or directory)")
+    p.add_argument("--codec-model", required=True, help="SNAC 24 kHz checkpoint directory")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=device)
 
 
 class ServerFailed(RuntimeError):
@@ -43,6 +52,11 @@ class ServerProcess:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+
+    @property
+    def pid(self) -> int | None:
+        """The server's pid while it runs (started and not yet stopped)."""
+        return self._proc.pid if self._proc is not None else None
 
     def wait_ready(self, timeout_s: float) -> None:
         assert self._proc is not None, "start() first"
@@ -100,11 +114,17 @@ def baseline_argv(
     ]  # fmt: skip
 
 
+ORPHEUS_SERVE = str(Path(sys.executable).parent / "orpheus-serve")
+"""The command of this environment (the one that runs the benchmark)."""
+
+
 def orpheus_serve_argv(
-    model: str, codec_model: str, device: str, port: int, extra: list[str] | None = None
+    model: str, codec_model: str | None, device: str, port: int, extra: list[str] | None = None
 ) -> list[str]:
-    exe = Path(sys.executable).parent / "orpheus-serve"
+    """``orpheus-serve serve`` on loopback; ``codec_model`` None: the server finds
+    ``model/snac`` itself."""
+    codec = ["--codec-model", codec_model] if codec_model is not None else []
     return [
-        str(exe), "serve", "--model", model, "--codec-model", codec_model, "--device", device,
+        ORPHEUS_SERVE, "serve", "--model", model, *codec, "--device", device,
         "--host", "127.0.0.1", "--port", str(port), *(extra or []),
     ]  # fmt: skip

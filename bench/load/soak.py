@@ -43,7 +43,9 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
-from bench.load.environment import Machine, Versions, machine, versions
+from bench.environment import Machine, Versions, machine, versions
+from bench.load.cli import add_output_arguments
+from bench.report import write_json
 from orchestrator import proctree
 from shm.ring import SHM_DIR
 
@@ -171,17 +173,27 @@ def _fds(pid: int) -> int:
         return 0
 
 
+def instance_segments(instance: str, pids: list[int]) -> set[str]:
+    """The /dev/shm segments of an instance: its own, and those its processes map."""
+    own = {n for n in os.listdir(SHM_DIR) if n.startswith(f"{instance}-")}
+    return own | proctree.shm_mappings(pids)
+
+
+def segment_bytes(names: set[str]) -> int:
+    """The bytes the /dev/shm segments take (those still there)."""
+    total = 0
+    for n in names:
+        try:
+            total += os.stat(os.path.join(SHM_DIR, n)).st_blocks * 512
+        except OSError:
+            pass
+    return total
+
+
 def sample_instance(instance: str, t_s: float, ttfbs: list[float]) -> Sample:
     pids = proctree.instance_processes(int(instance.rsplit("-", 1)[1]))
     procs = [ProcSample(_name(p), p, _status_rss(p), _fds(p)) for p in pids]
-    own = {n for n in os.listdir(SHM_DIR) if n.startswith(f"{instance}-")}
-    segs = own | proctree.shm_mappings(pids)
-    shm = 0
-    for n in segs:
-        try:
-            shm += os.stat(os.path.join(SHM_DIR, n)).st_blocks * 512
-        except OSError:
-            pass
+    shm = segment_bytes(instance_segments(instance, pids))
     ordered = sorted(ttfbs)
     return Sample(
         t_s=round(t_s, 1),
@@ -546,8 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-frames", type=int, default=6)
     p.add_argument("--max-frames", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, help="write the report here")
-    p.add_argument("--plot", type=Path, help="write a PNG here")
+    add_output_arguments(p, progress=False)
     p.add_argument("--server-log", type=Path, default=Path("runs/soak-server.log"))
     return p
 
@@ -560,18 +571,16 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     if args.model:
         from bench.doubles.local_server import free_port
-        from bench.load.servers import ServerProcess
+        from bench.load.servers import ServerProcess, orpheus_serve_argv
 
         port = free_port()
-        exe = Path(sys.executable).parent / "orpheus-serve"
-        argv_ = [str(exe), "serve", "--model", args.model, "--device", args.device,
-                 "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+        argv_ = orpheus_serve_argv(args.model, None, args.device, port)
         url = f"http://127.0.0.1:{port}"
         server = ServerProcess("orpheus-serve", argv_, url, args.server_log)
         server.start()
         server.wait_ready(900)
-        assert server._proc is not None
-        pid = server._proc.pid
+        assert server.pid is not None
+        pid = server.pid
         print(f"server ready in {server.ready_after_s:.0f}s (log: {args.server_log})")
     else:
         url, pid = args.url, args.pid
@@ -583,10 +592,7 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     report = build_report(soak, start, end)
     print_report(report)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n")
-        print(f"wrote {args.json}")
+    write_json(report, args.json, announce=sys.stdout)
     if args.plot:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         plot_report(report, args.plot)

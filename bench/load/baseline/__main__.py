@@ -19,6 +19,7 @@ from aiohttp import web
 
 from bench.load.baseline.engine import build_engine, load_tokenizer
 from bench.load.baseline.server import BaselineServer
+from bench.load.servers import add_model_arguments
 from common.config import ServeConfig
 from llm_worker import tokens as T
 from orchestrator.settings import ConfigError, load_config, set_overrides
@@ -33,10 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="The reference Orpheus-TTS serving approach (one process, per-request "
         "SNAC windows) on orpheus-serve's HTTP contract, for side-by-side benchmarks.",
     )
-    p.add_argument("--model", required=True, help="Orpheus checkpoint (HF name or directory)")
+    add_model_arguments(p, device=None)
     p.add_argument("--tokenizer", default=None)
-    p.add_argument("--codec-model", required=True, help="SNAC 24 kHz checkpoint directory")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--config", help="orpheus-serve TOML configuration (its [llm] table is used)")
