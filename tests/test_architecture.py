@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,21 @@ def test_a_layer_violation_is_reported(tmp_path: Path) -> None:
     )  # fmt: skip
     assert res.returncode == 1
     assert "common.bad -> gateway" in res.stdout
+
+
+def _edges(mermaid: str) -> set[tuple[str, str]]:
+    return set(re.findall(r"^\s+(\w+) -->\|\d+\| (\w+)$", mermaid, re.M))
+
+
+def test_the_drawing_in_docs_is_current() -> None:
+    """docs/architecture.md's "after" drawing shows the package imports the code has."""
+    res = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "dev" / "import_graph.py"), str(REPO)],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    drawings = re.findall(r"```mermaid\n(.*?)```", doc, re.S)
+    assert drawings, "docs/architecture.md has no mermaid drawing"
+    assert _edges(drawings[-1]) == _edges(res.stdout), (
+        "regenerate it: python scripts/dev/import_graph.py"
+    )
