@@ -16,7 +16,8 @@ STAMP025 := $(VENV025)/.installed
 VLLM025_TESTS := tests/test_llm_sampling_runner.py tests/test_llm_sampling_plan.py \
   tests/test_vllm_source_compat.py \
   tests/test_llm_sampling_processors.py tests/test_llm_sampling_engine.py \
-  tests/test_llm_worker_process.py \
+  tests/test_llm_worker_process.py tests/test_llm_service.py tests/test_llm_output.py \
+  tests/test_request_limits.py \
   tests/test_e2e_server.py::test_pcm_byte_count_matches_frames_generated \
   tests/test_e2e_server.py::test_client_disconnect_cancels_into_vllm
 
