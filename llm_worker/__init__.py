@@ -1,0 +1,14 @@
+"""The llm worker process: one vLLM ``AsyncLLM`` turning text into SNAC code frames.
+
+Process entry point: ``llm_worker.main.run``. Modules, each with one job:
+
+- ``service``: ``LLMService``, the streams' state machine and the per-step publisher
+- ``output``: ``RingSink``, the only writer of the code ring
+- ``engine``: ``GenerationEngine`` (owns ``AsyncLLM``; add, abort, the step hook)
+- ``requests``, ``prompt``, ``text``: a request's plan, its prompt ids, its text pieces
+- ``codes``, ``repetition``: tokens to frames for all streams at once; the repetition guard
+- ``sampling/``, ``sampling_setup``: the model runner, penalty and constraint processors
+- ``custom_voices``, ``lora``, ``lora_cpu``: zero-shot and LoRA voices
+- ``model_info``, ``tokens``: the model's voices and Orpheus's token ids
+- ``metrics``, ``profiling``: Prometheus metrics; the profiler hook
+"""

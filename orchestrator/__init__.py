@@ -1,1 +1,2 @@
-"""The ``orpheus-serve`` command: configuration, process supervision, shared-memory ownership."""
+"""The top of the serving processes: configuration loading, supervision of the workers,
+shared-memory ownership, fail-fast checks. The `orpheus-serve` command is `orpheus_serve`."""
