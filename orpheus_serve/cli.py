@@ -63,6 +63,15 @@ def _with_model_voices(cfg: ServeConfig) -> ServeConfig:
     from llm_worker.model_info import load_model_info
 
     info = load_model_info(cfg.llm)
+    # The config check compares LoRA voice names with ``llm.voices`` only when that is set; a
+    # LoRA voice named like one of the model's own would be shadowed by it (the model's voices
+    # are looked up first, shm.voices.VoiceLookup), so it is refused here, once they are known.
+    shadowed = sorted(n for n in cfg.llm.lora_voices if n.strip().lower() in info.voices)
+    if shadowed:
+        raise ValueError(
+            f"llm.lora_voices: {', '.join(map(repr, shadowed))} is also a voice of the model "
+            f"({info.source}); fix: give the LoRA voice another name"
+        )
     llm = msgspec.structs.replace(cfg.llm, voices=list(info.voices), zero_shot=info.zero_shot)
     return msgspec.structs.replace(cfg, llm=llm)
 

@@ -510,3 +510,19 @@ def test_voice_configuration_is_checked() -> None:
             load_config(None, bad, {})
     ok = load_config(None, {"llm": {"lora_voices": {"ava": {"path": "/x"}}}}, {})
     assert ok.llm.lora_enabled and ok.llm.lora_voices["ava"].path == "/x"
+
+
+def test_a_lora_voice_named_like_a_model_voice_is_refused_at_start(tmp_path: Path) -> None:
+    """With the model's own voice list (``llm.voices`` unset), a LoRA voice that a model voice
+    would shadow is refused once the list is known, in one line, before anything starts."""
+    from common.config import ServeConfig
+    from common.llm_config import LLMConfig, LoraVoice
+    from orpheus_serve.cli import _with_model_voices
+
+    def cfg(name: str) -> ServeConfig:
+        return ServeConfig(llm=LLMConfig(model=str(tmp_path), lora_voices={name: LoraVoice("/x")}))
+
+    with pytest.raises(ValueError, match=r"'Tara' is also a voice of the model \(default\)"):
+        _with_model_voices(cfg("Tara"))
+    resolved = _with_model_voices(cfg("ava"))
+    assert "tara" in (resolved.llm.voices or [])
