@@ -8,9 +8,10 @@ server is full. Against the gateway with its synthetic backend."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -241,7 +242,12 @@ async def test_http_and_zmq_take_and_refuse_the_same_keys(layout: InstanceLayout
 
 
 # -- validation before admission ---------------------------------------------------------------
-async def test_a_bad_voice_is_a_400_even_when_the_server_is_full(layout: InstanceLayout) -> None:
+LONG = {"model": "tts-1", "input": "x" * 200, "voice": "tara", "response_format": "pcm"}
+
+
+@contextlib.asynccontextmanager
+async def full_gateway(layout: InstanceLayout) -> AsyncIterator[tuple[Any, aiohttp.ClientSession]]:
+    """A gateway with one slot, held by a streaming request for the whole block."""
     async with (
         running_gateway(
             layout, zmq=True, max_active_streams=1, max_queued_streams=0,
@@ -249,29 +255,33 @@ async def test_a_bad_voice_is_a_400_even_when_the_server_is_full(layout: Instanc
         ) as h,
         aiohttp.ClientSession() as s,
     ):  # fmt: skip
-        long = {"model": "tts-1", "input": "x" * 200, "voice": "tara", "response_format": "pcm"}
-        async with s.post(h.url + "/v1/audio/speech", json=long) as holder:
+        async with s.post(h.url + "/v1/audio/speech", json=LONG) as holder:
             assert holder.status == 200  # holds the only slot while it streams
             await holder.content.readany()
-            good = {**long, "input": "Hi."}
-            async with s.post(h.url + "/v1/audio/speech", json=good) as r:
-                assert r.status == 429  # the server is full...
-            for voice, code, message in (
-                ("nobody", "bad_request", UNKNOWN_VOICE),
-                ("ta ra", "invalid_voice", INVALID_VOICE),
-            ):  # ...and a request that can never succeed is told so, not to retry later
-                bad = {"voice": voice}
-                assert await http(h, s, bad) == (code, message)
-                assert await zmq_speak(h, s, bad) == (code, message)
-                assert await omni(h, s, bad) == (code, message)
-                assert await elevenlabs_http(h, s, bad) == (code, message)
-                assert await elevenlabs_ws(h, s, bad) == (code, message)
-                assert message.startswith((await baseten(h, s, bad))[1])
-            assert [sub.voice for sub in h.backend.submitted()] == ["tara"]
-            assert h.metric(
-                "orpheus_gateway_requests_total", {"api": "http", "outcome": "rejected"}
-            ) == 1  # fmt: skip
+            yield h, s
         await wait_until(lambda: h.gateway.active_streams == 0, what="the holder closed")
+
+
+async def test_a_bad_voice_is_a_400_even_when_the_server_is_full(layout: InstanceLayout) -> None:
+    async with full_gateway(layout) as (h, s):
+        good = {**LONG, "input": "Hi."}
+        async with s.post(h.url + "/v1/audio/speech", json=good) as r:
+            assert r.status == 429  # the server is full...
+        for voice, code, message in (
+            ("nobody", "bad_request", UNKNOWN_VOICE),
+            ("ta ra", "invalid_voice", INVALID_VOICE),
+        ):  # ...and a request that can never succeed is told so, not to retry later
+            bad = {"voice": voice}
+            assert await http(h, s, bad) == (code, message)
+            assert await zmq_speak(h, s, bad) == (code, message)
+            assert await omni(h, s, bad) == (code, message)
+            assert await elevenlabs_http(h, s, bad) == (code, message)
+            assert await elevenlabs_ws(h, s, bad) == (code, message)
+            assert message.startswith((await baseten(h, s, bad))[1])
+        assert [sub.voice for sub in h.backend.submitted()] == ["tara"]
+        assert h.metric(
+            "orpheus_gateway_requests_total", {"api": "http", "outcome": "rejected"}
+        ) == 1  # fmt: skip
 
 
 LIMIT_CASES = [
@@ -289,27 +299,16 @@ async def test_a_sampling_value_the_worker_refuses_is_a_400_even_when_the_server
 ) -> None:
     """The gateway refuses what the llm_worker would refuse (``common.limits``) before
     admission: a 400 that says why, not a 429 that invites the client to retry it."""
-    async with (
-        running_gateway(
-            layout, zmq=True, max_active_streams=1, max_queued_streams=0,
-            backend={"realtime": True},
-        ) as h,
-        aiohttp.ClientSession() as s,
-    ):  # fmt: skip
-        long = {"model": "tts-1", "input": "x" * 200, "voice": "tara", "response_format": "pcm"}
-        async with s.post(h.url + "/v1/audio/speech", json=long) as holder:
-            assert holder.status == 200  # holds the only slot while it streams
-            await holder.content.readany()
-            at_limit = {**long, "input": "Hi.", "temperature": 2.0, "repetition_penalty": 0.5,
-                        "max_tokens": 4096}  # fmt: skip
-            async with s.post(h.url + "/v1/audio/speech", json=at_limit) as r:
-                assert r.status == 429  # the server is full, and this one is within limits
-            for field, message, front_ends in LIMIT_CASES:
-                for name in front_ends:
-                    code, got = await SENDERS[name](h, s, field)
-                    if name == "baseten":
-                        assert message.startswith(got), name
-                    else:
-                        assert (code, got) == ("invalid_request", message), name
-            assert [sub.voice for sub in h.backend.submitted()] == ["tara"]
-        await wait_until(lambda: h.gateway.active_streams == 0, what="the holder closed")
+    async with full_gateway(layout) as (h, s):
+        at_limit = {**LONG, "input": "Hi.", "temperature": 2.0, "repetition_penalty": 0.5,
+                    "max_tokens": 4096}  # fmt: skip
+        async with s.post(h.url + "/v1/audio/speech", json=at_limit) as r:
+            assert r.status == 429  # the server is full, and this one is within limits
+        for field, message, front_ends in LIMIT_CASES:
+            for name in front_ends:
+                code, got = await SENDERS[name](h, s, field)
+                if name == "baseten":
+                    assert message.startswith(got), name
+                else:
+                    assert (code, got) == ("invalid_request", message), name
+        assert [sub.voice for sub in h.backend.submitted()] == ["tara"]

@@ -92,6 +92,15 @@ BENCHES = (
 )
 
 
+def commit_of(tree: Path) -> str:
+    """The tree's commit (``+dirty`` with uncommitted changes): what the JSON records of it,
+    not its path on this machine."""
+    git = ["git", "-C", str(tree)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True)
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def command(tree: Path) -> list[str]:
     module = "orpheus_serve" if (tree / "orpheus_serve").is_dir() else "orchestrator.cli"
     return [sys.executable, "-m", module, "bench"]
@@ -189,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                      "before_runs": raw[b.name]["before"], "after_runs": raw[b.name]["after"]})  # fmt: skip
         print(f"{b.name:<10} {b.metric:<55} {before:>9.4g} {after:>9.4g} {ratio:>12.3f}")
     if args.json:
-        doc = {"benchmark": "ab_components", "trees": {k: str(v) for k, v in trees.items()},
+        doc = {"benchmark": "ab_components", "trees": {k: commit_of(v) for k, v in trees.items()},
                "rounds": args.rounds, "seconds": round(time.time() - started, 1),
                "machine": os.uname().nodename, "cpus": os.cpu_count(), "results": rows}  # fmt: skip
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
