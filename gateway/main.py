@@ -65,6 +65,10 @@ def raise_fd_limit() -> int:
     return soft
 
 
+class GatewayBroken(RuntimeError):
+    """A background task the gateway cannot serve without ended (the message says which)."""
+
+
 def role_name(index: int) -> str:
     return f"gateway-{index}"
 
@@ -114,8 +118,12 @@ async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None
     link.ready(f"http://{g.host}:{g.port}")
     log.info("%s listening on %s:%d (pid %d)", role, g.host, g.port, link.pid)
     beat = asyncio.create_task(link.beat_forever(lambda: gateway.active_streams), name="heartbeat")
+    stopped = asyncio.create_task(stop.wait())
     try:
-        await stop.wait()
+        await asyncio.wait({stopped, gateway.broken}, return_when=asyncio.FIRST_COMPLETED)
+        if gateway.broken.done():
+            # Nothing in flight can finish: fail it now (no drain), then exit with the cause.
+            raise GatewayBroken(gateway.broken.result())
         gateway.begin_drain()
         drain = asyncio.create_task(gateway.drain(config.drain_timeout_s))
         fast_wait = asyncio.create_task(fast.wait())
@@ -127,6 +135,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None
                 await drain
     finally:
         log.info("%s stopping", role)
+        stopped.cancel()
         beat.cancel()
         if zmq_front is not None and zmq_task is not None:
             await zmq_front.close()

@@ -10,7 +10,6 @@ gate come from ``gateway.readiness``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from common.config import ServeConfig
@@ -88,6 +87,10 @@ class Gateway:
         self._sessions: set[Session] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._reader: RingReader | None = None
+        self._closing = False
+        self.broken: asyncio.Future[str]
+        """Resolved (with why) when a background task this gateway cannot serve without
+        ended: the process must stop and be restarted, not go on looking healthy."""
         self.loop: asyncio.AbstractEventLoop
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -97,21 +100,35 @@ class Gateway:
         self._reader = RingReader(
             self.layout.pcm_ring(self.index), spin_us=shm.spin_us, recheck_ms=shm.recheck_ms
         )
+        self.broken = self.loop.create_future()
         self._tasks = [
             asyncio.create_task(pump_pcm(self._reader, self.registry), name="pcm-pump"),
             asyncio.create_task(self.cluster.run(), name="cluster-status"),
             asyncio.create_task(self._watchdog(), name="stream-watchdog"),
         ]
+        for t in self._tasks:
+            t.add_done_callback(self._task_ended)
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        """A background task ended. Each runs until ``close``: ending before it is a bug that
+        would leave the gateway admitting streams it cannot serve (no audio, or no news of
+        a worker's restart), so the gateway reports it and stops."""
+        if self._closing or self.broken.done():
+            return
+        exc = None if task.cancelled() else task.exception()
+        why = f"the gateway's {task.get_name()} task ended" + (f": {exc!r}" if exc else "")
+        log.error("%s; stopping this gateway (the orchestrator restarts it)", why, exc_info=exc)
+        self.broken.set_result(why)
 
     async def close(self) -> None:
         """Fail what is still open, stop the background tasks, release ring and sockets."""
+        self._closing = True
         self.begin_drain()
         self._fail_everything("shutdown", "the gateway stopped")
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        # A task that ended with an error was reported by ``_task_ended``.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         if self._reader is not None:
             self._reader.close()

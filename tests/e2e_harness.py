@@ -28,6 +28,8 @@ class Server:
         self.proc = proc
         self.url = url
         self.zmq_endpoint = zmq_endpoint
+        self.log_path: Path | None = None
+        """Where the server's stdout and stderr go, when the test gave it a file."""
 
     def wait_ready(self, timeout_s: float) -> float:
         """Seconds until ``/ready`` answers 200 (again); fails at once if the orchestrator

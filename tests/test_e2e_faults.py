@@ -8,6 +8,7 @@ it measured (`-s` shows it; the closing note of issue 6 quotes these).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -21,12 +22,33 @@ from e2e_harness import Server, child_pid, start_server, stop_server
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 
+LOG_TAIL_LINES = 80
+
+
 @pytest.fixture(scope="module")
-def server(tiny_model: Path) -> Iterator[Server]:
-    srv = start_server(tiny_model, "--set", "drain_timeout_s=60")
+def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    # The server's log goes to a file: a failing test prints its end (what the orchestrator
+    # and the workers saw), which pytest's capture of a long-lived process would split up.
+    log_path = tmp_path_factory.mktemp("faults") / "server.log"
+    with open(log_path, "wb") as log:
+        srv = start_server(tiny_model, "--set", "drain_timeout_s=60", log=log)
+    srv.log_path = log_path
     yield srv
     stop_server(srv)
     assert srv.segments_left() == []
+
+
+@contextlib.contextmanager
+def log_on_failure(srv: Server) -> Iterator[None]:
+    """On a failure, print the end of the server's log (shown with the failure)."""
+    try:
+        yield
+    except BaseException:
+        if srv.log_path is not None:
+            lines = srv.log_path.read_text(errors="replace").splitlines()
+            print(f"--- the last {LOG_TAIL_LINES} lines of {srv.log_path}:")
+            print("\n".join(lines[-LOG_TAIL_LINES:]))
+        raise
 
 
 class Outcome:
@@ -65,8 +87,11 @@ async def _kill_mid_stream(srv: Server, role: str) -> tuple[list[Outcome], float
     # Kill only once every stream is really streaming (has audio).
     await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), 180)
     assert all(o.status == 200 and o.audio > 0 for o in outs), [o.status for o in outs]
-    os.kill(child_pid(srv.proc.pid, role), signal.SIGKILL)
+    victim = child_pid(srv.proc.pid, role)
+    title = Path(f"/proc/{victim}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
+    print(f"{time.strftime('%H:%M:%S')} killed the {role} worker: pid {victim} ({title.strip()})")
     await asyncio.wait_for(asyncio.gather(*tasks), 180)
     return outs, killed_at
 
@@ -74,6 +99,11 @@ async def _kill_mid_stream(srv: Server, role: str) -> tuple[list[Outcome], float
 @pytest.mark.parametrize("role", ["codec", "llm"])
 def test_kill_worker_mid_stream_fails_streams_then_recovers(server: Server, role: str) -> None:
     server.wait_ready(600)
+    with log_on_failure(server):
+        _kill_and_recover(server, role)
+
+
+def _kill_and_recover(server: Server, role: str) -> None:
     outs, killed_at = asyncio.run(_kill_mid_stream(server, role))
     for o in outs:
         # The streams had started (200 and audio) and then ended early instead of hanging:
@@ -96,6 +126,11 @@ def test_kill_worker_mid_stream_fails_streams_then_recovers(server: Server, role
 
 def test_kill_gateway_restarts_it(server: Server) -> None:
     server.wait_ready(600)
+    with log_on_failure(server):
+        _kill_gateway(server)
+
+
+def _kill_gateway(server: Server) -> None:
     os.kill(child_pid(server.proc.pid, "gateway"), signal.SIGKILL)
     t0 = time.monotonic()
     time.sleep(0.3)
@@ -126,7 +161,8 @@ def test_sigterm_under_load_drains_active_streams(server: Server) -> None:
         await asyncio.wait_for(asyncio.gather(*tasks), 180)
         return outs, late.status
 
-    outs, late_status = asyncio.run(scenario())
+    with log_on_failure(server):
+        outs, late_status = asyncio.run(scenario())
     for o in outs:
         assert o.status == 200 and o.error is None and o.audio == 24 * 2048 * 2, (
             "streams active at SIGTERM finish completely"

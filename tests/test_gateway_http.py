@@ -321,6 +321,24 @@ async def test_worker_restart_fails_streams_in_flight(layout: InstanceLayout) ->
         )
 
 
+async def test_a_background_task_that_dies_breaks_the_gateway(layout: InstanceLayout) -> None:
+    """A bug that ends the status task must not leave a gateway that looks healthy and never
+    hears of a worker's restart again: ``broken`` says which task ended and why (gateway.main
+    then exits, and the orchestrator restarts the process)."""
+    async with running_gateway(layout) as h:
+        assert not h.gateway.broken.done()
+
+        def bug(_status: ClusterStatus) -> None:
+            raise RuntimeError("a bug in the status handler")
+
+        h.gateway.cluster._on_status = bug
+        h.backend.status = ClusterStatus(
+            llm_ready=True, codec_ready=True, draining=False, codec_generation=1
+        )
+        why = await asyncio.wait_for(h.gateway.broken, 5)
+        assert "cluster-status" in why and "a bug in the status handler" in why
+
+
 async def test_workers_not_ready_is_503_and_not_ready(layout: InstanceLayout) -> None:
     status = ClusterStatus(llm_ready=False, codec_ready=True, draining=False)
     async with running_gateway(layout, backend={"status": status}) as h:
