@@ -53,6 +53,7 @@ from shm.voices import (
     VoicesConfig,
     VoiceStore,
     VoiceSummary,
+    lora_unavailable,
     new_record,
     voice_id,
     zero_shot_unsupported,
@@ -77,13 +78,16 @@ class LoraListing(msgspec.Struct, frozen=True):
     source: str
     """"config" ([llm] lora_voices) or "runtime" (the admin API)."""
     type: str = "lora"
+    error: str | None = None
+    """Why the llm_worker could not load this run-time voice when it started (requests for
+    it are refused with 503 ``voice_unavailable``); None: the voice is usable."""
 
 
 class VoiceListing(msgspec.Struct, frozen=True):
     """Body of ``GET /v1/audio/voices``."""
 
     voices: list[str]
-    """Every voice a request may name: built-in, custom, LoRA."""
+    """Every voice a request may name: built-in, custom, LoRA (not one with an ``error``)."""
     aliases: dict[str, str]
     default: str
     builtin: list[str]
@@ -231,8 +235,17 @@ class CustomVoices:
     # admission, in the order the llm_worker asks its own): a stat or two, no file is read.
     def is_lora(self, vid: str) -> bool:
         """Whether ``vid`` is a LoRA voice: configured, or loaded at run time (its entry in
-        the state directory, written by the llm_worker once the adapter is loaded)."""
-        return vid in self._config_loras or (self.config.llm.lora_enabled and self.loras.has(vid))
+        the state directory, written by the llm_worker once the adapter is loaded). APIError
+        503 ``voice_unavailable`` for a run-time voice the llm_worker could not load again
+        when it started (its failure marker: the worker does not have it)."""
+        if vid in self._config_loras:
+            return True
+        if not (self.config.llm.lora_enabled and self.loras.has(vid)):
+            return False
+        reason = self.loras.failure(vid)
+        if reason is not None:
+            raise APIError(503, "voice_unavailable", lora_unavailable(vid, reason), param="voice")
+        return True
 
     def is_custom(self, vid: str) -> bool:
         """Whether ``vid`` is a custom (zero-shot) voice; APIError 400 (the llm_worker's
@@ -249,14 +262,22 @@ class CustomVoices:
             for name, v in self.config.llm.lora_voices.items()
         }
         for e in self.loras.entries():
-            out.setdefault(e.name, LoraListing(e.name, e.path, e.speaker or e.name, "runtime"))
+            if e.name not in out:
+                error = self.loras.failure(e.name)
+                out[e.name] = LoraListing(
+                    e.name, e.path, e.speaker or e.name, "runtime", error=error
+                )
         return sorted(out.values(), key=lambda v: v.id)
 
     def listing(self, aliases: dict[str, str], default: str) -> VoiceListing:
         custom = self.store.list()
         lora = self.lora_listing()
         return VoiceListing(
-            voices=[*self.builtin, *(c.id for c in custom), *(v.id for v in lora)],
+            voices=[
+                *self.builtin,
+                *(c.id for c in custom),
+                *(v.id for v in lora if v.error is None),
+            ],
             aliases=aliases,
             default=default,
             builtin=self.builtin,

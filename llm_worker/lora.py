@@ -71,7 +71,13 @@ class LoraVoices:
         return sorted(self._voices)
 
     async def restore(self, engine: AsyncLLM) -> None:
-        """At start: load the configured adapters, then those loaded at run time before."""
+        """At start: load the configured adapters, then those loaded at run time before.
+
+        A run-time entry that fails to load (its adapter gone or bad) does not keep the
+        worker down: the voice is left out of this worker's table and the failure is marked
+        in the registry (``LoraRegistry.mark_failed``), so that gateways refuse the voice
+        before admission and list why. An entry that loads clears a marker left by an
+        earlier start; so does loading the voice again through the admin API."""
         for lv in list(self._voices.values()):
             await engine.add_lora(lv.request)
         if not self.enabled:
@@ -81,10 +87,21 @@ class LoraVoices:
                 continue
             lv = self._add(e.name, e.path, e.speaker, runtime=True)
             try:
-                await engine.add_lora(lv.request)
+                if not await engine.add_lora(lv.request):
+                    raise ValueError("the engine refused the adapter")
             except Exception as exc:  # a bad entry must not keep the worker down
-                log.error("LoRA voice %r (%s) not restored: %s", e.name, e.path, exc)
                 del self._voices[e.name]
+                reason = f"{type(exc).__name__}: {exc}"
+                log.error("LoRA voice %r (%s) not restored: %s", e.name, e.path, reason)
+                self._mark(e.name, reason)
+            else:
+                self._registry.clear_failure(e.name)
+
+    def _mark(self, name: str, reason: str) -> None:
+        try:
+            self._registry.mark_failed(name, reason)
+        except OSError as exc:
+            log.error("LoRA voice %r: the failure could not be recorded: %s", name, exc)
 
     async def handle(self, engine: AsyncLLM, req: AdminRequest) -> AdminReply:
         if not self.enabled:
@@ -131,6 +148,9 @@ class LoraVoices:
         name = req.name.strip().lower()
         lv = self._voices.get(name)
         if lv is None:
+            if self._registry.failure(name) is not None and self._registry.delete(name):
+                log.info("LoRA voice %r (not restored at start) removed", name)
+                return AdminReply(req.request_id, 200, "", name)
             return AdminReply(req.request_id, 404, "not_found", f"no LoRA voice {name!r}")
         if not lv.runtime:
             return AdminReply(

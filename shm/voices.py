@@ -263,10 +263,27 @@ class LoraEntry(msgspec.Struct, frozen=True, kw_only=True):
 _lora_encoder = msgspec.json.Encoder()
 _lora_decoder = msgspec.json.Decoder(LoraEntry)
 
+LORA_SUFFIX = ".json"
+FAILED_SUFFIX = ".failed"
+MAX_REASON_CHARS = 500
+
 
 class LoraRegistry:
+    """The ``lora/`` directory of a state directory: one ``<id>.json`` entry per LoRA voice
+    loaded at run time, and beside it ``<id>.failed`` (one line: why) while the llm_worker
+    could not load that entry again when it started.
+
+    The llm_worker is the authority: it writes the entry once an adapter is loaded (which
+    clears a marker), the marker when restoring the entry fails, and removes both on unload.
+    Gateways only read: a stat of the entry (``has``) and, for a LoRA voice, of the marker
+    (``failure``), per request."""
+
     def __init__(self, state_dir: str | os.PathLike[str]) -> None:
         self.directory = resolve_state_dir(str(state_dir)) / "lora"
+
+    def _path(self, name: str, suffix: str) -> Path:
+        """ValueError if ``name`` cannot be a voice id."""
+        return self.directory / f"{voice_id(name)}{suffix}"
 
     def entries(self) -> list[LoraEntry]:
         try:
@@ -275,39 +292,68 @@ class LoraRegistry:
             return []
         out = []
         for n in names:
-            if not n.endswith(".json") or n.startswith("."):
-                continue
+            if not n.endswith(LORA_SUFFIX) or n.startswith("."):
+                continue  # markers (.failed) and temporary files
             try:
                 out.append(_lora_decoder.decode((self.directory / n).read_bytes()))
             except (msgspec.DecodeError, msgspec.ValidationError, OSError):
                 continue
         return out
 
-    def save(self, entry: LoraEntry) -> None:
+    def _write(self, final: Path, data: bytes) -> None:
+        """``data`` to ``final`` atomically (a temporary file, fsynced, renamed over it)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(_lora_encoder.encode(entry))
+                f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, self.directory / f"{voice_id(entry.name)}.json")
+            os.replace(tmp, final)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
 
+    def save(self, entry: LoraEntry) -> None:
+        """Store ``entry`` (its adapter was loaded): written atomically, and a failure marker
+        left by an earlier start is cleared."""
+        self._write(self._path(entry.name, LORA_SUFFIX), _lora_encoder.encode(entry))
+        self.clear_failure(entry.name)
+
     def has(self, name: str) -> bool:
         """Whether a LoRA voice ``name`` was loaded at run time (its entry exists; a stat,
-        no file is read)."""
+        no file is read). True also while its failure marker is set: see ``failure``."""
         try:
-            return (self.directory / f"{voice_id(name)}.json").is_file()
+            return self._path(name, LORA_SUFFIX).is_file()
         except ValueError:
             return False
 
-    def delete(self, name: str) -> bool:
+    def mark_failed(self, name: str, reason: str) -> None:
+        """Record that the entry ``name`` could not be loaded (atomically, like ``save``):
+        ``reason`` is stored as one line of at most ``MAX_REASON_CHARS`` characters."""
+        line = " ".join(reason.split())[:MAX_REASON_CHARS] or "unknown error"
+        self._write(self._path(name, FAILED_SUFFIX), line.encode() + b"\n")
+
+    def failure(self, name: str) -> str | None:
+        """Why the entry ``name`` failed to load, or None: it did not (no marker; one open
+        that fails, no file is read), or the name cannot be an id."""
         try:
-            (self.directory / f"{voice_id(name)}.json").unlink()
+            reason = self._path(name, FAILED_SUFFIX).read_text(errors="replace").strip()
+        except (FileNotFoundError, ValueError):
+            return None
+        return reason or "unknown error"
+
+    def clear_failure(self, name: str) -> None:
+        """Remove the failure marker of ``name``, if any."""
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            self._path(name, FAILED_SUFFIX).unlink()
+
+    def delete(self, name: str) -> bool:
+        """Remove the entry ``name`` and its failure marker; False if there was no entry."""
+        self.clear_failure(name)
+        try:
+            self._path(name, LORA_SUFFIX).unlink()
         except (FileNotFoundError, ValueError):
             return False
         return True
@@ -323,6 +369,16 @@ def unknown_voice(voice: str, model_voices: Iterable[str]) -> str:
     return (
         f"unknown voice {voice!r}; voices: {', '.join(model_voices)} "
         "(and the custom voices listed by GET /v1/audio/voices)"
+    )
+
+
+def lora_unavailable(vid: str, reason: str) -> str:
+    """The message of a LoRA voice whose entry the llm_worker could not load when it started
+    (a 503, ``voice_unavailable``; ``LoraRegistry.failure`` is ``reason``)."""
+    return (
+        f"LoRA voice {vid!r} failed to load when the llm worker started: {reason}; "
+        "load it again with POST /v1/admin/lora (or remove it with DELETE /v1/admin/lora/"
+        f"{vid})"
     )
 
 

@@ -10,6 +10,7 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import av
@@ -267,6 +268,144 @@ def test_one_lookup_order_for_every_process(tmp_path: Path) -> None:
     registry.save(LoraEntry(name="Ada", path="/adapters/ada"))
     assert registry.has("ada") and registry.has("ADA")
     assert registry.delete("ada") and not registry.has("ada")
+
+
+def test_lora_failure_marker_round_trip(tmp_path: Path) -> None:
+    """``<id>.failed`` beside the entry: one line, cleared by a successful save and by
+    delete, never taken for an entry."""
+    registry = LoraRegistry(tmp_path)
+    registry.save(LoraEntry(name="ada", path="/adapters/ada"))
+    assert registry.failure("ada") is None and registry.failure("not a name") is None
+    registry.mark_failed("Ada", "OSError: no adapter\n  at /adapters/ada")
+    assert registry.failure("ADA") == "OSError: no adapter at /adapters/ada"
+    assert (registry.directory / "ada.failed").read_text() == (
+        "OSError: no adapter at /adapters/ada\n"
+    )
+    assert registry.has("ada"), "the entry stays: an admin load or unload settles it"
+    assert [e.name for e in registry.entries()] == ["ada"]
+    assert not [n for n in os.listdir(registry.directory) if n.startswith(".tmp-")]
+    registry.save(LoraEntry(name="ada", path="/adapters/ada2"))
+    assert registry.failure("ada") is None, "a successful load clears the marker"
+    registry.mark_failed("ada", "gone")
+    assert registry.delete("ada") and registry.failure("ada") is None
+    assert os.listdir(registry.directory) == []
+
+
+class LoraEngine:
+    """The two calls ``LoraVoices`` makes of vLLM's AsyncLLM; adapters under ``bad`` fail."""
+
+    def __init__(self, *bad: str) -> None:
+        self.bad = set(bad)
+        self.loaded: list[str] = []
+
+    async def add_lora(self, request: Any) -> bool:
+        if request.lora_path in self.bad:
+            raise ValueError(f"no adapter at {request.lora_path}\n(adapter_config.json)")
+        self.loaded.append(request.lora_name)
+        return True
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        return True
+
+
+async def test_a_lora_voice_that_fails_to_restore_is_marked(tmp_path: Path) -> None:
+    """The llm_worker is the authority: an entry it cannot load again at start is marked
+    failed (the gateways refuse it), one that loads clears a stale marker, and loading the
+    voice again through the admin API works."""
+    from llm_worker.lora import LoraVoices
+    from shm.messages import LoraLoad, LoraUnload
+
+    registry = LoraRegistry(tmp_path)
+    registry.save(LoraEntry(name="ada", path="/adapters/ada"))
+    registry.save(LoraEntry(name="ben", path="/adapters/gone"))
+    cfg = LLMConfig(enable_lora=True)
+    engine = LoraEngine("/adapters/gone")
+    voices = LoraVoices(cfg, registry, ("tara",))
+    await voices.restore(engine)  # type: ignore[arg-type]
+    assert voices.names() == ["ada"] and engine.loaded == ["ada"]
+    assert (
+        registry.failure("ben") == "ValueError: no adapter at /adapters/gone (adapter_config.json)"
+    )
+    assert registry.failure("ada") is None and registry.has("ben")
+
+    # The adapter came back: the next start loads it and clears the marker.
+    again = LoraVoices(cfg, registry, ("tara",))
+    await again.restore(LoraEngine())  # type: ignore[arg-type]
+    assert again.names() == ["ada", "ben"] and registry.failure("ben") is None
+
+    # Failed again; then loaded through the admin API (from another path): the worker
+    # dropped it, so the name is free, and the saved entry clears the marker.
+    voices = LoraVoices(cfg, registry, ("tara",))
+    await voices.restore(engine)  # type: ignore[arg-type]
+    assert registry.failure("ben") is not None
+    reply = await voices.handle(engine, LoraLoad(1, "ben", "/adapters/ben"))  # type: ignore[arg-type]
+    assert (reply.status, reply.message) == (200, "ben"), reply
+    assert voices.names() == ["ada", "ben"] and registry.failure("ben") is None
+    assert [e.path for e in registry.entries() if e.name == "ben"] == ["/adapters/ben"]
+
+    # A failed entry can also be removed: the worker does not hold it, the registry does.
+    registry.save(LoraEntry(name="cy", path="/adapters/gone"))
+    voices = LoraVoices(cfg, registry, ("tara",))
+    await voices.restore(engine)  # type: ignore[arg-type]
+    assert "cy" not in voices.names() and registry.failure("cy") is not None
+    reply = await voices.handle(engine, LoraUnload(2, "cy"))  # type: ignore[arg-type]
+    assert reply.status == 200, reply
+    assert not registry.has("cy") and registry.failure("cy") is None
+    reply = await voices.handle(engine, LoraUnload(3, "cy"))  # type: ignore[arg-type]
+    assert reply.status == 404
+
+
+async def test_the_gateway_refuses_a_lora_voice_that_failed_to_load(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    """A run-time LoRA voice whose marker is set: 503 ``voice_unavailable`` before admission
+    (the request never reaches the worker), in every front end; listed with its error."""
+    registry = LoraRegistry(tmp_path)
+    registry.save(LoraEntry(name="ada", path="/adapters/ada"))
+    registry.save(LoraEntry(name="ben", path="/adapters/gone"))
+    registry.mark_failed("ben", "ValueError: no adapter at /adapters/gone")
+    serve = {
+        "voices": VoicesConfig(state_dir=str(tmp_path)),
+        "llm": LLMConfig(voices=["tara", "leah"], enable_lora=True),
+    }
+    message = (
+        "LoRA voice 'ben' failed to load when the llm worker started: ValueError: no adapter "
+        "at /adapters/gone; load it again with POST /v1/admin/lora (or remove it with "
+        "DELETE /v1/admin/lora/ben)"
+    )
+    async with (
+        running_gateway(layout, serve=serve, backend={"voices": ["tara", "leah", "ada"]}) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        body = {"model": "tts-1", "input": "Hi.", "response_format": "pcm"}
+        async with s.post(f"{h.url}/v1/audio/speech", json={**body, "voice": "Ben"}) as r:
+            err = (await r.json())["error"]
+            assert r.status == 503, err
+        assert (err["code"], err["message"], err["param"]) == (
+            "voice_unavailable",
+            message,
+            "voice",
+        )
+        eleven = "/v1/text-to-speech/ben/stream?output_format=pcm_24000"
+        async with s.post(h.url + eleven, json={"text": "Hi."}) as r:
+            err = (await r.json())["error"]
+            assert (r.status, err["code"], err["message"]) == (503, "voice_unavailable", message)
+        async with s.post(f"{h.url}/v1/audio/speech", json={**body, "voice": "ada"}) as r:
+            assert r.status == 200
+            await r.read()
+        assert [sub.voice for sub in h.backend.submitted()] == ["ada"]
+        async with s.get(f"{h.url}/v1/audio/voices") as r:
+            listing = await r.json()
+        assert listing["voices"] == ["tara", "leah", "ada"]
+        assert [(v["id"], v["error"]) for v in listing["lora"]] == [
+            ("ada", None),
+            ("ben", "ValueError: no adapter at /adapters/gone"),
+        ]
+        registry.save(LoraEntry(name="ben", path="/adapters/ben"))  # loaded again
+        async with s.get(f"{h.url}/v1/audio/voices") as r:
+            listing = await r.json()
+        assert listing["voices"] == ["tara", "leah", "ada", "ben"]
+        assert all(v["error"] is None for v in listing["lora"])
 
 
 # -- decoding the upload -------------------------------------------------------------------------
