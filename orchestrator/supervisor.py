@@ -62,6 +62,8 @@ TREE_SNAPSHOT_S = 10.0
 """How often the shared-memory segments mapped by each worker's process tree are noted (a
 tree killed by the kernel in a cascade may be gone before the orchestrator looks)."""
 ORPHAN_REAP_S = 2.0
+LOOP_STALL_WARN_S = 5.0
+"""One pass of the supervision loop longer than this is logged (deaths are noticed late)."""
 
 
 @dataclass
@@ -165,7 +167,9 @@ class Supervisor:
             if self.exit_failure is not None:
                 log.error("giving up: %s", self.exit_failure.line())
                 return self._give_up_code
+            watched = time.monotonic()
             self._housekeeping(now)
+            self._note_stall(now, watched)
             warm = all(c.ready for c in self.workers)
             if warm and not any(g.proc for g in self.gateways):
                 for g in self.gateways:
@@ -182,6 +186,16 @@ class Supervisor:
                 return 1
             self._publish_status(now)
         return 0
+
+    def _note_stall(self, start: float, watched: float) -> None:
+        """Warn when one pass of the loop took long: every death is noticed that much later
+        (``_watch`` includes killing a dead worker's tree; housekeeping reads /proc)."""
+        end = time.monotonic()
+        if end - start > LOOP_STALL_WARN_S:
+            log.warning(
+                "supervision loop stalled %.1fs (children and trees %.1fs, housekeeping %.1fs)",
+                end - start, watched - start, end - watched,
+            )  # fmt: skip
 
     def _drain_orch(self, sock: zmq.Socket) -> None:
         while True:
