@@ -52,11 +52,11 @@ OVERLAYS = {"gpu": "orpheus", "gpu-hpa": "orpheus", "cpu-dev": "orpheus-dev"}
 """Each overlay and the namespace it deploys to."""
 KINDS = {
     "gpu": {"ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "NetworkPolicy",
-            "ServiceMonitor", "ScaledObject"},
+            "PersistentVolumeClaim", "ServiceMonitor", "ScaledObject"},
     "gpu-hpa": {"ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "NetworkPolicy",
-                "ServiceMonitor", "HorizontalPodAutoscaler"},
+                "PersistentVolumeClaim", "ServiceMonitor", "HorizontalPodAutoscaler"},
     "cpu-dev": {"Namespace", "ConfigMap", "Secret", "Service", "Deployment",
-                "PodDisruptionBudget", "NetworkPolicy"},
+                "PodDisruptionBudget", "NetworkPolicy", "PersistentVolumeClaim"},
 }  # fmt: skip
 # The oldest Kubernetes the manifests support (the preStop `sleep` action is on by default
 # from 1.30) and the newest the installed kubernetes-validate knows.
@@ -497,6 +497,82 @@ def test_probes_ports_and_drain_match_the_server(overlay: str, tmp_path: Path) -
         (ep,) = mon["spec"]["endpoints"]
         assert ("GET", ep["path"]) in routes() and ep["path"] == "/metrics"
         assert port_of(c, next(p["targetPort"] for p in svc["spec"]["ports"] if p["name"] == ep["port"])) == g.port  # fmt: skip
+
+
+def image_user(dockerfile: Path) -> tuple[int, int]:
+    """The uid:gid an image runs as: its last ``USER`` instruction (numeric, as the
+    Dockerfiles write it so that ``runAsNonRoot`` can check it)."""
+    users = re.findall(r"^USER\s+(\d+):(\d+)\s*$", dockerfile.read_text(), flags=re.M)
+    assert users, f"{dockerfile.name} sets no numeric USER uid:gid"
+    uid, gid = users[-1]
+    return int(uid), int(gid)
+
+
+def max_replicas(objs: list[Obj]) -> int:
+    """The most pods the rendering may run at once: the autoscaler's maximum, else the
+    Deployment's replicas (a rollout's surge pod comes and goes on the same node's volume)."""
+    most = one(objs, "Deployment")["spec"].get("replicas", 1)
+    for o in objs:
+        if o["kind"] == "ScaledObject":
+            most = max(most, o["spec"]["maxReplicaCount"])
+        elif o["kind"] == "HorizontalPodAutoscaler":
+            most = max(most, o["spec"]["maxReplicas"])
+    return most
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_voice_state_is_on_a_persistent_volume_every_pod_shares(
+    overlay: str, tmp_path: Path
+) -> None:
+    """voices.state_dir (custom voices, run-time LoRA voices) outlives the pod: the server
+    container mounts a PersistentVolumeClaim of the same rendering there, writable by the
+    image's user, and shared by every pod the autoscaler may run."""
+    objs = render(overlay)
+    cfg = served_config(objs, tmp_path)
+    c = container(objs)
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+
+    # The directory as the server in the pod resolves it (shm.voices.resolve_state_dir).
+    state = cfg.voices.state_dir
+    if state.startswith("~"):
+        state = env.get("HOME", "/") + state[1:]
+    state_dir = Path(state)
+    assert state_dir.is_absolute(), cfg.voices.state_dir
+
+    # The most specific mount that holds it is a claim of this rendering, read-write.
+    holding = [m for m in c["volumeMounts"] if state_dir.is_relative_to(m["mountPath"])]
+    assert holding, f"voices.state_dir {state_dir} is on no volume (the read-only root)"
+    mount = max(holding, key=lambda m: len(Path(m["mountPath"]).parts))
+    assert not mount.get("readOnly", False), mount
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert "persistentVolumeClaim" in volume, (
+        f"voices.state_dir {state_dir} is on volume {mount['name']!r}, which is not a "
+        f"PersistentVolumeClaim: custom voices would be lost with the pod ({volume})"
+    )
+    claim_name = volume["persistentVolumeClaim"]["claimName"]
+    claims = {o["metadata"]["name"]: o for o in objs if o["kind"] == "PersistentVolumeClaim"}
+    assert claim_name in claims, f"the claim {claim_name!r} is not part of the rendering"
+    claim = claims[claim_name]["spec"]
+    assert not volume["persistentVolumeClaim"].get("readOnly", False)
+    assert quantity(claim["resources"]["requests"]["storage"]) >= 2**30
+    assert claim.get("volumeMode", "Filesystem") == "Filesystem"
+
+    # Several pods (on different GPU nodes) share one claim: a voice made through one pod is
+    # spoken by any other, so only ReadWriteMany schedules them all. One pod may have RWO.
+    modes = set(claim["accessModes"])
+    if max_replicas(objs) > 1:
+        assert modes == {"ReadWriteMany"}, f"{overlay} runs up to {max_replicas(objs)} pods"
+    else:
+        assert modes <= {"ReadWriteOnce", "ReadWriteMany"} and modes, modes
+
+    # The container runs as the image's non-root user and can write the volume.
+    dockerfile = "Dockerfile.cpu" if cfg.device == "cpu" else "Dockerfile"
+    uid, gid = image_user(ROOT / "deploy" / "docker" / dockerfile)
+    ctx = pod["securityContext"] | c.get("securityContext", {})
+    assert uid != 0 and ctx["runAsNonRoot"] is True
+    assert (ctx["runAsUser"], ctx["runAsGroup"]) == (uid, gid)
+    assert pod["securityContext"]["fsGroup"] == gid, "the claim's files are the user's group's"
 
 
 def quantity(q: str | int) -> float:
