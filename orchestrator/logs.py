@@ -59,6 +59,8 @@ class JsonLineFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        if record.processName not in (None, "MainProcess"):
+            out["subprocess"] = record.processName  # vLLM's EngineCore, its workers
         extra = getattr(record, "fields", None)
         if isinstance(extra, dict):
             out.update(extra)
@@ -151,6 +153,12 @@ def library_env(level: str, environ: Mapping[str, str]) -> dict[str, str]:
     and workers) that sets the libraries' own output switches for ``log_level``. Variables
     already in ``environ`` (the operator's) are not returned: they win."""
     want = {"VLLM_LOGGING_LEVEL": logging.getLevelName(library_level(level))}
+    if "VLLM_LOGGING_CONFIG_PATH" not in environ:
+        # vLLM's records go to the process's own handler (this module's format, JSON lines
+        # included), not to a handler vLLM installs with its format; this also stops vLLM
+        # 0.25 from prefixing every stdout/stderr line with "(EngineCore pid=N)". An
+        # operator's vLLM logging config file needs vLLM's configuration on: it is kept.
+        want["VLLM_CONFIGURE_LOGGING"] = "0"
     if not verbose(level):
         # Progress bars (the hub's downloads; vLLM's weight loading: llm_worker.engine
         # passes tqdm's switch on as vLLM's use_tqdm_on_load).

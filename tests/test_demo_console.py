@@ -6,6 +6,7 @@ error still reaches the console in one line."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import re
@@ -153,6 +154,36 @@ def test_serve_logs_one_line_per_phase_and_only_the_libraries_warnings(
     assert _left_behind(text) == ([], [])
 
 
+NOT_PYTHON_LOGGING = re.compile(
+    r"^(\[W\d{4} "  # torch's C++ warnings (TORCH_WARN), printed by its C++ runtime
+    r"|\S+/multiprocessing/resource_tracker\.py:\d+: UserWarning"  # the tracker process's
+    r"|\s+warnings\.warn\()"  # ... warning at exit, and its source line
+)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_serve_json_logs_are_json_lines_vllm_included(tiny_model: Path, tmp_path: Path) -> None:
+    """With log_format=json every line Python logging writes is one JSON object, vLLM's
+    included (in the engine's own processes too), for a log shipper to parse."""
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        srv = start_server(tiny_model, "--set", "log_format=json", log=log)
+    assert stop_server(srv) == 0
+    records, other = [], []
+    for ln in log_path.read_text(errors="replace").splitlines():
+        try:
+            records.append(json.loads(ln))
+        except ValueError:
+            other.append(ln)
+    assert [ln for ln in other if not NOT_PYTHON_LOGGING.match(ln)] == []
+    assert {"ts", "level", "proc", "pid", "logger", "msg"} <= set(records[0])
+    vllm = [r for r in records if r["logger"].split(".")[0] == "vllm"]
+    assert vllm, "vLLM's warnings are in the log, as JSON"
+    assert all(r["proc"] == "llm" and r["level"] != "INFO" for r in vllm)
+    assert _in_order("\n".join(f"{r['logger']}: {r['msg']}" for r in records), PHASES) == []
+
+
 def test_serve_with_a_missing_model_says_why_in_one_line(tmp_path: Path) -> None:
     missing, snac = tmp_path / "no-model", tmp_path / "snac"
     snac.mkdir()
@@ -210,13 +241,17 @@ def test_library_chatter_is_below_info_unless_debug(
 def test_library_env_sets_their_own_switches_and_keeps_the_operators() -> None:
     assert library_env("INFO", {}) == {
         "VLLM_LOGGING_LEVEL": "WARNING",
+        "VLLM_CONFIGURE_LOGGING": "0",
         "TQDM_DISABLE": "1",
         "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     }
-    assert library_env("DEBUG", {}) == {"VLLM_LOGGING_LEVEL": "INFO"}
+    assert library_env("DEBUG", {}) == {"VLLM_LOGGING_LEVEL": "INFO", "VLLM_CONFIGURE_LOGGING": "0"}
     assert library_env("warning", {"VLLM_LOGGING_LEVEL": "DEBUG", "TQDM_DISABLE": "0"}) == {
-        "HF_HUB_DISABLE_PROGRESS_BARS": "1"
+        "VLLM_CONFIGURE_LOGGING": "0",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     }
+    # An operator's vLLM logging config file needs vLLM's own configuration: left on.
+    assert "VLLM_CONFIGURE_LOGGING" not in library_env("INFO", {"VLLM_LOGGING_CONFIG_PATH": "x"})
 
 
 @pytest.mark.parametrize("level", ["INFO", "DEBUG"])
