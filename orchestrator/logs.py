@@ -210,6 +210,11 @@ def setup_logging(fmt: str = "text", level: str = "INFO") -> None:
     root.setLevel(level.upper())
     for name in LIBRARY_LOGGERS:
         logging.getLogger(name).setLevel(library_level(level))
+    # vLLM's own switch (``library_env`` sets it for the workers; an operator's value wins)
+    # is the level of its logger here, since vLLM does not install a handler of its own.
+    vllm_level = logging.getLevelName(os.environ.get("VLLM_LOGGING_LEVEL", "").upper())
+    if isinstance(vllm_level, int):
+        logging.getLogger("vllm").setLevel(vllm_level)
     # Python warnings become log lines (with the process's role), filtered like the rest.
     logging.captureWarnings(True)
     if not verbose(level):

@@ -221,6 +221,7 @@ def test_library_chatter_is_below_info_unless_debug(
 ) -> None:
     out = io.StringIO()
     monkeypatch.setattr(sys, "stderr", out)
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     setup_logging("text", level)
     logging.getLogger("vllm.engine").info("library chatter")
     logging.getLogger("httpx").info("HTTP Request: GET")
@@ -236,6 +237,22 @@ def test_library_chatter_is_below_info_unless_debug(
     assert ("old api" in text) is (level == "DEBUG"), "deprecations only at DEBUG"
     assert library_level(level) == (logging.INFO if level == "DEBUG" else logging.WARNING)
     assert library_level("ERROR") == logging.ERROR
+
+
+def test_vllms_own_level_switch_is_its_loggers_level(
+    restore_logging: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM installs no handler of its own (VLLM_CONFIGURE_LOGGING=0): VLLM_LOGGING_LEVEL,
+    the operator's or ``library_env``'s, is the level of the ``vllm`` logger."""
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", out)
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
+    setup_logging("json", "INFO")
+    logging.getLogger("vllm.engine").info("library chatter")
+    logging.getLogger("vllm.engine").debug("library detail")
+    logging.getLogger("torch").info("torch chatter")
+    lines = [json.loads(ln) for ln in out.getvalue().splitlines()]
+    assert [(r["logger"], r["msg"]) for r in lines] == [("vllm.engine", "library chatter")]
 
 
 def test_library_env_sets_their_own_switches_and_keeps_the_operators() -> None:
