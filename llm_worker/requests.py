@@ -26,9 +26,17 @@ from shm.messages import LlmSubmit, SamplingOverrides
 from shm.records import FRAME_CODES
 from shm.voices import VoiceKind, VoiceLookup
 
+EMPTY_TEXT = "empty_input"
+"""The error code of a request with no text to speak: the gateway's for a blank input."""
+
 
 class BadRequest(ValueError):
-    """The request cannot be served as sent (HTTP 400); nothing was started."""
+    """The request cannot be served as sent (HTTP 400); nothing was started. ``code`` is the
+    error code the client sees."""
+
+    def __init__(self, message: str, code: str = "bad_request") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class RequestPlan(msgspec.Struct, frozen=True):
@@ -46,9 +54,9 @@ class RequestPlan(msgspec.Struct, frozen=True):
     is then ignored. None: each segment stops at end of speech or its length cap."""
 
 
-def _check(ok: bool, message: str) -> None:
+def _check(ok: bool, message: str, code: str = "bad_request") -> None:
     if not ok:
-        raise BadRequest(message)
+        raise BadRequest(message, code)
 
 
 def voice_of(submit: LlmSubmit, config: LLMConfig) -> str:
@@ -75,6 +83,7 @@ def plan_request(
     _check(
         submit.text_open or bool(submit.text.strip()),
         "empty text: there is nothing to say",
+        EMPTY_TEXT,
     )
     lookup = voices if voices is not None else VoiceLookup(info.voices)
     voice = voice_of(submit, config)

@@ -51,6 +51,7 @@ from llm_worker.output import Payload, RecordSink
 from llm_worker.prompt import PromptBuilder
 from llm_worker.repetition import RepetitionGuard
 from llm_worker.requests import (
+    EMPTY_TEXT,
     BadRequest,
     RequestPlan,
     plan_request,
@@ -255,7 +256,7 @@ class LLMService:
                 if prefix is None:  # deleted since the lookup
                     raise BadRequest(self._voices.unknown(msg.voice))
         except BadRequest as e:
-            self._reject(msg.stream_id, str(e))
+            self._reject(msg.stream_id, str(e), e.code)
             return
         row = self._assembler.open()
         self._guard.ensure_capacity(self._assembler.capacity)
@@ -325,7 +326,7 @@ class LLMService:
             if s.text is not None:
                 return  # open text: wait for more
             if s.segment < 0:
-                await self._fail(s, "bad_request", "empty text: there is nothing to say", 400)
+                await self._fail(s, EMPTY_TEXT, "empty text: there is nothing to say", 400)
             else:
                 self._finish(s)
             return
@@ -342,7 +343,7 @@ class LLMService:
                 self._config, s.plan, s.segment, len(text), len(prompt), budget, s.sampling_kwargs
             )
         except BadRequest as e:
-            await self._fail(s, "bad_request", str(e), 400)
+            await self._fail(s, e.code, str(e), 400)
             return
         rid = f"{s.stream_id:x}-{s.segment}"
         self._assembler.reset(s.row)
