@@ -76,6 +76,11 @@ class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     320 or 512)."""
     max_cpu_loras: int | None = None
     """Adapters kept loaded in host memory (vLLM ``max_cpu_loras``; None: ``max_loras``)."""
+    lora_sync_s: float = 5.0
+    """How often the llm worker follows the LoRA voices loaded and unloaded at run time
+    through other workers sharing ``voices.state_dir`` (several pods on one volume): it
+    loads the new entries and unloads the removed ones. 0: never (each worker keeps what
+    it loaded itself and at start)."""
     max_tokens_per_char: float = 7.0
     """Cap on audio tokens per input character (about 7 frames of codes per second of speech)."""
     min_max_tokens: int = 350

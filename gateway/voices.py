@@ -56,7 +56,7 @@ class VoiceCatalog:
         ``invalid_voice`` for a name that cannot be one, ``bad_request`` for a voice that
         this server does not have (the llm_worker's code and message for it), or what
         ``is_lora`` / ``is_custom`` raise for one it has and cannot use (503
-        ``voice_unavailable``: a LoRA voice the llm_worker failed to load at start)."""
+        ``voice_unavailable``: a LoRA voice an llm_worker failed to load)."""
         voice = self._aliases.get(name.lower())
         if voice is None:
             if not _VOICE_RE.match(name):

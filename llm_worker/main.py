@@ -9,7 +9,9 @@ SIGTERM/SIGINT:
 - the pump (:class:`llm_worker.service.LLMService`) publishes each engine step's frames to
   the code ring (:class:`llm_worker.output.RingSink`: producer of ``layout.code_ring``,
   created by the orchestrator);
-- PUSH ``layout.orch``: ``WorkerReady`` once warm, ``Heartbeat`` every second.
+- PUSH ``layout.orch``: ``WorkerReady`` once warm, ``Heartbeat`` every second;
+- ROUTER ``layout.admin``: LoRA loads and unloads from the gateways, and every
+  ``llm.lora_sync_s`` the LoRA voices other workers sharing the state directory changed.
 
 On SIGTERM the streams still held get ERROR 503 ("shutdown"); if the engine dies they get
 ERROR "worker_restarted" and the process exits non-zero so that the orchestrator restarts it.
@@ -173,6 +175,12 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
             ),
             asyncio.create_task(_engine_stats_loop(engine, sampling), name="engine-stats"),
         ]
+        if loras.enabled and cfg.lora_sync_s > 0:
+            tasks.append(
+                asyncio.create_task(
+                    _lora_sync_loop(engine, loras, cfg.lora_sync_s), name="lora-sync"
+                )
+            )
         if trigger is not None:
             log.info("profiling hooks armed: %s", trigger.directory)
             tasks.append(asyncio.create_task(profile_on_trigger(engine, trigger), name="profile"))
@@ -244,6 +252,18 @@ async def _admin_loop(sock: zmq.asyncio.Socket, engine: AsyncLLM, loras: LoraVoi
             reply = AdminReply(req.request_id, 500, "internal_error", f"{type(e).__name__}: {e}")
         with contextlib.suppress(zmq.ZMQError):
             await sock.send_multipart([ident, control_encoder.encode(reply)])
+
+
+async def _lora_sync_loop(engine: AsyncLLM, loras: LoraVoices, period_s: float) -> None:
+    """Follow the LoRA voices other workers sharing the state directory load and unload
+    (``LoraVoices.sync``). A failed pass is logged and the next one tries again: the engine
+    dying is the heartbeat's to notice."""
+    while True:
+        await asyncio.sleep(period_s)
+        try:
+            await loras.sync(engine)
+        except Exception:
+            log.exception("LoRA voice sync failed")
 
 
 async def _engine_stats_loop(engine: AsyncLLM, sampling: SamplingSetup) -> None:

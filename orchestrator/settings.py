@@ -192,6 +192,8 @@ def validate(cfg: ServeConfig) -> None:
         problems.append("llm.max_lora_rank must be one of 1 8 16 32 64 128 256 320 512 (vLLM's)")
     if llm.max_loras < 1:
         problems.append("llm.max_loras must be >= 1")
+    if not llm.lora_sync_s >= 0:
+        problems.append("llm.lora_sync_s must be >= 0 (0: off)")
     if llm.max_tokens_cap < MAX_TOKENS_MIN:
         problems.append(f"llm.max_tokens_cap must be >= {MAX_TOKENS_MIN} (one frame of codes)")
     # A voice's defaults must be what a request may ask for (common.limits): the llm_worker

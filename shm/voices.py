@@ -21,9 +21,9 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import msgspec
 import numpy as np
@@ -263,6 +263,20 @@ class LoraEntry(msgspec.Struct, frozen=True, kw_only=True):
 _lora_encoder = msgspec.json.Encoder()
 _lora_decoder = msgspec.json.Decoder(LoraEntry)
 
+LoraSignature = tuple[int, int, int]
+"""(inode, mtime ns, size) of an entry's file: ``save`` replaces the file, so it changes
+whenever an entry is written again, even with the same content."""
+
+
+class LoraScan(NamedTuple):
+    """One entry as ``LoraRegistry.scan`` found it."""
+
+    entry: LoraEntry | None
+    """None: the file exists but could not be read or decoded."""
+    signature: LoraSignature | None
+    """None: the file could not be stat'ed."""
+
+
 LORA_SUFFIX = ".json"
 FAILED_SUFFIX = ".failed"
 MAX_REASON_CHARS = 500
@@ -270,11 +284,13 @@ MAX_REASON_CHARS = 500
 
 class LoraRegistry:
     """The ``lora/`` directory of a state directory: one ``<id>.json`` entry per LoRA voice
-    loaded at run time, and beside it ``<id>.failed`` (one line: why) while the llm_worker
-    could not load that entry again when it started.
+    loaded at run time, and beside it ``<id>.failed`` (one line: why) while an llm_worker
+    could not load that entry (again at start, or when it synced an entry another worker
+    sharing the directory wrote).
 
-    The llm_worker is the authority: it writes the entry once an adapter is loaded (which
-    clears a marker), the marker when restoring the entry fails, and removes both on unload.
+    The llm_workers are the authority: one writes the entry once an adapter is loaded (which
+    clears a marker), the marker when loading an entry it did not write fails, and removes
+    both on unload; every worker sharing the directory follows it (``LoraVoices.sync``).
     Gateways only read: a stat of the entry (``has``) and, for a LoRA voice, of the marker
     (``failure``), per request."""
 
@@ -298,6 +314,52 @@ class LoraRegistry:
                 out.append(_lora_decoder.decode((self.directory / n).read_bytes()))
             except (msgspec.DecodeError, msgspec.ValidationError, OSError):
                 continue
+        return out
+
+    def scan(self, previous: Mapping[str, LoraScan] | None = None) -> dict[str, LoraScan]:
+        """Every entry by voice id (the file's name), each with its file's signature, in one
+        pass over the directory: one ``stat`` per entry, and a read only of an entry whose
+        signature is not the one in ``previous`` (an earlier scan). An entry that cannot be
+        read or decoded is listed with ``entry`` None: it exists, what it holds is unknown.
+        Empty if the directory does not exist; other OSErrors (listing it) are raised."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return {}
+        previous = previous or {}
+        out: dict[str, LoraScan] = {}
+        for n in names:
+            if not n.endswith(LORA_SUFFIX) or n.startswith("."):
+                continue  # markers (.failed) and temporary files
+            vid = n[: -len(LORA_SUFFIX)]
+            if not ID_RE.match(vid):
+                continue
+            path = self.directory / n
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue  # deleted since the listing
+            except OSError:
+                out[vid] = LoraScan(None, None)
+                continue
+            sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if (known := previous.get(vid)) is not None and known.signature == sig:
+                out[vid] = known
+                continue
+            try:
+                with open(path, "rb") as f:
+                    st = os.fstat(f.fileno())  # the signature of what is read
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            except OSError:
+                out[vid] = LoraScan(None, None)
+                continue
+            sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+            try:
+                out[vid] = LoraScan(_lora_decoder.decode(data), sig)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                out[vid] = LoraScan(None, sig)
         return out
 
     def _write(self, final: Path, data: bytes) -> None:
@@ -373,10 +435,10 @@ def unknown_voice(voice: str, model_voices: Iterable[str]) -> str:
 
 
 def lora_unavailable(vid: str, reason: str) -> str:
-    """The message of a LoRA voice whose entry the llm_worker could not load when it started
-    (a 503, ``voice_unavailable``; ``LoraRegistry.failure`` is ``reason``)."""
+    """The message of a LoRA voice whose entry the llm_worker could not load (at start or
+    when it synced the registry; a 503, ``voice_unavailable``; ``LoraRegistry.failure`` is ``reason``)."""
     return (
-        f"LoRA voice {vid!r} failed to load when the llm worker started: {reason}; "
+        f"LoRA voice {vid!r} failed to load in the llm worker: {reason}; "
         "load it again with POST /v1/admin/lora (or remove it with DELETE /v1/admin/lora/"
         f"{vid})"
     )

@@ -292,20 +292,33 @@ def test_lora_failure_marker_round_trip(tmp_path: Path) -> None:
 
 
 class LoraEngine:
-    """The two calls ``LoraVoices`` makes of vLLM's AsyncLLM; adapters under ``bad`` fail."""
+    """The two calls ``LoraVoices`` makes of vLLM's AsyncLLM; adapters under ``bad`` fail.
+
+    ``loaded``: the names added, in order; ``tried``: every ``add_lora`` (failed ones too);
+    ``adapters``: what the engine holds now (id -> path); ``removed``: ids removed.
+    ``gate``: if set, ``add_lora`` waits for it."""
 
     def __init__(self, *bad: str) -> None:
         self.bad = set(bad)
         self.loaded: list[str] = []
+        self.tried: list[str] = []
+        self.adapters: dict[int, str] = {}
+        self.removed: list[int] = []
+        self.gate: asyncio.Event | None = None
 
     async def add_lora(self, request: Any) -> bool:
+        self.tried.append(request.lora_name)
+        if self.gate is not None:
+            await self.gate.wait()
         if request.lora_path in self.bad:
             raise ValueError(f"no adapter at {request.lora_path}\n(adapter_config.json)")
         self.loaded.append(request.lora_name)
+        self.adapters[request.lora_int_id] = request.lora_path
         return True
 
     async def remove_lora(self, lora_id: int) -> bool:
-        return True
+        self.removed.append(lora_id)
+        return self.adapters.pop(lora_id, None) is not None
 
 
 async def test_a_lora_voice_that_fails_to_restore_is_marked(tmp_path: Path) -> None:
@@ -355,6 +368,203 @@ async def test_a_lora_voice_that_fails_to_restore_is_marked(tmp_path: Path) -> N
     assert reply.status == 404
 
 
+async def test_lora_voices_follow_other_workers_sharing_the_state_directory(
+    tmp_path: Path,
+) -> None:
+    """Two workers (two pods) on one state directory: what one loads or unloads through the
+    admin API, the other loads or unloads at its next sync; its own load is not loaded
+    again; an entry written by another worker is loaded too."""
+    from llm_worker.lora import LoraVoices
+    from shm.messages import LoraLoad, LoraUnload
+
+    registry = LoraRegistry(tmp_path)
+    cfg = LLMConfig(enable_lora=True)
+    engine_a, engine_b = LoraEngine(), LoraEngine()
+    a = LoraVoices(cfg, registry, ("tara",))
+    b = LoraVoices(cfg, LoraRegistry(tmp_path), ("tara",))
+    await a.restore(engine_a)  # type: ignore[arg-type]
+    await b.restore(engine_b)  # type: ignore[arg-type]
+
+    reply = await a.handle(engine_a, LoraLoad(1, "Ben", "/adapters/ben", "Benny"))  # type: ignore[arg-type]
+    assert (reply.status, reply.message) == (200, "ben"), reply
+    assert b.get("ben") is None
+    reply = await b.handle(engine_b, LoraLoad(2, "ben", "/adapters/other"))  # type: ignore[arg-type]
+    assert reply.status == 409, "the voice exists (another worker holds it)"
+    await b.sync(engine_b)  # type: ignore[arg-type]
+    lv = b.get("ben")
+    assert lv is not None and lv.runtime and lv.speaker == "benny"
+    assert lv.request.lora_path == "/adapters/ben" and engine_b.loaded == ["ben"]
+    await a.sync(engine_a)  # type: ignore[arg-type]
+    await b.sync(engine_b)  # type: ignore[arg-type]
+    assert engine_a.loaded == ["ben"] and engine_b.loaded == ["ben"], "loaded once each"
+    assert engine_a.removed == engine_b.removed == []
+
+    # Another worker's load, as it leaves the registry.
+    registry.save(LoraEntry(name="cy", path="/adapters/cy"))
+    await a.sync(engine_a)  # type: ignore[arg-type]
+    assert a.names() == ["ben", "cy"] and sorted(engine_a.adapters.values()) == [
+        "/adapters/ben",
+        "/adapters/cy",
+    ]
+
+    # An unload through b: a drops the adapter from its engine and its table.
+    ben_id = a.get("ben").request.lora_int_id  # type: ignore[union-attr]
+    reply = await b.handle(engine_b, LoraUnload(3, "ben"))  # type: ignore[arg-type]
+    assert reply.status == 200 and b.get("ben") is None
+    await a.sync(engine_a)  # type: ignore[arg-type]
+    assert a.names() == ["cy"] and engine_a.removed == [ben_id]
+    assert list(engine_a.adapters.values()) == ["/adapters/cy"]
+
+    # Unloaded through b before b synced it: the entry goes, a follows.
+    reply = await b.handle(engine_b, LoraUnload(4, "cy"))  # type: ignore[arg-type]
+    assert reply.status == 200 and not registry.has("cy")
+    await a.sync(engine_a)  # type: ignore[arg-type]
+    assert a.names() == [] and engine_a.adapters == {}
+
+    # Loaded again elsewhere with another adapter: the worker holding it swaps adapters.
+    await a.handle(engine_a, LoraLoad(5, "dee", "/adapters/dee"))  # type: ignore[arg-type]
+    old_id = a.get("dee").request.lora_int_id  # type: ignore[union-attr]
+    registry.save(LoraEntry(name="dee", path="/adapters/dee2"))
+    await a.sync(engine_a)  # type: ignore[arg-type]
+    assert a.get("dee").request.lora_path == "/adapters/dee2"  # type: ignore[union-attr]
+    assert old_id in engine_a.removed and list(engine_a.adapters.values()) == ["/adapters/dee2"]
+
+    # Nothing to do with LoRA off.
+    off = LoraVoices(LLMConfig(), registry, ("tara",))
+    engine_off = LoraEngine()
+    await off.sync(engine_off)  # type: ignore[arg-type]
+    assert off.names() == [] and engine_off.tried == []
+
+
+async def test_lora_sync_never_removes_a_configured_voice(tmp_path: Path) -> None:
+    from common.llm_config import LoraVoice
+    from llm_worker.lora import LoraVoices
+
+    registry = LoraRegistry(tmp_path)
+    cfg = LLMConfig(lora_voices={"Ava": LoraVoice("/adapters/ava")})
+    engine = LoraEngine()
+    voices = LoraVoices(cfg, registry, ("tara",))
+    await voices.restore(engine)  # type: ignore[arg-type]
+    await voices.sync(engine)  # type: ignore[arg-type]
+    assert voices.names() == ["ava"] and engine.removed == []
+    # An entry of the same name (written elsewhere) neither replaces it nor, once gone,
+    # takes it away.
+    registry.save(LoraEntry(name="ava", path="/adapters/elsewhere"))
+    await voices.sync(engine)  # type: ignore[arg-type]
+    registry.delete("ava")
+    await voices.sync(engine)  # type: ignore[arg-type]
+    lv = voices.get("ava")
+    assert lv is not None and not lv.runtime and lv.request.lora_path == "/adapters/ava"
+    assert engine.loaded == ["ava"] and engine.removed == []
+
+
+async def test_a_lora_entry_that_fails_to_sync_is_marked_once(tmp_path: Path) -> None:
+    """An entry that fails to load here is marked and not tried again on every pass, only
+    once its entry is written again; a bad entry never makes sync raise."""
+    from llm_worker.lora import LoraVoices
+    from shm.messages import LoraLoad
+
+    registry = LoraRegistry(tmp_path)
+    cfg = LLMConfig(enable_lora=True)
+    engine = LoraEngine("/adapters/gone")
+    voices = LoraVoices(cfg, registry, ("tara",))
+    await voices.restore(engine)  # type: ignore[arg-type]
+
+    registry.save(LoraEntry(name="cy", path="/adapters/gone"))
+    await voices.sync(engine)  # type: ignore[arg-type]
+    assert voices.names() == [] and engine.tried == ["cy"]
+    assert registry.failure("cy") == (
+        "ValueError: no adapter at /adapters/gone (adapter_config.json)"
+    )
+    registry.clear_failure("cy")  # e.g. another worker loaded it
+    for _ in range(3):
+        await voices.sync(engine)  # type: ignore[arg-type]
+    assert engine.tried == ["cy"], "not tried again while its entry is unchanged"
+
+    # Written again (same content): tried again, fails again, marked again.
+    registry.save(LoraEntry(name="cy", path="/adapters/gone"))
+    await voices.sync(engine)  # type: ignore[arg-type]
+    assert engine.tried == ["cy", "cy"] and registry.failure("cy") is not None
+
+    # Loaded again through the admin API of this worker, from another path: allowed
+    # (the name is taken only by a failed entry), and the marker goes.
+    reply = await voices.handle(engine, LoraLoad(1, "cy", "/adapters/cy"))  # type: ignore[arg-type]
+    assert reply.status == 200, reply
+    assert voices.names() == ["cy"] and registry.failure("cy") is None
+    await voices.sync(engine)  # type: ignore[arg-type]
+    assert engine.loaded == ["cy"]
+
+    # Fixed by another worker (the entry rewritten to a good adapter): loaded here.
+    registry.save(LoraEntry(name="dee", path="/adapters/gone"))
+    await voices.sync(engine)  # type: ignore[arg-type]
+    registry.save(LoraEntry(name="dee", path="/adapters/dee"))
+    await voices.sync(engine)  # type: ignore[arg-type]
+    assert voices.names() == ["cy", "dee"] and registry.failure("dee") is None
+
+    # An unreadable entry leaves what is loaded alone; an engine that raises anything is
+    # logged per entry; neither makes sync raise.
+    (registry.directory / "dee.json").write_bytes(b"{not json")
+    (registry.directory / "Bad Name.json").write_bytes(b"{}")
+    await voices.sync(engine)  # type: ignore[arg-type]
+    assert voices.names() == ["cy", "dee"]
+
+    class Broken(LoraEngine):
+        async def add_lora(self, request: Any) -> bool:
+            raise RuntimeError("engine trouble")
+
+        async def remove_lora(self, lora_id: int) -> bool:
+            raise RuntimeError("engine trouble")
+
+    registry.save(LoraEntry(name="eve", path="/adapters/eve"))
+    registry.delete("cy")
+    await voices.sync(Broken())  # type: ignore[arg-type]
+    assert voices.names() == ["dee"] and registry.failure("eve") == "RuntimeError: engine trouble"
+
+
+async def test_lora_sync_and_admin_calls_do_not_interleave(tmp_path: Path) -> None:
+    """A sync that starts while an admin load waits on the engine waits for it: it would
+    otherwise see the voice in the table before its entry is written, and unload it."""
+    from llm_worker.lora import LoraVoices
+    from shm.messages import LoraLoad
+
+    registry = LoraRegistry(tmp_path)
+    engine = LoraEngine()
+    voices = LoraVoices(LLMConfig(enable_lora=True), registry, ("tara",))
+    engine.gate = asyncio.Event()
+    load = asyncio.create_task(voices.handle(engine, LoraLoad(1, "ben", "/adapters/ben")))  # type: ignore[arg-type]
+    while engine.tried != ["ben"]:
+        await asyncio.sleep(0)
+    sync = asyncio.create_task(voices.sync(engine))  # type: ignore[arg-type]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not sync.done()
+    engine.gate.set()
+    reply = await load
+    await sync
+    assert reply.status == 200 and voices.names() == ["ben"]
+    assert engine.loaded == ["ben"] and engine.removed == []
+
+
+async def test_the_lora_sync_loop_survives_a_failed_pass() -> None:
+    from llm_worker.main import _lora_sync_loop
+
+    passes: list[int] = []
+
+    class Voices:
+        async def sync(self, engine: Any) -> None:
+            passes.append(1)
+            if len(passes) == 1:
+                raise OSError("state directory away")
+
+    task = asyncio.create_task(_lora_sync_loop(None, Voices(), 0.001))  # type: ignore[arg-type]
+    while len(passes) < 3:
+        await asyncio.sleep(0.001)
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 async def test_the_gateway_refuses_a_lora_voice_that_failed_to_load(
     layout: InstanceLayout, tmp_path: Path
 ) -> None:
@@ -369,7 +579,7 @@ async def test_the_gateway_refuses_a_lora_voice_that_failed_to_load(
         "llm": LLMConfig(voices=["tara", "leah"], enable_lora=True),
     }
     message = (
-        "LoRA voice 'ben' failed to load when the llm worker started: ValueError: no adapter "
+        "LoRA voice 'ben' failed to load in the llm worker: ValueError: no adapter "
         "at /adapters/gone; load it again with POST /v1/admin/lora (or remove it with "
         "DELETE /v1/admin/lora/ben)"
     )
@@ -641,6 +851,7 @@ def test_voice_configuration_is_checked() -> None:
 
     for bad in (
         {"llm": {"max_lora_rank": 12}},
+        {"llm": {"lora_sync_s": -1.0}},
         {"voices": {"min_seconds": 40.0}},
         {"llm": {"lora_voices": {"bad name": {"path": "/x"}}}},
         {"llm": {"voices": ["tara"], "lora_voices": {"tara": {"path": "/x"}}}},
@@ -649,6 +860,8 @@ def test_voice_configuration_is_checked() -> None:
             load_config(None, bad, {})
     ok = load_config(None, {"llm": {"lora_voices": {"ava": {"path": "/x"}}}}, {})
     assert ok.llm.lora_enabled and ok.llm.lora_voices["ava"].path == "/x"
+    assert ok.llm.lora_sync_s == 5.0
+    assert load_config(None, {"llm": {"lora_sync_s": 0}}, {}).llm.lora_sync_s == 0
 
 
 def test_a_lora_voice_named_like_a_model_voice_is_refused_at_start(tmp_path: Path) -> None:
