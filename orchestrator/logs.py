@@ -69,6 +69,22 @@ class JsonLineFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """``<time> <LEVEL> [<role>:<pid>] <logger>: <message>``; in a process vLLM started (its
+    engine core, its workers) the tag names it: ``[llm:<pid>/EngineCore]``."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s [%(tag)s] %(name)s: %(message)s")
+        self._role = os.environ.get("ORPHEUS_SERVE_ROLE", "orchestrator")
+
+    def format(self, record: logging.LogRecord) -> str:
+        sub = record.processName
+        record.tag = f"{self._role}:{record.process}" + (
+            f"/{sub}" if sub not in (None, "MainProcess") else ""
+        )
+        return super().format(record)
+
+
 class QuietStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """A stderr handler that drops a line it cannot write (a full disk under a redirected
     log: ENOSPC, EFBIG) instead of printing "--- Logging error ---" and a traceback to that
@@ -199,12 +215,7 @@ def setup_logging(fmt: str = "text", level: str = "INFO") -> None:
     if fmt == "json":
         handler.setFormatter(JsonLineFormatter())
     else:
-        role = os.environ.get("ORPHEUS_SERVE_ROLE", "orchestrator")
-        handler.setFormatter(
-            logging.Formatter(
-                f"%(asctime)s %(levelname)s [{role}:%(process)d] %(name)s: %(message)s"
-            )
-        )
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

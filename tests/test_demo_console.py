@@ -32,8 +32,10 @@ from shm.ring import SHM_DIR
 
 MAX_CONSOLE_LINES = 15
 CAUSE = re.compile(r"^orpheus-serve: .+; fix: .+$")
-VLLM_INFO = re.compile(r"\((MainProcess|EngineCore\S*|Worker\S*) pid=\d+\) INFO")
-VLLM_WARNING = re.compile(r"(\(\S+ pid=\d+\) WARNING|WARNING \[llm:\d+\] vllm\.)")
+VLLM_INFO = re.compile(
+    r"(\((MainProcess|EngineCore\S*|Worker\S*) pid=\d+\) INFO| INFO \[llm:\d+(/\S+)?\] vllm\.)"
+)
+VLLM_WARNING = re.compile(r"(\(\S+ pid=\d+\) WARNING|WARNING \[llm:\d+(/\S+)?\] vllm\.)")
 PHASES = (
     "orchestrator: config loaded (",
     "orchestrator.supervisor: shared memory: 2 segments created in",
@@ -97,8 +99,8 @@ def test_demo_console_is_short_and_its_log_is_full(tmp_path: Path) -> None:
     assert _in_order(log, ("$ ", "tiny-model", "$ ", " serve ", *PHASES)) == []
     for role in ("codec", "llm", "gateway-0"):
         assert f" [{role}:" in log, role
-    assert re.search(r"\(EngineCore\S* pid=\d+\) INFO", log), "the engine core's own lines"
-    assert re.search(r"\(Worker\S* pid=\d+\) INFO", log), "vLLM's worker's own lines"
+    assert re.search(r" INFO \[llm:\d+/EngineCore\S*\] vllm\.", log), "the engine core's lines"
+    assert re.search(r" INFO \[llm:\d+/\S*Worker\S*\] vllm\.", log), "vLLM's worker's lines"
     assert "Loading safetensors checkpoint shards" in log
     assert len(log.splitlines()) > 5 * len(console)
     assert (tmp_path / "demo.wav").stat().st_size > 44
