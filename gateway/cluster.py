@@ -10,6 +10,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from common.zmq_recv import incoming
 from shm.messages import ClusterStatus, status_decoder
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,7 @@ class ClusterWatcher:
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         sock.connect(self._endpoint)
         try:
-            while True:
-                raw = await sock.recv()
+            async for raw in incoming(sock):
                 try:
                     status = status_decoder.decode(raw)
                 except (msgspec.DecodeError, msgspec.ValidationError) as e:

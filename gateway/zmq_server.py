@@ -17,6 +17,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from common.zmq_recv import incoming_multipart
 from gateway.audio_out import make_output
 from gateway.auth import ZMQ_KEY_HINT, ApiKeys
 from gateway.encoders import AudioEncoder
@@ -92,8 +93,7 @@ class ZmqFrontend:
         self._sock = sock
         log.info("ZeroMQ clients on %s", self.endpoint)
         try:
-            while True:
-                frames = await sock.recv_multipart(copy=True)
+            async for frames in incoming_multipart(sock):
                 try:
                     await self._handle(frames)
                 except Exception:  # one bad message must not stop the front end

@@ -40,6 +40,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from common.config import ServeConfig
 from common.link import WorkerLink
 from common.profiling import ProfileTrigger
+from common.zmq_recv import incoming, incoming_multipart
 from llm_worker import metrics as M
 from llm_worker import tokens as T
 from llm_worker.custom_voices import ZeroShotVoices
@@ -223,8 +224,7 @@ async def _stop_tasks(tasks: list[asyncio.Task[None]]) -> None:
 
 
 async def _control_loop(sock: zmq.asyncio.Socket, service: LLMService) -> None:
-    while True:
-        raw = await sock.recv()
+    async for raw in incoming(sock):
         try:
             msg = llm_control_decoder.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -235,8 +235,7 @@ async def _control_loop(sock: zmq.asyncio.Socket, service: LLMService) -> None:
 
 async def _admin_loop(sock: zmq.asyncio.Socket, engine: AsyncLLM, loras: LoraVoices) -> None:
     """Admin requests (LoRA load/unload) from the gateways, one at a time."""
-    while True:
-        frames = await sock.recv_multipart()
+    async for frames in incoming_multipart(sock):
         if len(frames) != 2:
             continue
         ident, raw = frames

@@ -1,0 +1,54 @@
+"""Receiving on an asyncio ZeroMQ socket without trusting one wakeup.
+
+``zmq.asyncio`` learns that a socket has messages from the socket's ``ZMQ_FD``, which is
+edge-triggered: it signals once when the socket goes from idle to having work, and not
+again until the messages are taken. A wakeup that is lost (the signal consumed by another
+call on the socket, or by an event-loop quirk: pyzmq's tracker has reports of such stalls,
+e.g. #1203) leaves ``await sock.recv()`` waiting while messages queue behind it, and nothing
+that arrives later wakes it. For a socket that carries the cluster's state or the requests
+to a worker, that is a process that looks alive and serves nothing.
+
+:func:`incoming` waits with a timeout and then takes every queued message without
+blocking, so a lost wakeup costs at most ``recheck_s``; with messages flowing it is the
+same number of calls as ``await sock.recv()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import zmq
+import zmq.asyncio
+
+RECHECK_S = 0.5
+"""The longest a message can wait behind a lost wakeup."""
+
+
+async def incoming(
+    sock: zmq.asyncio.Socket, *, recheck_s: float = RECHECK_S
+) -> AsyncIterator[bytes]:
+    """The messages of ``sock`` as they arrive (single-frame), until the task is cancelled."""
+    timeout_ms = max(1, int(recheck_s * 1000))
+    while True:
+        await sock.poll(timeout_ms, zmq.POLLIN)
+        while True:
+            try:
+                raw = await sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            yield raw
+
+
+async def incoming_multipart(
+    sock: zmq.asyncio.Socket, *, recheck_s: float = RECHECK_S
+) -> AsyncIterator[list[bytes]]:
+    """The multipart messages of ``sock`` as they arrive (ROUTER: identity first)."""
+    timeout_ms = max(1, int(recheck_s * 1000))
+    while True:
+        await sock.poll(timeout_ms, zmq.POLLIN)
+        while True:
+            try:
+                frames = await sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            yield frames
