@@ -164,8 +164,7 @@ class LoraVoices:
         e = found.entry
         lv = self._new(name, e.path, e.speaker, runtime=True)
         try:
-            if not await engine.add_lora(lv.request):
-                raise ValueError("the engine refused the adapter")
+            await _add_to_engine(engine, lv)
         except Exception as exc:  # a bad entry must not keep the worker down
             reason = f"{type(exc).__name__}: {exc}"
             log.error("LoRA voice %r (%s) not loaded: %s", name, e.path, reason)
@@ -241,9 +240,7 @@ class LoraVoices:
             return AdminReply(req.request_id, 400, "invalid_path", "path is empty")
         lv = self._add(name, req.path, req.speaker, runtime=True)
         try:
-            ok = await engine.add_lora(lv.request)
-            if not ok:
-                raise ValueError("the engine refused the adapter")
+            await _add_to_engine(engine, lv)
         except Exception as e:
             del self._voices[name]
             log.warning("LoRA voice %r from %s not loaded: %s", name, req.path, e)
@@ -286,3 +283,9 @@ class LoraVoices:
         await self._remove(engine, lv)
         log.info("LoRA voice %r unloaded", name)
         return AdminReply(req.request_id, 200, "", name)
+
+
+async def _add_to_engine(engine: AsyncLLM, lv: LoadedLora) -> None:
+    """Load ``lv``'s adapter; ValueError when the engine answers False (it refused it)."""
+    if not await engine.add_lora(lv.request):
+        raise ValueError("the engine refused the adapter")

@@ -48,6 +48,13 @@ NANOBIND_MODULES = ("triton._C.libtriton",)
 interpreter teardown (triton's, imported by vLLM: hundreds of lines, nothing to act on)."""
 
 
+def _subprocess(record: logging.LogRecord) -> str | None:
+    """The multiprocessing name of a process the worker started (vLLM's ``EngineCore``, its
+    workers), or None in the worker itself."""
+    name = record.processName
+    return None if name in (None, "MainProcess") else name
+
+
 class JsonLineFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {
@@ -59,8 +66,8 @@ class JsonLineFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        if record.processName not in (None, "MainProcess"):
-            out["subprocess"] = record.processName  # vLLM's EngineCore, its workers
+        if (sub := _subprocess(record)) is not None:
+            out["subprocess"] = sub
         extra = getattr(record, "fields", None)
         if isinstance(extra, dict):
             out.update(extra)
@@ -78,10 +85,8 @@ class TextFormatter(logging.Formatter):
         self._role = os.environ.get("ORPHEUS_SERVE_ROLE", "orchestrator")
 
     def format(self, record: logging.LogRecord) -> str:
-        sub = record.processName
-        record.tag = f"{self._role}:{record.process}" + (
-            f"/{sub}" if sub not in (None, "MainProcess") else ""
-        )
+        sub = _subprocess(record)
+        record.tag = f"{self._role}:{record.process}" + (f"/{sub}" if sub else "")
         return super().format(record)
 
 

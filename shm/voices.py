@@ -277,6 +277,10 @@ class LoraScan(NamedTuple):
     """None: the file could not be stat'ed."""
 
 
+def _signature(st: os.stat_result) -> LoraSignature:
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 LORA_SUFFIX = ".json"
 FAILED_SUFFIX = ".failed"
 MAX_REASON_CHARS = 500
@@ -302,19 +306,9 @@ class LoraRegistry:
         return self.directory / f"{voice_id(name)}{suffix}"
 
     def entries(self) -> list[LoraEntry]:
-        try:
-            names = sorted(os.listdir(self.directory))
-        except FileNotFoundError:
-            return []
-        out = []
-        for n in names:
-            if not n.endswith(LORA_SUFFIX) or n.startswith("."):
-                continue  # markers (.failed) and temporary files
-            try:
-                out.append(_lora_decoder.decode((self.directory / n).read_bytes()))
-            except (msgspec.DecodeError, msgspec.ValidationError, OSError):
-                continue
-        return out
+        """The entries that can be read, by voice id (``scan`` without the signatures)."""
+        found = self.scan()
+        return [e for _, (e, _sig) in sorted(found.items()) if e is not None]
 
     def scan(self, previous: Mapping[str, LoraScan] | None = None) -> dict[str, LoraScan]:
         """Every entry by voice id (the file's name), each with its file's signature, in one
@@ -342,7 +336,7 @@ class LoraRegistry:
             except OSError:
                 out[vid] = LoraScan(None, None)
                 continue
-            sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+            sig = _signature(st)
             if (known := previous.get(vid)) is not None and known.signature == sig:
                 out[vid] = known
                 continue
@@ -355,7 +349,7 @@ class LoraRegistry:
             except OSError:
                 out[vid] = LoraScan(None, None)
                 continue
-            sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+            sig = _signature(st)
             try:
                 out[vid] = LoraScan(_lora_decoder.decode(data), sig)
             except (msgspec.DecodeError, msgspec.ValidationError):
