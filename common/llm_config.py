@@ -47,6 +47,13 @@ class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     installed vLLM's V2 runner takes custom processors, 0.32+), or "auto": v2 where it can run
     (GPU build with Triton), else v1. H100, vLLM 0.25.1: v2 held 78 streams, v1 45
     (docs/performance.md)."""
+    output_head: str = "auto"
+    """Which logits the engine computes: "audio" (only the ids Orpheus can emit: the 28,684
+    ids from ``<custom_token_0>`` on, i.e. the special tokens and the audio block, about 5.5x
+    fewer columns for the LM head, penalties, temperature and top-p; text tokens can no longer
+    be sampled), "full" (the whole 156,940-token vocabulary), or "auto": audio wherever it is
+    supported (llm_worker/output_head.py says where). Greedy outputs are identical either way
+    (docs/performance.md, "The audio-only output head")."""
     tensor_penalties: bool = True
     """Repetition penalty kept in preallocated tensors (ours) instead of vLLM's list path."""
     constrain_audio_tokens: bool = True
