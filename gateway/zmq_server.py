@@ -227,13 +227,19 @@ class ZmqFrontend:
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.error("ZeroMQ request %d failed", req.rid, exc_info=exc)
 
-    async def _end(self, req: _Request, msg: Done | Error) -> None:
-        """Send the request's one Done or Error (nothing if it already has its end)."""
+    async def _end(self, req: _Request, msg: Done | Error, session: Session | None = None) -> None:
+        """Send the request's one Done or Error (nothing if it already has its end); with
+        the admitted request's ``session``, wait for room in the client's pipe as audio does."""
         if req.ended:
             return
         req.ended = True
-        self._forget(req)
-        await self._reply(req.identity, msg)
+        try:
+            if session is None:
+                await self._reply(req.identity, msg)
+            else:
+                await self._send_bounded(req.identity, msg, session)
+        finally:
+            self._forget(req)  # its request_id is free once the client can know it ended
 
     async def _fail(self, req: _Request, error: StreamError) -> None:
         """End ``req`` with ``error``, whether it is admitted or still queued."""
@@ -275,7 +281,8 @@ class ZmqFrontend:
             text_open=msg.text_open,
         )
 
-    async def _send_audio(self, identity: bytes, msg: Audio, session: Session) -> None:
+    async def _send_bounded(self, identity: bytes, msg: ServerMessage, session: Session) -> None:
+        """Send, waiting while the client's pipe is full (the stall watchdog bounds it)."""
         assert self._sock is not None
         frames = [identity, encoder.encode(msg)]
         loop = self._gateway.loop
@@ -317,10 +324,11 @@ class ZmqFrontend:
                 except StreamFailed as e:
                     if e.error.code == CLIENT_CANCELLED:
                         seconds = round(session.audio_seconds, 4)
-                        await self._end(req, Done(rid, "cancelled", seconds, 0))
+                        await self._end(req, Done(rid, "cancelled", seconds, 0), session)
                     else:
                         err = APIError.from_stream_error(e.error)
-                        await self._end(req, Error(rid, err.status, err.code, err.message))
+                        error = Error(rid, err.status, err.code, err.message)
+                        await self._end(req, error, session)
         except APIError as e:
             await self._end(req, Error(rid, e.status, e.code, e.message))
         except _PeerGone:
@@ -351,12 +359,12 @@ class ZmqFrontend:
             for chunk in chunks:
                 data = encoder.encode(chunk)
                 if data:
-                    await self._send_audio(identity, Audio(rid, seq, data), session)
+                    await self._send_bounded(identity, Audio(rid, seq, data), session)
                     seq += 1
                     session.sent(len(data))
         tail = encoder.finish()
         if tail:
-            await self._send_audio(identity, Audio(rid, seq, tail), session)
+            await self._send_bounded(identity, Audio(rid, seq, tail), session)
             session.sent(len(tail))
         end = stream.end
         done = Done(
@@ -365,7 +373,7 @@ class ZmqFrontend:
             round(session.audio_seconds, 4),
             end.frames if end else 0,
         )
-        await self._end(req, done)
+        await self._end(req, done, session)
         session.completed = True
 
     async def close(self) -> None:
