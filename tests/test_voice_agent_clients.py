@@ -77,12 +77,15 @@ async def test_livekit_baseten_orpheus_http(layout: InstanceLayout) -> None:
     assert h.metric("orpheus_gateway_requests_total", {"api": "baseten", "outcome": "ok"}) == 1
 
 
-async def test_livekit_baseten_qwen3_speaks_vllm_omni(layout: InstanceLayout) -> None:
+@pytest.mark.parametrize("word_timestamps", [False, True])  # the plugin's default, then on
+async def test_livekit_baseten_qwen3_speaks_vllm_omni(
+    layout: InstanceLayout, word_timestamps: bool
+) -> None:
     baseten = pytest.importorskip("livekit.plugins.baseten")
     async with running_gateway(layout, api_keys=["key"]) as h, aiohttp.ClientSession() as s:
         url = h.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
         tts = baseten.TTS(model="qwen3-tts", api_key="key", model_endpoint=url, voice="leo",
-                          word_timestamps=True, http_session=s)  # fmt: skip
+                          word_timestamps=word_timestamps, http_session=s)  # fmt: skip
         # The plugin leaves split_granularity to vLLM-Omni's default ("none"): each flush is
         # one unit to it, spoken here sentence by sentence.
         pcm, rate, _ = await livekit_stream(tts, ["Two turns. ", "On one socket."])
