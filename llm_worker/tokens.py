@@ -1,4 +1,4 @@
-"""Orpheus token ids (see ORPHEUS.md). The single source of these numbers in llm_worker."""
+"""Orpheus token ids (see docs/orpheus.md). The single source of these numbers in llm_worker."""
 
 from __future__ import annotations
 
