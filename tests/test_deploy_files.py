@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import yaml
+from front_limits import body_limits, longest_node_silence_s, nginx_size
 
 from orchestrator.failures import EXIT_PERMANENT
 from orchestrator.settings import load_config
@@ -308,57 +309,6 @@ def test_haproxy_config_check() -> None:
 
 
 # -- the fronts against the server's own limits -------------------------------------------------
-# ElevenLabs' inactivity_timeout query parameter is capped at 180 s (gateway/elevenlabs.py,
-# docs/api.md): the longest a node keeps an idle ElevenLabs socket open.
-ELEVENLABS_MAX_INACTIVITY_S = 180.0
-
-
-def longest_node_silence_s() -> float:
-    """The longest a node stays silent on a request or socket it still serves: a queued
-    request's wait for its first byte, a stream's gap before it fails, a voice upload's
-    encode, the WebSocket ping interval and the idle-socket closes."""
-    from gateway.utterance import WS_HEARTBEAT_S
-
-    cfg = prod_config()
-    g = cfg.gateway
-    return max(
-        g.queue_timeout_s,
-        g.upstream_idle_timeout_s,
-        g.ws_start_timeout_s,
-        g.ws_text_idle_timeout_s,
-        ELEVENLABS_MAX_INACTIVITY_S,
-        WS_HEARTBEAT_S,
-        cfg.voices.encode_timeout_s,
-    )
-
-
-def body_limits() -> dict[str, int]:
-    """The largest body the gateway takes on each of its POST routes (from its own routes and
-    configuration): voices.max_upload_bytes for custom-voice uploads, gateway.max_body_bytes
-    for every other."""
-    from types import SimpleNamespace
-
-    from common.config import ServeConfig
-    from gateway.app import build_app
-
-    cfg = prod_config()
-    gateway = SimpleNamespace(  # what build_app reads to lay out its routes
-        config=ServeConfig(), custom_voices=None, voices=SimpleNamespace(listing=None)
-    )
-    app = build_app(gateway)  # type: ignore[arg-type]
-    posts = {r.resource.canonical for r in app.router.routes() if r.method == "POST"}
-    assert "/v1/audio/voices" in posts and "/v1/audio/speech" in posts
-    big = {"/v1/audio/voices": cfg.voices.max_upload_bytes}
-    return {path: big.get(path, cfg.gateway.max_body_bytes) for path in sorted(posts)}
-
-
-def nginx_size(value: str) -> int:
-    units = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-    m = re.fullmatch(r"(\d+)([kmg]?)", value.lower())
-    assert m, value
-    return int(m.group(1)) * units[m.group(2)]
-
-
 Block = tuple[list[list[str]], list[tuple[list[str], Any]]]
 
 

@@ -75,7 +75,6 @@ class Front:
     proc: subprocess.Popen[bytes]
     url: str
     dir: Path
-    log: Path
 
     @property
     def ws_url(self) -> str:
@@ -97,7 +96,7 @@ def nginx_copy(text: str, node: str, port: int, d: Path) -> str:
     return text.replace("/run/nginx.pid", f"{d}/nginx.pid")
 
 
-def haproxy_copy(text: str, node: str, port: int, stats_port: int, d: Path) -> str:
+def haproxy_copy(text: str, node: str, port: int, stats_port: int) -> str:
     """The shipped haproxy.cfg with only the nodes and the listen addresses changed (it writes
     no file; its log goes to syslog, which may be absent: then it is dropped)."""
     text = NODE_ADDR.sub(node, text)
@@ -145,7 +144,7 @@ def _start(name: str, argv: list[str], port: int, d: Path) -> Front:
     log = d / "stderr.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    front = Front(name, proc, f"http://127.0.0.1:{port}", d, log)
+    front = Front(name, proc, f"http://127.0.0.1:{port}", d)
     deadline = time.monotonic() + FRONT_START_S
     while not _listening(port):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -202,7 +201,7 @@ def start_front(front_dirs: Callable[[str], Path]) -> Iterator[Callable[..., Fro
             conf.write_text(text)
             argv = [exe, "-p", str(d), "-c", str(conf), "-g", "daemon off;"]
         else:
-            text = haproxy_copy(HAPROXY_CFG.read_text(), node, port, free_port(), d)
+            text = haproxy_copy(HAPROXY_CFG.read_text(), node, port, free_port())
             text = shorten_haproxy(text) if shorten else text
             conf = d / "haproxy.cfg"
             conf.write_text(text)
@@ -398,20 +397,23 @@ async def _utterance(ws: aiohttp.ClientWebSocketResponse, text: str) -> int:
             return audio
 
 
-async def _session_with_a_gap(front: Front) -> tuple[int, str, int]:
-    """Two utterances on one socket with GAP_S of silence between them. Returns the first
-    utterance's audio bytes, what the socket did in the gap ("quiet" or how it ended), and
-    the second utterance's audio bytes (-1 when the socket was gone)."""
+async def _session_with_a_gap(front: Front, speak: bool = True) -> tuple[int, str, int]:
+    """An utterance, GAP_S of silence on the socket, another utterance (``speak=False``: the
+    session's config, then the gap, then nothing). Returns the first utterance's audio bytes,
+    what the socket did in the gap ("quiet", or how it ended) and the second utterance's audio
+    bytes (-1 when the socket was gone)."""
     async with aiohttp.ClientSession() as s:
-        async with s.ws_connect(f"{front.ws_url}/v1/audio/speech/stream", autoping=True) as ws:
+        async with s.ws_connect(f"{front.ws_url}/v1/audio/speech/stream") as ws:
             await ws.send_json({"type": "session.config", "voice": "tara",
                                 "response_format": "pcm", "stream_audio": True})  # fmt: skip
-            first = await _utterance(ws, "Hello there.")
+            first = await _utterance(ws, "Hello there.") if speak else 0
             try:
                 m = await asyncio.wait_for(ws.receive(), GAP_S)
                 return first, f"{m.type.name} {m.data!r}", -1
             except TimeoutError:
                 pass
+            if not speak:
+                return first, "quiet", 0
             second = await _utterance(ws, "Still here.")
             await ws.send_json({"type": "session.close"})
             m = await asyncio.wait_for(ws.receive(), 30)
@@ -431,17 +433,17 @@ def test_a_websocket_session_outlasts_a_silent_gap(front: Front) -> None:
 def test_the_stream_timeouts_are_the_files_own(
     kind: str, server: Server, start_front: Callable[..., Front]
 ) -> None:
-    """The same session through a copy whose stream timeouts are SHORT_S (nothing else
-    changed) is cut in the gap: those lines, not some default, keep sockets and streams open,
-    and the shipped values (checked against the server's in tests/test_deploy_files.py) are
-    what a deployment gets."""
+    """Through a copy whose stream timeouts are SHORT_S (nothing else changed) the same socket
+    is cut in its gap: those lines, not some default, keep sockets and streams open through a
+    silence, and the shipped values (checked against the server's own in
+    tests/test_deploy_files.py) are what a deployment gets. Nothing is spoken on it: a
+    busy machine's own pauses in generation must not decide the outcome."""
     short = start_front(kind, _node(server), shorten=True)
     _ready_through(short)
     t0 = time.monotonic()
-    first, gap, second = asyncio.run(_session_with_a_gap(short))
-    assert first > 0
-    assert gap != "quiet" and second == -1, f"{kind} with {SHORT_S} s timeouts kept the socket"
-    assert time.monotonic() - t0 < 120
+    _, gap, _ = asyncio.run(_session_with_a_gap(short, speak=False))
+    assert gap != "quiet", f"{kind} with {SHORT_S} s timeouts kept an idle socket {GAP_S} s"
+    assert SHORT_S <= time.monotonic() - t0 < GAP_S + 5
 
 
 # -- refusals keep their Retry-After ------------------------------------------------------------
