@@ -9,8 +9,10 @@ by the fixture that started it. Through each front: a custom-voice upload of a r
 clip (over the 128 KiB the speech bodies allow), a streamed speech response whose audio
 arrives while the node still generates it, a WebSocket session with an idle gap, a 429 with
 its Retry-After, and the front's own JSON answers (413 per path, 503 with Retry-After when no
-node answers). The timeouts that keep long streams open are shown to be the file's own: the
-same session through a copy with them shortened (and nothing else changed) is cut.
+node answers). The timeouts that keep long streams open are shown to be the file's own: an
+idle socket through a copy with them shortened (and nothing else changed) is cut in the gap.
+Started as root, HAProxy gets ``-n`` where the machine's open-file limit is below what the
+file's ``maxconn`` needs (see ``_haproxy_maxconn``).
 
 One server for the module; nginx and HAProxy are skipped with the reason when not installed.
 """
