@@ -11,7 +11,7 @@ arrives while the node still generates it, a WebSocket session with an idle gap,
 its Retry-After, and the front's own JSON answers (413 per path, 503 with Retry-After when no
 node answers). The timeouts that keep long streams open are shown to be the file's own: an
 idle socket through a copy with them shortened (and nothing else changed) is cut in the gap.
-Started as root, HAProxy gets ``-n`` where the machine's open-file limit is below what the
+HAProxy gets ``-n`` where the machine's open-file limit is below what the
 file's ``maxconn`` needs (see ``_haproxy_maxconn``).
 
 One server for the module; nginx and HAProxy are skipped with the reason when not installed.
