@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import itertools
 import math
 import os
@@ -173,13 +172,13 @@ def not_applicable(name: str, device: str) -> str | None:
     return None
 
 
-def check_variant(name: str) -> None:
-    """Raise where a variant's setting would silently mean something else in this build."""
-    if name == "audio-head" and importlib.util.find_spec("llm_worker.output_head") is None:
-        raise RuntimeError(
-            "llm.output_head = audio: this build has no audio-only output head "
-            "(llm_worker/output_head.py)"
-        )
+def check_head(variant: str, head: Any) -> None:
+    """Raise where the head the engine will run is not the one the variant names."""
+    from llm_worker.output_head import HeadKind
+
+    want = HeadKind.AUDIO if variant == "audio-head" else HeadKind.FULL
+    if head.space.kind is not want:
+        raise RuntimeError(f"{variant}: the engine would run {head.describe()}")
 
 
 def parse_variants(text: str) -> list[str]:
@@ -384,7 +383,6 @@ async def measure_variant(args: argparse.Namespace, variant: str) -> VariantResu
     from llm_worker.sampling_setup import setup_sampling
     from orchestrator.settings import load_config
 
-    check_variant(variant)
     llm: dict[str, Any] = {
         "model": args.model,
         "max_num_seqs": max(args.streams),
@@ -395,7 +393,10 @@ async def measure_variant(args: argparse.Namespace, variant: str) -> VariantResu
     sampling = setup_sampling(cfg, board_name(os.getpid()), args.device)
     generation = None
     try:
-        generation = GenerationEngine.start(cfg, args.device, sampling.logits_processors)
+        check_head(variant, sampling.head)
+        generation = GenerationEngine.start(
+            cfg, args.device, sampling.logits_processors, head=sampling.head
+        )
         sampling.check_runner(generation.llm.vllm_config)
         info = describe_engine(generation.llm, args.device).describe()
         builder = PromptBuilder.from_pretrained(cfg.tokenizer or cfg.model)
@@ -409,9 +410,10 @@ async def measure_variant(args: argparse.Namespace, variant: str) -> VariantResu
         counter = sampling.hooks.acquire()
         kwargs = sampling.hooks.kwargs(vs.repetition_penalty, counter)
         chars = len(TEXTS[0])
+        stop_id = generation.space.end_of_speech
 
         def make_params(prompt_len: int, tokens: int) -> Any:
-            return segment_params(cfg, plan, 0, chars, prompt_len, tokens, kwargs)
+            return segment_params(cfg, plan, 0, chars, prompt_len, tokens, kwargs, stop_id)
 
         core = engine_core_process()
         gpu = GpuBusy(args.device)
@@ -432,7 +434,8 @@ async def measure_variant(args: argparse.Namespace, variant: str) -> VariantResu
         finally:
             gpu.close()
         return VariantResult(
-            variant, "ok", engine=info, sampling=sampling.description, levels=levels,
+            variant, "ok", engine=f"{info}; output head: {sampling.head.describe()}",
+            sampling=sampling.description, levels=levels,
             frontend_cpu_ms_per_step=frontend,
         )  # fmt: skip
     finally:
