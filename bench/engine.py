@@ -61,8 +61,11 @@ STREAMS = (16, 64, 256)
 VARIANT_NAMES = (
     "full-head", "audio-head", "top-p-off", "prefix-cache-off", "stats-off", "kv-fp8",
 )  # fmt: skip
-DEFAULT_TOKENS = {"cuda": 840, "cpu": 210}
-"""Tokens per request: 840 is 120 frames, ~10 s of audio; the CPU default keeps a run short."""
+DEFAULT_TOKENS = {"cuda": 840, "cpu": 48}
+"""Tokens per request: 840 is 120 frames, ~10 s of audio. The CPU defaults (tokens, steps)
+keep a run within minutes: there a step at 256 streams takes about a second (vLLM's CPU
+top-p sorts the whole vocabulary per row)."""
+DEFAULT_STEPS = {"cuda": 300, "cpu": 60}
 PROMPT_ROOM = 128
 MIN_MODEL_LEN = 256
 VARIANT_TIMEOUT_S = 3600
@@ -609,6 +612,10 @@ def plot(results: list[VariantResult], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="orpheus-serve bench engine", description=__doc__.split("\n")[0]
@@ -616,8 +623,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="Orpheus checkpoint (default: the tiny model, in a temp dir)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--streams", default=",".join(map(str, STREAMS)), help="levels, e.g. 16,64")
-    p.add_argument("--steps", type=int, default=300, help="measured steps per level")
-    p.add_argument("--tokens", type=int, help="tokens per request (default 840 cuda, 210 cpu)")
+    p.add_argument("--steps", type=int, help="measured steps per level (default 300 cuda, 60 cpu)")
+    p.add_argument("--tokens", type=int, help="tokens per request (default 840 cuda, 48 cpu)")
     p.add_argument("--warmup-steps", type=int, help="steps before measuring (default --tokens)")
     p.add_argument("--variants", default="full-head", help=", ".join(VARIANT_NAMES))
     p.add_argument("--json", type=Path, help="write the results here")
@@ -639,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     if args.tokens is None:
         args.tokens = DEFAULT_TOKENS[args.device]
+    if args.steps is None:
+        args.steps = DEFAULT_STEPS[args.device]
     if args.warmup_steps is None:
         args.warmup_steps = args.tokens
     if args.steps < 2 or args.tokens < 1:
@@ -646,6 +655,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.run_variant:
         return variant_main(args)
 
+    # SIGTERM (a timeout, a supervisor) ends the run through the finally blocks that stop
+    # the variant's processes.
+    signal.signal(signal.SIGTERM, _terminated)
     with tempfile.TemporaryDirectory(prefix="orpheus-bench-engine-") as tmp:
         work = Path(tmp)
         if args.model is None:
