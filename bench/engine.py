@@ -46,6 +46,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,13 @@ def check_head(variant: str, head: Any) -> None:
     want = HeadKind.AUDIO if variant == "audio-head" else HeadKind.FULL
     if head.space.kind is not want:
         raise RuntimeError(f"{variant}: the engine would run {head.describe()}")
+    plugins = {e.value for e in metadata.entry_points(group="vllm.general_plugins")}
+    if want is HeadKind.AUDIO and "llm_worker.vllm_plugin:register" not in plugins:
+        raise RuntimeError(
+            "the audio head's vLLM plugin is not registered in this environment (entry point "
+            "vllm.general_plugins, llm_worker.vllm_plugin:register); fix: reinstall the "
+            "project (pip install -e .)"
+        )
 
 
 def parse_variants(text: str) -> list[str]:
@@ -582,7 +590,8 @@ def print_table(results: list[VariantResult], streams: list[int]) -> None:
                "engine CPU ms/step", "GPU busy", "tokens/s")  # fmt: skip
     title = "engine step against streams (closed loop of fixed-length requests)"
     lines = [f"{r.variant}: {r.status}: {r.reason}" for r in results if r.status != "ok"]
-    show(table(title, columns, _rows(results, streams), left=("variant",)), *lines, min_width=110)
+    rows = _rows(results, streams)
+    show(table(title, columns, rows, left=("variant",), no_wrap=True), *lines, min_width=110)
 
 
 def plot(results: list[VariantResult], path: Path, title: str) -> None:

@@ -165,3 +165,15 @@ def test_bench_engine_runs_on_the_tiny_model(tmp_path: Path) -> None:
         assert lv["gpu_busy_fraction"] is None
     assert png.stat().st_size > 0
     assert "kv-fp8: skipped" in proc.stdout
+
+
+def test_a_variant_refuses_the_wrong_head() -> None:
+    from bench.engine import check_head
+    from llm_worker import tokens as T
+    from llm_worker.output_head import HeadChoice, TokenSpace
+
+    with pytest.raises(RuntimeError, match="full-head: the engine would run"):
+        check_head("full-head", HeadChoice(TokenSpace.audio(T.VOCAB_SIZE), "configured"))
+    with pytest.raises(RuntimeError, match="audio-head: the engine would run"):
+        check_head("audio-head", HeadChoice(TokenSpace.full(), "configured"))
+    check_head("stats-off", HeadChoice(TokenSpace.full(), "configured"))
