@@ -151,11 +151,12 @@ def summarize(
 # -- the variants ----------------------------------------------------------------------------
 
 
-def variant_overrides(name: str) -> dict[str, Any]:
-    """The ``[llm]`` settings a variant changes (on top of the device's profile)."""
-    base: dict[str, Any] = {"output_head": "full"}
+def variant_overrides(name: str, lever_head: str = "full") -> dict[str, Any]:
+    """The ``[llm]`` settings a variant changes (on top of the device's profile); the lever
+    variants (all but the two heads) change one thing from ``lever_head``."""
+    base: dict[str, Any] = {"output_head": lever_head}
     if name == "full-head":
-        return base
+        return {"output_head": "full"}
     if name == "audio-head":
         return {"output_head": "audio"}
     if name == "top-p-off":
@@ -176,11 +177,12 @@ def not_applicable(name: str, device: str) -> str | None:
     return None
 
 
-def check_head(variant: str, head: Any) -> None:
+def check_head(variant: str, head: Any, lever_head: str = "full") -> None:
     """Raise where the head the engine will run is not the one the variant names."""
     from llm_worker.output_head import HeadKind
 
-    want = HeadKind.AUDIO if variant == "audio-head" else HeadKind.FULL
+    name = {"audio-head": "audio", "full-head": "full"}.get(variant, lever_head)
+    want = HeadKind.AUDIO if name == "audio" else HeadKind.FULL
     if head.space.kind is not want:
         raise RuntimeError(f"{variant}: the engine would run {head.describe()}")
     plugins = {e.value for e in metadata.entry_points(group="vllm.general_plugins")}
@@ -398,13 +400,13 @@ async def measure_variant(args: argparse.Namespace, variant: str) -> VariantResu
         "model": args.model,
         "max_num_seqs": max(args.streams),
         "max_model_len": max(MIN_MODEL_LEN, args.tokens + PROMPT_ROOM),
-        **variant_overrides(variant),
+        **variant_overrides(variant, args.lever_head),
     }
     cfg = load_config(None, {"device": args.device, "llm": llm}).llm
     sampling = setup_sampling(cfg, board_name(os.getpid()), args.device)
     generation = None
     try:
-        check_head(variant, sampling.head)
+        check_head(variant, sampling.head, args.lever_head)
         generation = GenerationEngine.start(
             cfg, args.device, sampling.logits_processors, head=sampling.head
         )
@@ -481,7 +483,7 @@ def _child_argv(args: argparse.Namespace, variant: str, out: Path) -> list[str]:
         sys.executable, "-m", "bench.engine", "--model", args.model, "--device", args.device,
         "--streams", ",".join(map(str, args.streams)), "--steps", str(args.steps),
         "--tokens", str(args.tokens), "--warmup-steps", str(args.warmup_steps),
-        "--run-variant", variant, "--variant-out", str(out),
+        "--lever-head", args.lever_head, "--run-variant", variant, "--variant-out", str(out),
     ]  # fmt: skip
 
 
@@ -585,9 +587,9 @@ def _rows(results: list[VariantResult], streams: list[int]) -> list[Sequence[str
 
 def print_table(results: list[VariantResult], streams: list[int]) -> None:
     first = _reference(results)
-    columns = ("variant", "streams", "step p50 ms", "step p99 ms",
+    columns = ("variant", "N", "p50 ms", "p99 ms",
                f"p50 / {first.variant if first else '-'}",
-               "engine CPU ms/step", "GPU busy", "tokens/s")  # fmt: skip
+               "core CPU ms/step", "GPU busy", "tokens/s")  # fmt: skip
     title = "engine step against streams (closed loop of fixed-length requests)"
     lines = [f"{r.variant}: {r.status}: {r.reason}" for r in results if r.status != "ok"]
     rows = _rows(results, streams)
@@ -636,6 +638,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, help="tokens per request (default 840 cuda, 48 cpu)")
     p.add_argument("--warmup-steps", type=int, help="steps before measuring (default --tokens)")
     p.add_argument("--variants", default="full-head", help=", ".join(VARIANT_NAMES))
+    p.add_argument("--lever-head", choices=["full", "audio"], default="full",
+                   help="the head the lever variants (top-p-off ... kv-fp8) run")  # fmt: skip
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--png", type=Path, help="plot t(N) per variant here")
     p.add_argument("--variant-timeout", type=int, default=VARIANT_TIMEOUT_S,
@@ -693,6 +697,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tokens": args.tokens,
                 "warmup_steps": args.warmup_steps,
                 "variants": variants,
+                "lever_head": args.lever_head,
                 "elapsed_s": round(elapsed, 1),
                 "step_time": "intervals between the worker's step signals (closed loop)",
             },

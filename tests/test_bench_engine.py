@@ -177,3 +177,19 @@ def test_a_variant_refuses_the_wrong_head() -> None:
     with pytest.raises(RuntimeError, match="audio-head: the engine would run"):
         check_head("audio-head", HeadChoice(TokenSpace.full(), "configured"))
     check_head("stats-off", HeadChoice(TokenSpace.full(), "configured"))
+
+
+def test_levers_can_sit_on_the_audio_head() -> None:
+    from bench.engine import check_head
+    from llm_worker import tokens as T
+    from llm_worker.output_head import HeadChoice, TokenSpace
+
+    assert variant_overrides("stats-off", "audio") == {
+        "output_head": "audio",
+        "engine_stats": False,
+    }
+    assert variant_overrides("full-head", "audio") == {"output_head": "full"}
+    audio = HeadChoice(TokenSpace.audio(T.VOCAB_SIZE), "configured")
+    with pytest.raises(RuntimeError, match="stats-off: the engine would run"):
+        check_head("stats-off", HeadChoice(TokenSpace.full(), "configured"), "audio")
+    check_head("stats-off", audio, "audio")
