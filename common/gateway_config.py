@@ -33,7 +33,22 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     start message) within this time."""
     ws_text_idle_timeout_s: float = 120.0
     """A vLLM-Omni or Baseten WebSocket is closed when nothing is being spoken and no message
-    arrives for this long (ElevenLabs sockets: their ``inactivity_timeout``)."""
+    arrives for this long, an utterance open or not (ElevenLabs sockets: their
+    ``inactivity_timeout``)."""
+    header_timeout_s: float = 10.0
+    """A new connection that has not sent a whole request header this long after connecting
+    is answered 408 and closed (slow or stalled clients; 0: no limit)."""
+    keepalive_timeout_s: float = 75.0
+    """An idle kept-alive connection is closed after this long; it also bounds the header of
+    each later request on the connection (longer than a load balancer's idle timeout, e.g.
+    60 s, so that the balancer closes first)."""
+    body_timeout_s: float = 60.0
+    """A request's whole body must arrive this long after its header, else 408 and the
+    connection is closed (0: no limit)."""
+    max_connections: int = 8192
+    """Client connections per gateway process (HTTP and WebSocket, idle ones included),
+    lowered to the open-file limit less 256; a connection past it is answered 503 and closed
+    (a WARNING at most every 10 s)."""
     voice_aliases: dict[str, str] = msgspec.field(default_factory=lambda: dict(OPENAI_VOICES))
     served_model_names: list[str] = msgspec.field(
         default_factory=lambda: ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"]

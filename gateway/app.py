@@ -14,6 +14,7 @@ from aiohttp import web
 from gateway import baseten_ws, custom_voices, elevenlabs
 from gateway.auth import ApiKeys, http_middleware
 from gateway.errors import APIError
+from gateway.listener import body_deadline
 from gateway.omni_ws import OMNI_PATH, omni_handler
 from gateway.service import Gateway
 from gateway.speech_http import Handler, speech_handler
@@ -81,7 +82,12 @@ class ModelList(msgspec.Struct, frozen=True):
 
 def build_app(gateway: Gateway) -> web.Application:
     g = gateway.config.gateway
-    middlewares: list[Callable[..., Awaitable[web.StreamResponse]]] = [json_errors]
+    # The body deadline is outermost: it closes the connection of the 408 that json_errors
+    # renders from the read it failed.
+    middlewares: list[Callable[..., Awaitable[web.StreamResponse]]] = [
+        body_deadline(g.body_timeout_s),
+        json_errors,
+    ]
     keys = ApiKeys(g.api_keys)
     if keys.required:
         middlewares.append(http_middleware(keys))  # after json_errors, which renders its 401

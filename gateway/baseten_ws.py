@@ -33,7 +33,13 @@ from gateway.service import Gateway
 from gateway.speech_http import Handler
 from gateway.streams import StreamFailed
 from gateway.text_units import Unit, UnitSplitter
-from gateway.utterance import Lane, drain_while_open, serve_websocket, speak_unit
+from gateway.utterance import (
+    Lane,
+    drain_while_open,
+    receive_unless_idle,
+    serve_websocket,
+    speak_unit,
+)
 from shm.messages import SamplingOverrides
 
 log = logging.getLogger(__name__)
@@ -157,7 +163,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
     joiner = _TextJoiner()
     try:
         while not failure:
-            msg = await ws.receive(None if not lane.idle else g.ws_text_idle_timeout_s)
+            msg = await receive_unless_idle(ws, g.ws_text_idle_timeout_s, lambda: lane.quiet_since)
             if msg.type == WSMsgType.BINARY:
                 await _close(ws, APIError(400, "invalid_message", "send text, not binary"))
                 return

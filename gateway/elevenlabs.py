@@ -41,6 +41,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import time
 from typing import Any
 
 import msgspec
@@ -55,7 +56,7 @@ from gateway.service import Gateway
 from gateway.speech_http import Handler, read_body
 from gateway.streams import StreamFailed
 from gateway.text_units import Unit, UnitSplitter
-from gateway.utterance import Lane, pcm_ms, serve_websocket, speak_unit
+from gateway.utterance import Lane, pcm_ms, receive_unless_idle, serve_websocket, speak_unit
 from shm.messages import SamplingOverrides
 
 log = logging.getLogger(__name__)
@@ -176,6 +177,8 @@ class _Socket:
         self.fmt = fmt
         self.on_abort = on_abort
         self.contexts: dict[str, _Context] = {}
+        self.finished_at = float("-inf")
+        """When a context last finished (``time.monotonic()``)."""
 
     async def send(self, msg: msgspec.Struct) -> None:
         if not self.ws.closed:
@@ -185,9 +188,15 @@ class _Socket:
         with contextlib.suppress(ConnectionError):
             await self.send(ErrorMessage(err.code, err.message, err.status, cid))
 
-    @property
-    def busy(self) -> bool:
-        return any(not c.lane.idle for c in self.contexts.values())
+    def quiet_since(self) -> float | None:
+        """None while a context speaks, else when the last one stopped."""
+        since = self.finished_at
+        for c in self.contexts.values():
+            q = c.lane.quiet_since
+            if q is None:
+                return None
+            since = max(since, q)
+        return since
 
     # -- messages ----------------------------------------------------------------------------
     async def handle(self, msg: ClientMessage) -> bool:
@@ -279,6 +288,7 @@ class _Socket:
     async def _finish(self, ctx: _Context) -> None:
         if self.contexts.get(ctx.id) is ctx:
             del self.contexts[ctx.id]
+            self.finished_at = time.monotonic()
             if ctx.encoder is not None:
                 ctx.encoder.close()
             with contextlib.suppress(ConnectionError):
@@ -336,7 +346,7 @@ async def _serve_ws(
     try:
         while True:
             try:
-                msg = await ws.receive(None if sock.busy else inactivity_s)
+                msg = await receive_unless_idle(ws, inactivity_s, sock.quiet_since)
             except TimeoutError:
                 await sock.error(
                     APIError(

@@ -44,7 +44,14 @@ from gateway.service import Gateway
 from gateway.speech_http import Handler
 from gateway.streams import StreamFailed
 from gateway.text_units import Granularity, Unit, UnitSplitter
-from gateway.utterance import Lane, drain_while_open, pcm_ms, serve_websocket, speak_unit
+from gateway.utterance import (
+    Lane,
+    drain_while_open,
+    pcm_ms,
+    receive_unless_idle,
+    serve_websocket,
+    speak_unit,
+)
 from shm.messages import SamplingOverrides
 
 log = logging.getLogger(__name__)
@@ -370,14 +377,13 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
     s = _Session(ws, gateway, transport.abort if transport is not None else None)
     try:
         while True:
-            if s.config is None:
-                timeout: float | None = g.ws_start_timeout_s
-            elif s.lane.idle and not s.utterance_open:
-                timeout = g.ws_text_idle_timeout_s
-            else:
-                timeout = None
             try:
-                msg = await ws.receive(timeout)
+                if s.config is None:
+                    msg = await ws.receive(g.ws_start_timeout_s)
+                else:  # an open utterance does not hold the socket: only activity does
+                    msg = await receive_unless_idle(
+                        ws, g.ws_text_idle_timeout_s, lambda: s.lane.quiet_since
+                    )
             except TimeoutError:
                 await s.error(
                     "Timeout waiting for session.config"

@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
 import msgspec
-from aiohttp import web
+from aiohttp import WSMessage, web
 
 from gateway.schemas import SpeechParams
 from gateway.service import Gateway
@@ -80,10 +81,17 @@ class Lane:
         self._name = name
         self.busy = False
         """A job is running."""
+        self.idle_since = time.monotonic()
+        """When the lane last ran out of jobs (``time.monotonic()``)."""
 
     @property
     def idle(self) -> bool:
         return not self.busy and not self._jobs
+
+    @property
+    def quiet_since(self) -> float | None:
+        """None while the lane has work, else when it last ran out of it."""
+        return self.idle_since if self.idle else None
 
     def push(self, job: Callable[[], Awaitable[None]]) -> None:
         self._jobs.append(job)
@@ -106,6 +114,7 @@ class Lane:
                 finally:
                     self.busy = False
         finally:
+            self.idle_since = time.monotonic()
             if self._task is asyncio.current_task():
                 self._task = None
 
@@ -123,6 +132,7 @@ class Lane:
     async def cancel(self) -> None:
         """Drop the queued jobs and cancel the running one (its stream is cancelled upstream)."""
         self._jobs.clear()
+        self.idle_since = time.monotonic()
         task, self._task = self._task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -147,6 +157,30 @@ async def drain_while_open(ws: web.WebSocketResponse, lane: Lane) -> bool:
         return True
     await lane.cancel()
     return False
+
+
+async def receive_unless_idle(
+    ws: web.WebSocketResponse, timeout_s: float, quiet_since: Callable[[], float | None]
+) -> WSMessage:
+    """The next message from ``ws``; ``TimeoutError`` once the connection has been idle for
+    ``timeout_s``: no message from the client (any message counts, keepalives included) and
+    nothing being spoken (``quiet_since()``: None while audio is being made, else when that
+    last stopped, ``time.monotonic()``), whether or not an utterance is open."""
+    start = time.monotonic()
+    poll = max(timeout_s / 4, 0.05)
+    while True:
+        quiet = quiet_since()
+        now = time.monotonic()
+        if quiet is None:
+            wait = poll  # speaking: look again soon after it stops
+        else:
+            wait = max(start, quiet) + timeout_s - now
+            if wait <= 0:
+                raise TimeoutError
+        try:
+            return await ws.receive(wait)
+        except TimeoutError:
+            continue
 
 
 WS_HEARTBEAT_S = 30.0

@@ -1,0 +1,205 @@
+"""Hostile and careless clients cost bounded resources (issue 27): timeouts, caps and origin
+checks on every front end, against a gateway on loopback with its synthetic backend. Each
+test is bounded in count and time, and checks afterwards that nothing is left held: no
+active stream, no connection counted, the process's descriptors back to their level, and a
+normal request served."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from typing import Any
+
+import aiohttp
+import pytest
+from gateway_harness import Harness, running_gateway, wait_until
+
+from shm.layout import InstanceLayout
+
+pytestmark = pytest.mark.timeout(90)
+SPEECH = {"model": "tts-1", "input": "Hello there.", "voice": "alloy", "max_tokens": 70}
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def assert_recovered(h: Harness, fds_before: int) -> None:
+    """Nothing held: no stream, no connection, descriptors back; a normal request served."""
+    await wait_until(lambda: h.gateway.active_streams == 0, 10, "no active stream")
+    await wait_until(lambda: h.guard.active == 0, 10, "no connection held")
+    await wait_until(lambda: open_fds() <= fds_before, 10, "descriptors back to their level")
+    async with aiohttp.ClientSession() as s, s.post(h.url + "/v1/audio/speech", json=SPEECH) as r:
+        assert r.status == 200, await r.text()
+        assert len(await r.read()) > 0
+    await wait_until(lambda: h.guard.active == 0, 10, "the normal request's connection closed")
+
+
+async def raw_connect(
+    h: Harness, first: bytes
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", h.port)
+    if first:
+        writer.write(first)
+        await writer.drain()
+    return reader, writer
+
+
+async def read_to_close(reader: asyncio.StreamReader, timeout: float) -> bytes:
+    return await asyncio.wait_for(reader.read(), timeout)
+
+
+# -- 1. timeouts and the connection limit --------------------------------------------------
+async def test_half_open_requests_are_closed_with_408(layout: InstanceLayout) -> None:
+    """Connections that send part of a header, or a header and part of a body, then wait,
+    are answered 408 and closed within the configured timeouts."""
+    async with running_gateway(layout, header_timeout_s=1.0, body_timeout_s=1.5) as h:
+        fds = open_fds()
+        partial_header = b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty"
+        body = json.dumps(SPEECH).encode()
+        partial_body = (
+            b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:10]
+        )
+        conns = [await raw_connect(h, partial_header) for _ in range(40)]
+        conns += [await raw_connect(h, partial_body) for _ in range(10)]
+        assert h.guard.active == 50
+        trickle = await raw_connect(h, b"GET /health HTTP/1.1\r\n")
+        for _ in range(3):  # a slowloris trickle does not extend the deadline
+            await asyncio.sleep(0.25)
+            trickle[1].write(b"X-A: b\r\n")
+        conns.append(trickle)
+        answers = await asyncio.gather(*(read_to_close(r, 8.0) for r, _ in conns))
+        for i, data in enumerate(answers):
+            assert data.startswith(b"HTTP/1.1 408"), (i, data[:200])
+            assert b"request_timeout" in data
+        for _, w in conns:
+            w.close()
+        assert h.guard.header_timeouts == 41
+        await assert_recovered(h, fds)
+
+
+async def test_idle_keepalive_connections_are_closed(layout: InstanceLayout) -> None:
+    async with running_gateway(layout, keepalive_timeout_s=1.0) as h:
+        fds = open_fds()
+        reader, writer = await raw_connect(h, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        data = await read_to_close(reader, 6.0)  # answered, then closed once idle
+        assert data.startswith(b"HTTP/1.1 200") and b'"ok"' in data
+        writer.close()
+        await assert_recovered(h, fds)
+
+
+async def test_connections_past_the_limit_are_refused_with_503_and_a_log_line(
+    layout: InstanceLayout, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running_gateway(layout, max_connections=20, header_timeout_s=30.0) as h:
+        fds = open_fds()
+        held = [await raw_connect(h, b"") for _ in range(20)]
+        await wait_until(lambda: h.guard.active == 20, 5, "20 held")
+        with caplog.at_level(logging.WARNING, logger="gateway.listener"):
+            refused = [await raw_connect(h, b"") for _ in range(5)]
+            answers = await asyncio.gather(*(read_to_close(r, 5.0) for r, _ in refused))
+        for data in answers:
+            head, _, body = data.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head
+            assert json.loads(body)["error"]["code"] == "too_many_connections"
+        warnings = [r for r in caplog.records if "connection limit (20)" in r.getMessage()]
+        assert len(warnings) == 1, "one line, rate-limited"
+        assert h.guard.refused == 5
+        for _, w in held + refused:
+            w.close()
+        await assert_recovered(h, fds)
+
+
+# -- WebSocket inactivity with an utterance open -------------------------------------------
+OMNI = "/v1/audio/speech/stream"
+BASETEN = "/v1/baseten/orpheus/websocket"
+ELEVEN = "/v1/text-to-speech/tara/multi-stream-input?output_format=pcm_24000"
+
+
+async def drain_ws(ws: aiohttp.ClientWebSocketResponse, timeout: float) -> list[Any]:
+    """Every message until the server closes the socket (TimeoutError: it did not)."""
+    out: list[Any] = []
+
+    async def run() -> None:
+        async for msg in ws:
+            out.append(json.loads(msg.data) if msg.type == aiohttp.WSMsgType.TEXT else msg.data)
+
+    await asyncio.wait_for(run(), timeout)
+    return out
+
+
+async def open_omni(s: aiohttp.ClientSession, h: Harness, text: str) -> Any:
+    ws = await s.ws_connect(h.url + OMNI)
+    await ws.send_json({"type": "session.config", "voice": "tara", "response_format": "pcm",
+                        "stream_audio": True})  # fmt: skip
+    await ws.send_json({"type": "input.text", "text": text})
+    return ws
+
+
+@pytest.mark.parametrize("text", ["Hello", "Hello there. And then"])
+async def test_omni_socket_with_an_open_utterance_times_out(
+    layout: InstanceLayout, text: str
+) -> None:
+    """An unfinished utterance and then silence: the socket is closed after the idle timeout
+    (counted from the end of the audio when a sentence was spoken first)."""
+    async with running_gateway(layout, ws_text_idle_timeout_s=1.0) as h:
+        fds = open_fds()
+        async with aiohttp.ClientSession() as s:
+            sockets = [await open_omni(s, h, text) for _ in range(10)]
+            results = await asyncio.gather(*(drain_ws(ws, 8.0) for ws in sockets))
+            for events in results:
+                errors = [e for e in events if isinstance(e, dict) and e["type"] == "error"]
+                assert [e["code"] for e in errors] == ["timeout"], events
+                if "." in text:
+                    assert any(isinstance(e, bytes) for e in events), "the sentence was spoken"
+            for ws in sockets:
+                await ws.close()
+        await assert_recovered(h, fds)
+
+
+async def test_omni_keepalives_count_as_activity(layout: InstanceLayout) -> None:
+    """LiveKit keeps a socket alive with empty ``input.done`` messages: that is activity."""
+    async with running_gateway(layout, ws_text_idle_timeout_s=1.0) as h:
+        fds = open_fds()
+        async with aiohttp.ClientSession() as s:
+            ws = await open_omni(s, h, "Hello")
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            while loop.time() - start < 2.5:
+                await ws.send_json({"type": "input.done"})
+                await asyncio.sleep(0.3)
+            assert not ws.closed
+            t0 = loop.time()
+            events = await drain_ws(ws, 8.0)  # then silence: closed
+            assert loop.time() - t0 < 5.0
+            assert [e["code"] for e in events if isinstance(e, dict) and e["type"] == "error"] == [
+                "timeout"
+            ]
+        await assert_recovered(h, fds)
+
+
+async def test_baseten_and_elevenlabs_sockets_time_out_after_speaking(
+    layout: InstanceLayout,
+) -> None:
+    """A sentence spoken, then an unfinished one and silence: closed after the timeout."""
+    async with running_gateway(layout, ws_text_idle_timeout_s=1.0) as h:
+        fds = open_fds()
+        async with aiohttp.ClientSession() as s:
+            b = await s.ws_connect(h.url + BASETEN)
+            await b.send_json({"voice": "tara"})
+            await b.send_str("Hello there. And then")
+            e = await s.ws_connect(h.url + ELEVEN + "&inactivity_timeout=1")
+            await e.send_json({"text": " ", "context_id": "c1"})
+            await e.send_json({"text": "Hello there. And then", "context_id": "c1"})
+            baseten, eleven = await asyncio.gather(drain_ws(b, 8.0), drain_ws(e, 8.0))
+            assert any(isinstance(m, bytes) for m in baseten) and b.close_code == 1008
+            assert any(isinstance(m, dict) and "audio" in m for m in eleven)
+            assert eleven[-1]["error"] == "input_timeout_exceeded"
+            await b.close()
+            await e.close()
+        await assert_recovered(h, fds)
