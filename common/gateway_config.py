@@ -49,6 +49,12 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Client connections per gateway process (HTTP and WebSocket, idle ones included),
     lowered to the open-file limit less 256; a connection past it is answered 503 and closed
     (a WARNING at most every 10 s)."""
+    ws_max_queued_chars: int = 16384
+    """Text one WebSocket connection may have waiting to be spoken (received, not yet
+    started); a text message past it is refused with ``input_queue_full`` (Baseten: closed
+    with 1013) and not taken."""
+    ws_max_queued_sentences: int = 256
+    """Sentences (units) one WebSocket connection may have waiting to be spoken, as above."""
     voice_aliases: dict[str, str] = msgspec.field(default_factory=lambda: dict(OPENAI_VOICES))
     served_model_names: list[str] = msgspec.field(
         default_factory=lambda: ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"]

@@ -46,6 +46,7 @@ from gateway.streams import StreamFailed
 from gateway.text_units import Granularity, Unit, UnitSplitter
 from gateway.utterance import (
     Lane,
+    QueueCap,
     drain_while_open,
     pcm_ms,
     receive_unless_idle,
@@ -147,7 +148,9 @@ class _Session:
         self.ws = ws
         self.gateway = gateway
         self.on_abort = on_abort
-        self.lane = Lane("omni-session")
+        g = gateway.config.gateway
+        self.cap = QueueCap(g.ws_max_queued_chars, g.ws_max_queued_sentences)
+        self.lane = Lane("omni-session", self.cap)
         self.config: SessionConfig | None = None
         self.params: SpeechParams | None = None
         """The session's template: voice, format, speed, sampling (``build_params``)."""
@@ -238,7 +241,7 @@ class _Session:
 
     def queue_units(self, units: list[Unit]) -> None:
         for unit in units:
-            self.lane.push(self._unit_job(unit, self.utterance, self.sentence))
+            self.lane.push(self._unit_job(unit, self.utterance, self.sentence), len(unit.text))
             self.sentence += 1
 
     def input_done(self) -> None:
@@ -424,6 +427,9 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
                     check_text(text, None, param="text", allow_empty=True)
                 except APIError as e:
                     await s.error(e.message, e.code)
+                    continue
+                if not s.cap.admits(len(s.splitter.pending), len(text)):
+                    await s.error(s.cap.refusal(), "input_queue_full")
                     continue
                 if text:
                     s.utterance_open = True

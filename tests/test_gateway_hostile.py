@@ -203,3 +203,48 @@ async def test_baseten_and_elevenlabs_sockets_time_out_after_speaking(
             await b.close()
             await e.close()
         await assert_recovered(h, fds)
+
+
+# -- 2. caps on what one client can queue --------------------------------------------------
+QUEUE_CAP = {"ws_max_queued_chars": 600, "ws_max_queued_sentences": 40}
+FLOOD = 400  # one-word sentences, sent as fast as the socket takes them
+
+
+async def test_text_queued_on_a_websocket_is_capped(layout: InstanceLayout) -> None:
+    """One-word sentences sent faster than they are spoken: past the cap each message is
+    refused with ``input_queue_full`` (Baseten: closed with 1013), nothing more is queued,
+    and closing the socket leaves nothing behind."""
+    async with running_gateway(layout, backend={"realtime": True}, **QUEUE_CAP) as h:
+        fds = open_fds()
+        async with aiohttp.ClientSession() as s:
+            omni = await open_omni(s, h, "")
+            for _ in range(FLOOD):
+                await omni.send_json({"type": "input.text", "text": "Word. "})
+            eleven = await s.ws_connect(h.url + ELEVEN)
+            for _ in range(FLOOD):
+                await eleven.send_json({"text": "Word. ", "context_id": "c1"})
+            base = await s.ws_connect(h.url + BASETEN)
+            await base.send_json({"voice": "tara"})
+            for _ in range(FLOOD):
+                if base.closed:
+                    break
+                await base.send_str("Word. ")
+
+            async def refusals(ws: aiohttp.ClientWebSocketResponse, key: str) -> int:
+                n = 0
+                while n < FLOOD - 45:
+                    msg = await ws.receive(10)
+                    if msg.type == aiohttp.WSMsgType.TEXT:
+                        n += json.loads(msg.data).get(key) == "input_queue_full"
+                return n
+
+            assert await refusals(omni, "code") == FLOOD - 45
+            assert await refusals(eleven, "error") == FLOOD - 45
+            while (await base.receive(10)).type == aiohttp.WSMsgType.BINARY:
+                pass
+            assert base.close_code == 1013
+            assert h.gateway.active_streams <= 3
+            assert len(h.backend.submitted()) < 3 * 45, "nothing past the cap was queued"
+            for ws in (omni, eleven, base):
+                await ws.close()
+        await assert_recovered(h, fds)
