@@ -12,11 +12,21 @@ import logging
 import os
 from typing import Any
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import aiohttp
+import numpy as np
 import pytest
 from gateway_harness import Harness, running_gateway, wait_until
 
+from bench.doubles.clips import wav_bytes
+from bench.doubles.tiny_model import random_snac
+from codec_worker.encoder import EncodeServer, VoiceEncoder
+from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
+from common.llm_config import LLMConfig
 from shm.layout import InstanceLayout
+from shm.voices import VoicesConfig
 
 pytestmark = pytest.mark.timeout(90)
 SPEECH = {"model": "tts-1", "input": "Hello there.", "voice": "alloy", "max_tokens": 70}
@@ -247,4 +257,70 @@ async def test_text_queued_on_a_websocket_is_capped(layout: InstanceLayout) -> N
             assert len(h.backend.submitted()) < 3 * 45, "nothing past the cap was queued"
             for ws in (omni, eleven, base):
                 await ws.close()
+        await assert_recovered(h, fds)
+
+
+# -- custom-voice uploads ------------------------------------------------------------------
+@pytest.fixture
+def encode_server(layout: InstanceLayout) -> Iterator[EncodeServer]:
+    """The real SNAC encoder (random weights) on the codec worker's encode socket."""
+    srv = EncodeServer(
+        VoiceEncoder(fuse_weight_norm(random_snac(5, SNAC_24KHZ_SMALL))), layout.encode
+    )
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def clip(seconds: float) -> bytes:
+    t = np.arange(int(seconds * 24_000), dtype=np.float32) / 24_000
+    return wav_bytes((0.3 * np.sin(2 * np.pi * 220 * t))[:, None].astype(np.float32), 24_000)
+
+
+def voice_form(name: str, audio: bytes) -> aiohttp.FormData:
+    f = aiohttp.FormData(default_to_multipart=True)
+    f.add_field("name", name)
+    f.add_field("transcript", "Hello.")
+    f.add_field("audio", audio, filename="clip.wav", content_type="audio/wav")
+    return f
+
+
+HELD_UPLOAD = (
+    b"POST /v1/audio/voices HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    b"Content-Type: multipart/form-data; boundary=xyz\r\nContent-Length: 1000000\r\n\r\n"
+    b'--xyz\r\nContent-Disposition: form-data; name="audio"; filename="a.wav"\r\n'
+    b"Content-Type: audio/wav\r\n\r\n" + b"\0" * 4096
+)
+
+
+async def test_voice_uploads_are_capped_and_a_too_long_clip_is_not_encoded(
+    layout: InstanceLayout, tmp_path: Path, encode_server: EncodeServer
+) -> None:
+    serve = {
+        "voices": VoicesConfig(state_dir=str(tmp_path), max_seconds=20.0, max_concurrent_uploads=2),
+        "llm": LLMConfig(zero_shot=True, voices=["tara", "leah"], max_model_len=700),
+    }
+    async with running_gateway(layout, serve=serve, body_timeout_s=3.0) as h:
+        fds = open_fds()
+        held = [await raw_connect(h, HELD_UPLOAD) for _ in range(2)]
+        custom = h.gateway.custom_voices
+        await wait_until(lambda: custom.uploads == 2, 5, "two uploads in progress")
+        async with aiohttp.ClientSession() as s:
+            async with s.post(h.url + "/v1/audio/voices", data=voice_form("a", clip(3.5))) as r:
+                err = await r.json()
+                assert (r.status, err["error"]["code"]) == (429, "too_many_uploads"), err
+                assert r.headers["Retry-After"] == "1"
+            answers = await asyncio.gather(*(read_to_close(r, 8.0) for r, _ in held))
+            assert all(a.startswith(b"HTTP/1.1 408") for a in answers), answers
+            assert custom.uploads == 0
+            async with s.post(h.url + "/v1/audio/voices", data=voice_form("a", clip(3.5))) as r:
+                assert r.status == 201, await r.text()
+            assert encode_server.served == 1
+            # 10 s is 118 frames, 826 tokens: no room in 700. Refused without encoding.
+            async with s.post(h.url + "/v1/audio/voices", data=voice_form("b", clip(10.0))) as r:
+                err = await r.json()
+                assert (r.status, err["error"]["code"]) == (400, "audio_too_long"), err
+            assert encode_server.served == 1
+        for _, w in held:
+            w.close()
         await assert_recovered(h, fds)
