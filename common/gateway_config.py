@@ -55,6 +55,15 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     with 1013) and not taken."""
     ws_max_queued_sentences: int = 256
     """Sentences (units) one WebSocket connection may have waiting to be spoken, as above."""
+    allowed_origins: list[str] = []
+    """Web origins (``https://app.example.com``) whose pages may call the server from a
+    browser, besides the server's own (the playground); ``"*"``: any. A request or
+    WebSocket upgrade with another ``Origin`` is refused (403 ``origin_not_allowed``);
+    clients that send no ``Origin`` (SDKs, agents) are not affected."""
+    allowed_hosts: list[str] = []
+    """Host names the server answers to while no API key is configured, besides IP
+    addresses, ``localhost`` and ``host``; ``"*"``: any. Another ``Host`` is refused (403
+    ``host_not_allowed``; ``/health`` and ``/ready`` excepted): DNS rebinding."""
     voice_aliases: dict[str, str] = msgspec.field(default_factory=lambda: dict(OPENAI_VOICES))
     served_model_names: list[str] = msgspec.field(
         default_factory=lambda: ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"]

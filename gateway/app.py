@@ -13,6 +13,7 @@ from aiohttp import web
 
 from gateway import baseten_ws, custom_voices, elevenlabs
 from gateway.auth import ApiKeys, http_middleware
+from gateway.browser_guard import BrowserGuard, add_cors_headers
 from gateway.errors import APIError
 from gateway.listener import body_deadline
 from gateway.omni_ws import OMNI_PATH, omni_handler
@@ -89,10 +90,13 @@ def build_app(gateway: Gateway) -> web.Application:
         json_errors,
     ]
     keys = ApiKeys(g.api_keys)
+    browsers = BrowserGuard(g, keys.required)
+    middlewares.append(browsers.middleware())  # after json_errors, which renders its 403
     if keys.required:
         middlewares.append(http_middleware(keys))  # after json_errors, which renders its 401
 
     app = web.Application(client_max_size=g.max_body_bytes, middlewares=middlewares)
+    app.on_response_prepare.append(add_cors_headers)
     models = ModelList(
         [ModelCard(gateway.config.llm.model), *(ModelCard(n) for n in g.served_model_names)]
     )

@@ -10,10 +10,9 @@ import asyncio
 import json
 import logging
 import os
-from typing import Any
-
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -324,3 +323,73 @@ async def test_voice_uploads_are_capped_and_a_too_long_clip_is_not_encoded(
         for _, w in held:
             w.close()
         await assert_recovered(h, fds)
+
+
+# -- 3. Origin and Host checks for browsers --------------------------------------------------
+async def status_code(resp: aiohttp.ClientResponse) -> tuple[int, str | None]:
+    body = await resp.read()
+    try:
+        return resp.status, json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return resp.status, None
+
+
+async def test_foreign_pages_and_dns_rebinding_are_refused(layout: InstanceLayout) -> None:
+    """No API key (the default): a foreign page's simple requests and WebSocket upgrades
+    are refused, and so is a foreign Host; no Origin (SDKs) and the same origin are served."""
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        fds = open_fds()
+        own = f"http://127.0.0.1:{h.port}"
+        evil = {"Origin": "https://evil.example"}
+        text_body = json.dumps(SPEECH)  # a "simple" request: no preflight
+        plain = {"Content-Type": "text/plain"}
+        async with s.post(
+            h.url + "/v1/audio/speech", data=text_body, headers={**plain, **evil}
+        ) as r:
+            assert await status_code(r) == (403, "origin_not_allowed")
+        form = voice_form("x", b"\0" * 1000)
+        async with s.post(h.url + "/v1/audio/voices", data=form, headers=evil) as r:
+            assert await status_code(r) == (403, "origin_not_allowed")
+        for path in (OMNI, BASETEN, ELEVEN):
+            with pytest.raises(aiohttp.WSServerHandshakeError) as e:
+                await s.ws_connect(h.url + path, headers=evil)
+            assert e.value.status == 403
+        rebound = {"Host": f"evil.example:{h.port}", "Origin": f"http://evil.example:{h.port}"}
+        for method, path in (
+            ("POST", "/v1/audio/speech"),
+            ("GET", "/metrics"),
+            ("GET", "/v1/models"),
+        ):
+            async with s.request(method, h.url + path, json=SPEECH, headers=rebound) as r:
+                assert await status_code(r) == (403, "host_not_allowed"), path
+        async with s.get(h.url + "/ready", headers={"Host": "orpheus-lb"}) as r:
+            assert r.status == 200  # probes
+        # the same origin (the playground) and no Origin at all are served
+        async with s.post(h.url + "/v1/audio/speech", json=SPEECH, headers={"Origin": own}) as r:
+            assert r.status == 200 and len(await r.read()) > 0
+        async with s.get(h.url + "/", headers={"Host": f"localhost:{h.port}"}) as r:
+            assert r.status == 200
+        ws = await s.ws_connect(h.url + OMNI, headers={"Origin": own})
+        await ws.close()
+        await assert_recovered(h, fds)
+
+
+async def test_allowed_origins_get_cors_and_keys_lift_the_host_check(
+    layout: InstanceLayout,
+) -> None:
+    app = "https://app.example"
+    async with (
+        running_gateway(layout, allowed_origins=[app], api_keys=["k"]) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        key = {"Authorization": "Bearer k"}
+        hdrs = {**key, "Origin": app, "Host": "tts.example.com"}
+        async with s.post(h.url + "/v1/audio/speech", json=SPEECH, headers=hdrs) as r:
+            assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == app
+            await r.read()
+        pre = {"Origin": app, "Access-Control-Request-Method": "POST"}
+        async with s.options(h.url + "/v1/audio/speech", headers=pre) as r:
+            assert r.status == 204 and "Authorization" in r.headers["Access-Control-Allow-Headers"]
+        other = {**key, "Origin": "https://other.example"}
+        async with s.post(h.url + "/v1/audio/speech", json=SPEECH, headers=other) as r:
+            assert await status_code(r) == (403, "origin_not_allowed")
