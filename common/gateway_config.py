@@ -64,6 +64,17 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Host names the server answers to while no API key is configured, besides IP
     addresses, ``localhost`` and ``host``; ``"*"``: any. Another ``Host`` is refused (403
     ``host_not_allowed``; ``/health`` and ``/ready`` excepted): DNS rebinding."""
+    metrics_require_key: bool = False
+    """Put ``GET /metrics`` behind the API keys (``api_keys`` or ``admin_keys``; Prometheus
+    sends one with its ``authorization`` setting). Off: it is open, like ``/health``."""
+    admin_keys: list[str] = []
+    """Keys for the admin calls (``/v1/admin/*``: loading and unloading LoRA adapters),
+    separate from ``api_keys``, which do not open them. None: the admin calls are off (403
+    ``admin_disabled``)."""
+    lora_dirs: list[str] = []
+    """Directories an adapter loaded through ``POST /v1/admin/lora`` must lie in (its path,
+    symbolic links resolved); another path is 400 ``lora_path_not_allowed``. None: no
+    adapter may be loaded at run time."""
     voice_aliases: dict[str, str] = msgspec.field(default_factory=lambda: dict(OPENAI_VOICES))
     served_model_names: list[str] = msgspec.field(
         default_factory=lambda: ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"]

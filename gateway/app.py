@@ -92,8 +92,8 @@ def build_app(gateway: Gateway) -> web.Application:
     keys = ApiKeys(g.api_keys)
     browsers = BrowserGuard(g, keys.required)
     middlewares.append(browsers.middleware())  # after json_errors, which renders its 403
-    if keys.required:
-        middlewares.append(http_middleware(keys))  # after json_errors, which renders its 401
+    # After json_errors, which renders its 401/403.
+    middlewares.append(http_middleware(keys, ApiKeys(g.admin_keys), metrics=g.metrics_require_key))
 
     app = web.Application(client_max_size=g.max_body_bytes, middlewares=middlewares)
     app.on_response_prepare.append(add_cors_headers)

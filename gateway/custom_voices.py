@@ -504,12 +504,30 @@ class LoraLoadBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def _admin_allowed(voices: CustomVoices) -> None:
-    if not voices.config.gateway.api_keys:
+    """The admin key itself is checked by the key middleware (``gateway.auth``)."""
+    if not voices.config.gateway.admin_keys:
         raise APIError(
             403,
             "admin_disabled",
-            "admin calls need API keys: set gateway.api_keys (the key middleware checks them)",
+            "admin calls are off: set gateway.admin_keys (speech keys do not open them)",
         )
+
+
+def confined_lora_path(path: str, dirs: list[str]) -> str:
+    """``path`` with symbolic links and ``..`` resolved, if it lies in one of ``dirs``;
+    APIError 400 ``lora_path_not_allowed`` if not (a Hugging Face name included)."""
+    if dirs and os.path.isabs(os.path.expanduser(path)):
+        real = os.path.realpath(os.path.expanduser(path))
+        for d in dirs:
+            root = os.path.realpath(os.path.expanduser(d))
+            if os.path.commonpath([real, root]) == root:
+                return real
+    where = ", ".join(dirs) if dirs else "none configured"
+    raise _bad(
+        "lora_path_not_allowed",
+        f"path: adapters are loaded only from gateway.lora_dirs ({where}); got {path!r}",
+        "path",
+    )
 
 
 def _admin_response(reply: AdminReply) -> web.Response:
@@ -534,7 +552,8 @@ def lora_load_handler(voices: CustomVoices) -> Any:
             raise _bad("invalid_name", f"name: {e}", "name") from None
         if name in voices.reserved or voices.store.stat_key(name) is not None:
             raise _bad("voice_exists", f"name: {name!r} is taken", "name", status=409)
-        reply = await voices.admin(LoraLoad(next(_ids), name, body.path, body.speaker))
+        path = confined_lora_path(body.path, voices.config.gateway.lora_dirs)
+        reply = await voices.admin(LoraLoad(next(_ids), name, path, body.speaker))
         return _admin_response(reply)
 
     return handler

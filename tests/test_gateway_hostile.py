@@ -24,6 +24,7 @@ from bench.doubles.tiny_model import random_snac
 from codec_worker.encoder import EncodeServer, VoiceEncoder
 from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
 from common.llm_config import LLMConfig
+from gateway.custom_voices import confined_lora_path
 from shm.layout import InstanceLayout
 from shm.voices import VoicesConfig
 
@@ -393,3 +394,59 @@ async def test_allowed_origins_get_cors_and_keys_lift_the_host_check(
         other = {**key, "Origin": "https://other.example"}
         async with s.post(h.url + "/v1/audio/speech", json=SPEECH, headers=other) as r:
             assert await status_code(r) == (403, "origin_not_allowed")
+
+
+# -- 4. /metrics behind the key, admin keys, adapter paths ---------------------------------
+async def test_metrics_can_be_put_behind_the_key(layout: InstanceLayout) -> None:
+    async with (
+        running_gateway(layout, api_keys=["k"], admin_keys=["adm"], metrics_require_key=True) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        async with s.get(h.url + "/metrics") as r:
+            assert await status_code(r) == (401, "invalid_api_key")
+        for key in ("k", "adm"):
+            async with s.get(h.url + "/metrics", headers={"Authorization": f"Bearer {key}"}) as r:
+                assert r.status == 200 and "orpheus_gateway_active_streams" in await r.text()
+        async with s.get(h.url + "/health") as r:
+            assert r.status == 200
+    async with running_gateway(layout, api_keys=["k"]) as h, aiohttp.ClientSession() as s:
+        async with s.get(h.url + "/metrics") as r:
+            assert r.status == 200, "open by default (stated in docs/api.md)"
+
+
+async def test_admin_calls_need_an_admin_key_and_a_confined_path(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    adapters = tmp_path / "adapters"
+    (adapters / "ben").mkdir(parents=True)
+    (adapters / "escape").symlink_to("/etc")
+    ok_body = {"name": "ben", "path": str(adapters / "ben")}
+    real = os.path.realpath(adapters / "ben")
+    assert confined_lora_path(str(adapters / "x" / ".." / "ben"), [str(adapters)]) == real
+    async with running_gateway(layout, api_keys=["k"]) as h, aiohttp.ClientSession() as s:
+        async with s.post(
+            h.url + "/v1/admin/lora", json=ok_body, headers={"Authorization": "Bearer k"}
+        ) as r:
+            assert await status_code(r) == (403, "admin_disabled"), "speech keys open no admin call"
+    async with (
+        running_gateway(layout, api_keys=["k"], admin_keys=["adm"], lora_dirs=[str(adapters)]) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        speech = {"Authorization": "Bearer k"}
+        admin = {"Authorization": "Bearer adm"}
+        async with s.post(h.url + "/v1/admin/lora", json=ok_body, headers=speech) as r:
+            assert await status_code(r) == (401, "invalid_api_key")
+        async with s.delete(h.url + "/v1/admin/lora/ben", headers=speech) as r:
+            assert await status_code(r) == (401, "invalid_api_key")
+        async with s.post(h.url + "/v1/audio/speech", json=SPEECH, headers=admin) as r:
+            assert r.status == 401, "an admin key is not a speech key"
+        for path in (
+            "/etc",
+            str(adapters / ".." / "x"),
+            str(adapters / "escape"),
+            "org/some-lora",
+            "ben",
+        ):
+            body = {"name": "ben", "path": path}
+            async with s.post(h.url + "/v1/admin/lora", json=body, headers=admin) as r:
+                assert await status_code(r) == (400, "lora_path_not_allowed"), path
