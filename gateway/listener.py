@@ -200,9 +200,10 @@ class Listener:
         self.server = server
         self.guard = guard
 
-    async def close(self) -> None:
+    def close(self) -> None:
+        """Stop accepting. Not ``wait_closed``: that waits for every open connection (uvloop,
+        Python 3.12+), which ``runner.cleanup()`` closes afterwards."""
         self.server.close()
-        await self.server.wait_closed()
 
 
 def app_runner(app: web.Application, g: GatewayConfig, access_log: Any = None) -> web.AppRunner:

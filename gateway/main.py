@@ -139,7 +139,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None
             zmq_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await zmq_task
-        await listener.close()
+        listener.close()
         await gateway.close()
         await runner.cleanup()
         link.close()

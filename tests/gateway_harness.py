@@ -104,7 +104,7 @@ async def running_gateway(
             zmq_task.cancel()
             await asyncio.gather(zmq_task, return_exceptions=True)
         if listener is not None:
-            await listener.close()
+            listener.close()
         if runner is not None:
             await runner.cleanup()
         await gw.close()
