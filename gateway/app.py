@@ -90,9 +90,8 @@ def build_app(gateway: Gateway) -> web.Application:
         json_errors,
     ]
     keys = ApiKeys(g.api_keys)
-    browsers = BrowserGuard(g, keys.required)
-    middlewares.append(browsers.middleware())  # after json_errors, which renders its 403
-    # After json_errors, which renders its 401/403.
+    # After json_errors, which renders their 401/403: browsers first, then keys.
+    middlewares.append(BrowserGuard(g, keys.required).middleware())
     middlewares.append(http_middleware(keys, ApiKeys(g.admin_keys), metrics=g.metrics_require_key))
 
     app = web.Application(client_max_size=g.max_body_bytes, middlewares=middlewares)

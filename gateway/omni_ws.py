@@ -428,7 +428,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
                 except APIError as e:
                     await s.error(e.message, e.code)
                     continue
-                if not s.cap.admits(len(s.splitter.pending), len(text)):
+                if text and not s.cap.admits(len(s.splitter.pending), len(text)):
                     await s.error(s.cap.refusal(), "input_queue_full")
                     continue
                 if text:
