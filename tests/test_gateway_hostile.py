@@ -450,3 +450,49 @@ async def test_admin_calls_need_an_admin_key_and_a_confined_path(
             body = {"name": "ben", "path": path}
             async with s.post(h.url + "/v1/admin/lora", json=body, headers=admin) as r:
                 assert await status_code(r) == (400, "lora_path_not_allowed"), path
+
+
+async def test_a_voice_upload_is_spooled_not_held_in_memory(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    """A 12 MB upload (under ``voices.max_upload_bytes``) raises the gateway's traced memory
+    by far less than its size: the audio goes to a spool file, never into memory twice."""
+    import tracemalloc
+
+    serve = {
+        "voices": VoicesConfig(state_dir=str(tmp_path)),
+        "llm": LLMConfig(zero_shot=True, voices=["tara", "leah"]),
+    }
+    size = 12 << 20
+    head = (
+        b'--xyz\r\nContent-Disposition: form-data; name="name"\r\n\r\nbig\r\n'
+        b'--xyz\r\nContent-Disposition: form-data; name="transcript"\r\n\r\nHello.\r\n'
+        b'--xyz\r\nContent-Disposition: form-data; name="audio"; filename="a.wav"\r\n'
+        b"Content-Type: audio/wav\r\n\r\nRIFF"
+    )
+    tail = b"\r\n--xyz--\r\n"
+    length = len(head) + size + len(tail)
+    chunk = b"\x01" * (256 << 10)
+    async with running_gateway(layout, serve=serve) as h:
+        fds = open_fds()
+        reader, writer = await raw_connect(
+            h,
+            b"POST /v1/audio/voices HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: multipart/form-data; boundary=xyz\r\n"
+            + f"Content-Length: {length}\r\n\r\n".encode(),
+        )
+        tracemalloc.start()
+        try:
+            writer.write(head)
+            for _ in range(size // len(chunk)):
+                writer.write(chunk)
+                await writer.drain()
+            writer.write(tail)
+            answer = await asyncio.wait_for(reader.read(4096), 30)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert answer.startswith(b"HTTP/1.1 400") and b"invalid_audio" in answer, answer
+        assert peak < size // 3, f"peak {peak / 2**20:.1f} MiB traced for a 12 MiB upload"
+        writer.close()
+        await assert_recovered(h, fds)
