@@ -86,7 +86,7 @@ def build_app(gateway: Gateway) -> web.Application:
     # The body deadline is outermost: it closes the connection of the 408 that json_errors
     # renders from the read it failed.
     middlewares: list[Callable[..., Awaitable[web.StreamResponse]]] = [
-        body_deadline(g.body_timeout_s),
+        body_deadline(g.body_timeout_s, gateway.metrics),
         json_errors,
     ]
     keys = ApiKeys(g.api_keys)

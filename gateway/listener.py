@@ -30,6 +30,7 @@ from aiohttp import web
 
 from common.gateway_config import GatewayConfig
 from gateway.errors import APIError
+from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,10 @@ class ConnectionGuard:
         max_connections: int,
         header_timeout_s: float,
         retry_after_s: int = 1,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self._factory = factory
+        self._metrics = metrics
         self.max_connections = max_connections
         self.header_timeout_s = header_timeout_s
         self.active = 0
@@ -102,6 +105,8 @@ class ConnectionGuard:
 
     def _note_refusal(self, loop: asyncio.AbstractEventLoop) -> None:
         self.refused += 1
+        if self._metrics is not None:
+            self._metrics.connections_refused.inc()
         self._unlogged += 1
         now = loop.time()
         if now - self._last_log >= REFUSAL_LOG_INTERVAL_S:
@@ -150,6 +155,8 @@ class _GuardedProtocol(asyncio.Protocol):
         t = self._transport
         if t is not None and not t.is_closing():
             self._guard.header_timeouts += 1
+            if self._guard._metrics is not None:
+                self._guard._metrics.header_timeouts.inc()
             t.write(self._guard._timeout)
             t.close()
 
@@ -218,8 +225,14 @@ def app_runner(app: web.Application, g: GatewayConfig, access_log: Any = None) -
     )
 
 
-async def listen(runner: web.AppRunner, sock: socket.socket, g: GatewayConfig) -> Listener:
-    """Serve ``runner`` (set up) on the listening ``sock`` behind a ``ConnectionGuard``."""
+async def listen(
+    runner: web.AppRunner,
+    sock: socket.socket,
+    g: GatewayConfig,
+    metrics: GatewayMetrics | None = None,
+) -> Listener:
+    """Serve ``runner`` (set up) on the listening ``sock`` behind a ``ConnectionGuard``
+    (refusals and header timeouts counted in ``metrics``)."""
     server = runner.server
     assert server is not None, "runner.setup() first"
     guard = ConnectionGuard(
@@ -227,15 +240,17 @@ async def listen(runner: web.AppRunner, sock: socket.socket, g: GatewayConfig) -
         max_connections=connection_limit(g.max_connections),
         header_timeout_s=g.header_timeout_s,
         retry_after_s=g.retry_after_s,
+        metrics=metrics,
     )
     loop = asyncio.get_running_loop()
     srv = await loop.create_server(guard, sock=sock)
     return Listener(srv, guard)
 
 
-def body_deadline(timeout_s: float) -> Any:
+def body_deadline(timeout_s: float, metrics: GatewayMetrics | None = None) -> Any:
     """Middleware: the body of a request must have arrived ``timeout_s`` after its handler
-    started, else its read fails with 408 ``request_timeout`` and the connection closes."""
+    started, else its read fails with 408 ``request_timeout`` and the connection closes
+    (counted in ``metrics``)."""
 
     @web.middleware
     async def deadline(request: web.Request, handler: Any) -> web.StreamResponse:
@@ -248,6 +263,8 @@ def body_deadline(timeout_s: float) -> Any:
             nonlocal expired
             if not content.is_eof():
                 expired = True
+                if metrics is not None:
+                    metrics.body_timeouts.inc()
                 content.set_exception(
                     APIError(
                         408,

@@ -99,7 +99,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None
         access_log=logging.getLogger("gateway.access") if g.access_log else None,
     )
     await runner.setup()
-    listener = await listen(runner, reuseport_socket(g.host, g.port), g)
+    listener = await listen(runner, reuseport_socket(g.host, g.port), g, gateway.metrics)
     zmq_front: ZmqFrontend | None = None
     zmq_task: asyncio.Task[None] | None = None
     if g.zmq_endpoint:

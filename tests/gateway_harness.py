@@ -94,7 +94,7 @@ async def running_gateway(
         await runner.setup()
         sock = reuseport_socket("127.0.0.1", 0)
         port = sock.getsockname()[1]
-        listener = await listen(runner, sock, config.gateway)
+        listener = await listen(runner, sock, config.gateway, gw.metrics)
         if be.status is not None and be.status.llm_ready:
             await wait_until(lambda: gw.readiness().ready, what="gateway ready")
         yield Harness(gw, be, config, layout, port, listener.guard)

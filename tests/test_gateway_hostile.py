@@ -90,6 +90,8 @@ async def test_half_open_requests_are_closed_with_408(layout: InstanceLayout) ->
         for _, w in conns:
             w.close()
         assert h.guard.header_timeouts == 41
+        assert h.metric("orpheus_gateway_request_timeouts_total", {"phase": "header"}) == 41
+        assert h.metric("orpheus_gateway_request_timeouts_total", {"phase": "body"}) == 10
         await assert_recovered(h, fds)
 
 
@@ -120,6 +122,7 @@ async def test_connections_past_the_limit_are_refused_with_503_and_a_log_line(
         warnings = [r for r in caplog.records if "connection limit (20)" in r.getMessage()]
         assert len(warnings) == 1, "one line, rate-limited"
         assert h.guard.refused == 5
+        assert h.metric("orpheus_gateway_connections_refused_total") == 5
         for _, w in held + refused:
             w.close()
         await assert_recovered(h, fds)
