@@ -10,6 +10,8 @@ import asyncio
 import json
 import logging
 import os
+import resource
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,11 @@ from bench.doubles.clips import wav_bytes
 from bench.doubles.tiny_model import random_snac
 from codec_worker.encoder import EncodeServer, VoiceEncoder
 from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
+from common.gateway_config import GatewayConfig
 from common.llm_config import LLMConfig
+from gateway.browser_guard import BrowserGuard
 from gateway.custom_voices import confined_lora_path
+from gateway.listener import FD_RESERVE, connection_limit
 from shm.layout import InstanceLayout
 from shm.voices import VoicesConfig
 
@@ -460,8 +465,6 @@ async def test_a_voice_upload_is_spooled_not_held_in_memory(
 ) -> None:
     """A 12 MB upload (under ``voices.max_upload_bytes``) raises the gateway's traced memory
     by far less than its size: the audio goes to a spool file, never into memory twice."""
-    import tracemalloc
-
     serve = {
         "voices": VoicesConfig(state_dir=str(tmp_path)),
         "llm": LLMConfig(zero_shot=True, voices=["tara", "leah"]),
@@ -499,3 +502,60 @@ async def test_a_voice_upload_is_spooled_not_held_in_memory(
         assert peak < size // 3, f"peak {peak / 2**20:.1f} MiB traced for a 12 MiB upload"
         writer.close()
         await assert_recovered(h, fds)
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "same"),
+    [
+        ("http://127.0.0.1:8000", "127.0.0.1:8000", True),
+        ("http://[::1]:8000", "[::1]:8000", True),
+        ("https://tts.example.com", "tts.example.com", True),  # TLS ended by a proxy
+        ("http://tts.example.com", "tts.example.com:80", True),
+        ("http://127.0.0.1:8001", "127.0.0.1:8000", False),
+        ("http://evil.example:8000", "127.0.0.1:8000", False),
+        ("null", "127.0.0.1:8000", False),
+        ("http://127.0.0.1:8000", None, False),
+    ],
+)
+def test_same_origin_is_the_origins_host_and_port(
+    origin: str, host: str | None, same: bool
+) -> None:
+
+    assert BrowserGuard(GatewayConfig(), keys_required=False).same_origin(origin, host) is same
+
+
+def test_hosts_served_without_a_key() -> None:
+
+    guard = BrowserGuard(GatewayConfig(allowed_hosts=["TTS.internal."]), keys_required=False)
+    for ok in (
+        "127.0.0.1:8000",
+        "[::1]",
+        "10.0.0.7",
+        "localhost:8000",
+        "app.localhost",
+        "tts.internal:80",
+        None,
+    ):
+        assert guard.host_allowed(ok), ok
+    for bad in (
+        "evil.example",
+        "evil.example:8000",
+        "127.0.0.1.evil.example",
+        "localhost.evil.example",
+    ):
+        assert not guard.host_allowed(bad), bad
+    assert not BrowserGuard(GatewayConfig(api_keys=["k"]), keys_required=True).check_host
+    assert BrowserGuard(GatewayConfig(allowed_origins=["https://app.example/"]), True).listed(
+        "https://APP.example"
+    )
+
+
+def test_the_connection_limit_leaves_descriptors_for_the_rest() -> None:
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (600, hard))  # the issue's scale model
+    try:
+        assert connection_limit(8192) == 600 - FD_RESERVE
+        assert connection_limit(100) == 100
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
