@@ -83,15 +83,17 @@ class BrowserGuard:
         )
 
     def same_origin(self, origin: str, host_header: str | None) -> bool:
+        """The origin's host and port are the request's ``Host``. A ``Host`` without a port
+        matches on the name alone: proxies that pass ``$host`` (nginx) drop the port."""
         if not host_header:
             return False
         try:
             o = urlsplit(origin)
-            default = _DEFAULT_PORTS.get(o.scheme)
-            theirs = (o.hostname or "", o.port or default)
+            name, port = o.hostname or "", o.port or _DEFAULT_PORTS.get(o.scheme)
         except ValueError:
             return False
-        return theirs == split_host(host_header, default)
+        host, host_port = split_host(host_header)
+        return bool(name) and name == host and host_port in (None, port)
 
     def listed(self, origin: str) -> bool:
         return self.any_origin or origin.strip().lower().rstrip("/") in self.origins

@@ -511,6 +511,8 @@ async def test_a_voice_upload_is_spooled_not_held_in_memory(
         ("http://[::1]:8000", "[::1]:8000", True),
         ("https://tts.example.com", "tts.example.com", True),  # TLS ended by a proxy
         ("http://tts.example.com", "tts.example.com:80", True),
+        ("http://tts.example.com:8080", "tts.example.com", True),  # nginx's $host: no port
+        ("http://tts.example.com:8080", "tts.example.com:80", False),
         ("http://127.0.0.1:8001", "127.0.0.1:8000", False),
         ("http://evil.example:8000", "127.0.0.1:8000", False),
         ("null", "127.0.0.1:8000", False),
