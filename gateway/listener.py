@@ -213,15 +213,19 @@ class Listener:
         self.server.close()
 
 
-def app_runner(app: web.Application, g: GatewayConfig, access_log: Any = None) -> web.AppRunner:
+def app_runner(
+    app: web.Application, g: GatewayConfig, access_log: Any = None, **kwargs: Any
+) -> web.AppRunner:
     """aiohttp's runner with the gateway's keep-alive timeout; a client that disconnects
-    cancels its handler."""
+    cancels its handler. ``kwargs`` go to ``web.AppRunner`` (and on to aiohttp's request
+    handler: ``logger``, ``max_line_size``, ...)."""
     return web.AppRunner(
         app,
         handle_signals=False,
         handler_cancellation=True,
         access_log=access_log,
         keepalive_timeout=g.keepalive_timeout_s,
+        **kwargs,
     )
 
 
