@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY
 
 from common.config import ServeConfig
 from common.link import WorkerLink
+from gateway import malformed_http
 from gateway.app import build_app
 from gateway.listener import app_runner, listen
 from gateway.metrics import GatewayMetrics
@@ -97,6 +98,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None
         build_app(gateway),
         g,
         access_log=logging.getLogger("gateway.access") if g.access_log else None,
+        **malformed_http.server_options(g),
     )
     await runner.setup()
     listener = await listen(runner, reuseport_socket(g.host, g.port), g, gateway.metrics)

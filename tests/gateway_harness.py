@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from bench.doubles.synthetic_backend import SyntheticBackend
 from common.config import ServeConfig
 from common.gateway_config import GatewayConfig
+from gateway import malformed_http
 from gateway.app import build_app
 from gateway.listener import ConnectionGuard, Listener, app_runner, listen
 from gateway.main import reuseport_socket
@@ -90,7 +91,9 @@ async def running_gateway(
         if config.gateway.zmq_endpoint:
             zmq_front = ZmqFrontend(gw, config.gateway.zmq_endpoint)
             zmq_task = asyncio.create_task(zmq_front.run())
-        runner = app_runner(build_app(gw), config.gateway)
+        runner = app_runner(
+            build_app(gw), config.gateway, **malformed_http.server_options(config.gateway)
+        )
         await runner.setup()
         sock = reuseport_socket("127.0.0.1", 0)
         port = sock.getsockname()[1]

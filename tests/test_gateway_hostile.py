@@ -154,7 +154,7 @@ async def drain_ws(ws: aiohttp.ClientWebSocketResponse, timeout: float) -> list[
 async def open_omni(s: aiohttp.ClientSession, h: Harness, text: str) -> Any:
     ws = await s.ws_connect(h.url + OMNI)
     await ws.send_json({"type": "session.config", "voice": "tara", "response_format": "pcm",
-                        "stream_audio": True})  # fmt: skip
+                        "stream_audio": True, "split_granularity": "sentence"})  # fmt: skip
     await ws.send_json({"type": "input.text", "text": text})
     return ws
 
