@@ -361,7 +361,6 @@ CONSTRUCTORS = [
     ("llm_worker/engine.py", "AsyncEngineArgs", "vllm.engine.arg_utils", "AsyncEngineArgs"),
     ("llm_worker/profiling.py", "ProfilerConfig", "vllm.config", "ProfilerConfig"),
     ("llm_worker/requests.py", "SamplingParams", "vllm", "SamplingParams"),
-    ("llm_worker/main.py", "SamplingParams", "vllm", "SamplingParams"),
     ("bench/load/baseline/engine.py", "SamplingParams", "vllm", "SamplingParams"),
     ("bench/penalties.py", "SamplingParams", "vllm", "SamplingParams"),
 ]
@@ -415,6 +414,7 @@ def test_sampling_params_fields(source: VllmSource) -> None:
 
 ENGINE_USERS = (
     "llm_worker/main.py",
+    "llm_worker/warmup.py",
     "llm_worker/profiling.py",
     "llm_worker/engine.py",
     "bench/load/baseline/server.py",
