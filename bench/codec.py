@@ -51,7 +51,7 @@ from codec_worker.quality import error_db
 from codec_worker.service import CodecService
 from codec_worker.snac_model import SNAC_24KHZ, fuse_weight_norm, load_snac
 from common.codec_config import CodecConfig
-from shm.records import SAMPLE_RATE, SAMPLES_PER_FRAME, RecordKind, StreamEnd, end_encoder
+from shm.records import SAMPLE_RATE, SAMPLES_PER_FRAME, RecordKind, StreamEnd, record_encoder
 from shm.ring import Record
 
 VARIANTS = ("reference", "worker", "worker-lockstep")
@@ -107,7 +107,7 @@ class WorkerHarness:
                 for sid in range(n_streams)
             )
             pump_all()
-        end = memoryview(end_encoder.encode(StreamEnd("stop", n_frames)))
+        end = memoryview(record_encoder.encode(StreamEnd("stop", n_frames)))
         svc.ingest(Record(RecordKind.END, sid + 1, n_frames, end) for sid in range(n_streams))
         pump_all()
         if svc.streams:

@@ -42,8 +42,8 @@ from shm.records import (
     StreamEnd,
     StreamError,
     end_decoder,
-    end_encoder,
     gateway_of,
+    record_encoder,
 )
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ class CodecService:
     def _put_end(self, gateway: int, sid: int, chunks: int, end: StreamEnd, frames: int) -> None:
         out = StreamEnd(end.reason, frames, end.tokens, end.invalid_tokens_prevented)
         if gateway < self.gateways:
-            self.sink.put(gateway, RecordKind.END, sid, chunks, end_encoder.encode(out))
+            self.sink.put(gateway, RecordKind.END, sid, chunks, record_encoder.encode(out))
         metrics.STREAMS_FINISHED.labels(end.reason).inc()
 
     def _finish(self, s: StreamState) -> None:
@@ -178,7 +178,7 @@ class CodecService:
         self._put_end(s.gateway, s.stream_id, s.chunks, s.end, s.written)
 
     def _error_record(self, code: str, message: str, status: int) -> bytes:
-        return end_encoder.encode(StreamError(code=code, message=message, status=status))
+        return record_encoder.encode(StreamError(code=code, message=message, status=status))
 
     def _fail(self, s: StreamState, code: str, message: str, status: int = 500) -> None:
         log.warning("stream %#x failed in the codec worker: %s: %s", s.stream_id, code, message)

@@ -1,22 +1,27 @@
 """The gateway: HTTP (OpenAI, ElevenLabs), WebSocket (vLLM-Omni, ElevenLabs, Baseten) and ZeroMQ
 front ends of orpheus-serve.
 
-Process entry point: ``gateway.main.run``. Modules, each with one job:
+Process entry point: ``gateway.main.run``. The core, each module with one job:
 
 - ``service``: ``Gateway``, the process's state: admission, streams, cluster, watchdog, drain
-- ``session``: one admitted stream as a front end drives it, and how it ended (outcome)
+- ``requests``: the owner of a request's life (``RequestTracker``: admit, track, finish) and
+  the client-writer contract of the ``ActiveRequest`` a front end drives; how a request ended
 - ``readiness``: whether the gateway can take a stream (``/ready``, admission's gate)
 - ``streams`` / ``pcm_pump``: PCM ring records routed into bounded per-stream buffers
 - ``admission``, ``cluster``, ``upstream``: slots and queue; ClusterStatus; control PUSH
 - ``schemas``, ``voices``, ``errors``: request validation, voice names, JSON errors
-- ``auth``: the API-key check of every front end (HTTP middleware, ZeroMQ)
-- ``encoders``, ``audio_out``, ``sse``: streaming encoders, resampling, G.711; SSE events
-- ``app``, ``speech_http``: the aiohttp application and the OpenAI handler
-- ``omni_ws``, ``elevenlabs``, ``baseten_ws``: the voice agents' streaming protocols, on
-  ``text_units`` (text cut into sentences), ``utterance`` (units spoken in order) and
-  ``alignment`` (estimated character and word times)
-- ``zmq_protocol``, ``zmq_server``, ``zmq_client``: the ZeroMQ protocol, server, client
-- ``metrics``: Prometheus metrics; ``static/index.html``: the playground page
+- ``auth``, ``browser_guard``, ``listener``, ``malformed_http``: API keys, browsers, the
+  socket and its limits, what aiohttp refuses before a handler
+- ``encoders``, ``audio_out``: streaming encoders; resampling, G.711, content types
+- ``custom_voices``: the voices API; ``metrics``: Prometheus metrics (``Api``, the label enum)
+- ``app``: the aiohttp application: each front end's routes in one loop
 
-The API is documented in docs/api.md.
+The front ends, one package each under ``frontends`` (``frontends.registry`` lists those on
+HTTP): ``openai`` (``POST /v1/audio/speech``), ``omni`` (vLLM-Omni's WebSocket),
+``elevenlabs`` (WebSocket and HTTP), ``baseten`` (WebSocket and HTTP), ``zeromq`` (internal
+clients; the client library is ``orpheus_client.zmq_client``). What they share is beside
+them: ``frontends.shared``, ``frontends.utterance`` (units spoken in order),
+``frontends.text_units`` and ``frontends.alignment``. ``static/index.html``: the playground.
+
+The API is documented in docs/api.md; the layout in docs/architecture.md.
 """

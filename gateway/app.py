@@ -11,14 +11,14 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import web
 
-from gateway import baseten_http, baseten_ws, custom_voices, elevenlabs
+from gateway import custom_voices
 from gateway.auth import ApiKeys, http_middleware
 from gateway.browser_guard import BrowserGuard, add_cors_headers
 from gateway.errors import APIError
+from gateway.frontends.registry import HTTP_FRONTENDS
+from gateway.frontends.shared import Handler
 from gateway.listener import body_deadline
-from gateway.omni_ws import OMNI_PATH, omni_handler
 from gateway.service import Gateway
-from gateway.speech_http import Handler, speech_handler
 
 log = logging.getLogger(__name__)
 
@@ -125,17 +125,8 @@ def build_app(gateway: Gateway) -> web.Application:
     async def playground(_: web.Request) -> web.FileResponse:
         return web.FileResponse(os.path.join(STATIC_DIR, "index.html"))
 
-    app.router.add_post("/v1/audio/speech", speech_handler(gateway))
-    app.router.add_get(OMNI_PATH, omni_handler(gateway))
-    app.router.add_get(baseten_ws.PATH, baseten_ws.baseten_handler(gateway))
-    app.router.add_post(baseten_http.PATH, baseten_http.predict_handler(gateway))
-    app.router.add_get(elevenlabs.WS_PATH, elevenlabs.multi_stream_handler(gateway))
-    app.router.add_post(
-        elevenlabs.STREAM_PATH, elevenlabs.stream_handler(gateway, timestamps=False)
-    )
-    app.router.add_post(
-        elevenlabs.TIMESTAMPS_PATH, elevenlabs.stream_handler(gateway, timestamps=True)
-    )
+    for frontend in HTTP_FRONTENDS:  # each protocol's routes (gateway.frontends)
+        app.router.add_routes(frontend.routes(gateway))
     app.router.add_get("/v1/audio/voices", voices)
     app.router.add_post("/v1/audio/voices", custom_voices.create_handler(custom))
     app.router.add_delete("/v1/audio/voices/{voice_id}", custom_voices.delete_handler(custom))

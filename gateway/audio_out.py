@@ -36,7 +36,7 @@ from shm.records import PCM_DTYPE, SAMPLE_RATE
 Codec = Literal["pcm", "wav", "mp3", "opus", "aac", "flac", "ulaw", "alaw"]
 SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 
-CODEC_CONTENT_TYPES: dict[str, str] = {
+CONTENT_TYPES: dict[Codec, str] = {
     "pcm": "audio/pcm",
     "wav": "audio/wav",
     "mp3": "audio/mpeg",
@@ -58,7 +58,7 @@ class OutputFormat(msgspec.Struct, frozen=True):
 
     @property
     def content_type(self) -> str:
-        return CODEC_CONTENT_TYPES[self.codec]
+        return CONTENT_TYPES[self.codec]
 
     @property
     def bytes_per_second(self) -> int | None:

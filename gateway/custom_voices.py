@@ -105,15 +105,10 @@ class VoiceListing(msgspec.Struct, frozen=True):
     """Whether the model takes custom voices made from reference audio."""
 
 
-class CreatedVoice(msgspec.Struct, frozen=True):
-    id: str
-    name: str
-    description: str
-    created_at: int
-    duration_s: float
-    frames: int
+class CreatedVoice(VoiceSummary, frozen=True, kw_only=True):
+    """Body of ``POST /v1/audio/voices`` (201): the voice as listed, with OpenAI's ``object``."""
+
     object: str = "audio.voice"
-    type: str = "zero_shot"
 
 
 def _bad(code: str, message: str, param: str | None = None, status: int = 400) -> APIError:

@@ -22,14 +22,9 @@ import numpy as np
 
 from shm.records import PCM_DTYPE, SAMPLE_RATE
 
-CONTENT_TYPES: dict[str, str] = {
-    "pcm": "audio/pcm",
-    "wav": "audio/wav",
-    "mp3": "audio/mpeg",
-    "opus": "audio/opus",
-    "aac": "audio/aac",
-    "flac": "audio/flac",
-}
+ENCODER_FORMATS = ("pcm", "wav", "mp3", "opus", "aac", "flac")
+"""What ``make_encoder`` makes at 24 kHz (G.711 and other rates: ``gateway.audio_out``, which
+also has the formats' content types)."""
 
 # format -> (muxer, codec, codec options, muxer options). Speech-grade bit rates; encoder
 # effort chosen for CPU per stream (the defaults cost 2-4x more for no audible gain on speech).
@@ -256,7 +251,7 @@ class TempoEncoder:
 
 
 def make_encoder(fmt: str, speed: float = 1.0) -> AudioEncoder:
-    if fmt not in CONTENT_TYPES:
+    if fmt not in ENCODER_FORMATS:
         raise ValueError(f"unknown response format {fmt!r}")
     if speed != 1.0:
         return TempoEncoder(fmt, speed)

@@ -1,7 +1,7 @@
 """How a request becomes ``SpeechParams``: one path for every front end.
 
 Each front end decodes its own wire format (the OpenAI body here, ``Speak`` in
-``gateway.zmq_protocol``, the WebSocket protocols' messages) with plain types, then hands the
+``gateway.frontends.zeromq.protocol``, the WebSocket protocols' messages) with plain types, then hands the
 fields to ``build_params``, which holds every rule about them: the ranges and enums
 (``FieldRules``), the sampling fields' limits (``common.limits.RequestLimits``: the
 llm_worker checks the same ones with the same function), the text (``check_text``), the voice

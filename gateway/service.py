@@ -1,10 +1,10 @@
 """The gateway's service: the state of one gateway process, shared by every front end.
 
 ``Gateway`` owns admission, the stream registry and the PCM pump, the cluster state, the
-watchdog and the drain. Front ends (HTTP, WebSocket, ZeroMQ) build a request into
-``SpeechParams`` (``gateway.schemas.build_params``), then drive it as a ``Session``
-(``gateway.session``) opened with ``Gateway.open_session``; ``/ready`` and the admission
-gate come from ``gateway.readiness``.
+watchdog and the drain. Front ends (``gateway.frontends``) build a request into
+``SpeechParams`` (``gateway.schemas.build_params``), then drive it as an ``ActiveRequest``
+opened with ``Gateway.requests.open`` (``gateway.requests``, the owner of a request's life);
+``/ready`` and the admission gate come from ``gateway.readiness``.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
 from gateway.pcm_pump import pump_pcm
 from gateway.readiness import Readiness, draining_error, readiness, refusal
-from gateway.schemas import SpeechParams
-from gateway.session import BYTES_PER_SECOND, Session, session_outcome
-from gateway.streams import PcmStream, StreamRegistry
-from gateway.upstream import ControlChannel, UpstreamUnavailable
+from gateway.requests import BYTES_PER_SECOND, RequestTracker
+from gateway.streams import StreamRegistry
+from gateway.upstream import ControlChannel
 from gateway.voices import ENGLISH_VOICES, VoiceCatalog
 from shm.admission import AdmissionBoard
 from shm.layout import InstanceLayout
@@ -33,7 +32,6 @@ from shm.records import StreamError
 from shm.ring import RingReader
 
 log = logging.getLogger(__name__)
-stream_log = logging.getLogger("orpheus.streams")
 
 WATCHDOG_PERIOD_S = 0.25
 
@@ -83,8 +81,9 @@ class Gateway:
             else None,
         )
         self.cluster = ClusterWatcher(layout.status, self._on_status)
+        self.requests = RequestTracker(g, self.admission, self.registry, self.control, self.metrics)
+        """The owner of every request's life: ``gateway.requests.open(...)``."""
         self.draining = False
-        self._sessions: set[Session] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._reader: RingReader | None = None
         self._closing = False
@@ -96,6 +95,7 @@ class Gateway:
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self.requests.start(self.loop)
         shm = self.config.shm
         self._reader = RingReader(
             self.layout.pcm_ring(self.index), spin_us=shm.spin_us, recheck_ms=shm.recheck_ms
@@ -140,7 +140,7 @@ class Gateway:
         """Admit nothing more (503); queued requests are refused now."""
         if self.draining:
             return
-        log.info("draining: no new streams; %d active", len(self._sessions))
+        log.info("draining: no new streams; %d active", len(self.requests))
         self.draining = True
         self.admission.refuse_waiting(self._draining_error())
 
@@ -148,27 +148,25 @@ class Gateway:
         """Stop admitting; wait up to ``timeout_s`` for active streams. True if all finished."""
         self.begin_drain()
         deadline = self.loop.time() + timeout_s
-        while self._sessions and self.loop.time() < deadline:
+        while self.requests.active and self.loop.time() < deadline:
             await asyncio.sleep(0.05)
-        if not self._sessions:
+        if not self.requests.active:
             return True
-        log.warning("drain timeout: aborting %d streams", len(self._sessions))
+        log.warning("drain timeout: aborting %d streams", len(self.requests))
         self._fail_everything("shutdown", "the server is shutting down")
         end = self.loop.time() + 1.0
-        while self._sessions and self.loop.time() < end:
+        while self.requests.active and self.loop.time() < end:
             await asyncio.sleep(0.02)
         return False
 
     def _fail_everything(self, code: str, message: str) -> None:
         self.registry.fail_all(StreamError(code, message, 503), cancel_upstream=True)
-        for session in list(self._sessions):
-            if session.stream.on_abort is not None and session.write_started:
-                session.stream.on_abort()
+        self.requests.abort_writers()
 
     # -- state -----------------------------------------------------------------------------
     @property
     def active_streams(self) -> int:
-        return len(self._sessions)
+        return len(self.requests)
 
     def _draining_error(self) -> APIError:
         return draining_error(self.config.gateway.retry_after_s)
@@ -193,80 +191,6 @@ class Gateway:
             )
             log.warning("%s: failed %d streams in flight", why, n)
 
-    # -- sessions --------------------------------------------------------------------------
-    def open_session(
-        self,
-        params: SpeechParams,
-        api: str,
-        *,
-        text_open: bool = False,
-        started_at: float | None = None,
-    ) -> Session:
-        t0 = self.loop.time() if started_at is None else started_at
-        return Session(self, params, api, t0, text_open)
-
-    async def _admit(self, session: Session) -> None:
-        with self.metrics.queued.track_inprogress():
-            try:
-                await self.admission.acquire()
-            except APIError:
-                self.metrics.count_request(session.api, "rejected")
-                raise
-        params = session.params
-        stream = self.registry.open(self.loop.time(), text_closed=not session.text_open)
-        try:
-            self.control.submit(
-                stream.stream_id,
-                params.text,
-                params.voice,
-                params.sampling,
-                text_open=not stream.text_closed,
-            )
-        except UpstreamUnavailable as e:
-            self.registry.fail(
-                stream,
-                StreamError("upstream_unavailable", str(e), 503),
-                cancel_upstream=False,
-                discard_pending=True,
-            )
-            self.admission.release()
-            self.metrics.count_request(session.api, "upstream_error")
-            raise APIError(
-                503, "upstream_unavailable", str(e), retry_after_s=self.config.gateway.retry_after_s
-            ) from None
-        session.stream = stream
-        self._sessions.add(session)
-        self.metrics.active.inc()
-
-    def _finish(self, session: Session, exc: BaseException | None) -> None:
-        session.report_bytes()
-        stream = session.stream
-        outcome = session_outcome(session, exc)
-        self.registry.release(
-            stream, "client_disconnected" if outcome in ("cancelled", "ok") else outcome
-        )
-        elapsed = self.loop.time() - session.started_at
-        audio_s = session.audio_seconds
-        rtf = elapsed / audio_s if audio_s else None
-        if outcome == "ok" and rtf is not None:
-            self.metrics.rtf_by_api[session.api].observe(rtf)
-        self.metrics.count_request(session.api, outcome)
-        ttfb = session.first_byte_at - session.started_at if session.first_byte_at else None
-        # One line per stream at its end (JSON lines carry the fields as keys).
-        fields = {
-            "stream_id": f"{stream.stream_id:#x}", "api": session.api, "outcome": outcome,
-            "ttfb_s": None if ttfb is None else round(ttfb, 4),
-            "rtf": None if rtf is None else round(rtf, 4), "audio_s": round(audio_s, 3),
-            "bytes_sent": session.bytes_sent, "text_chars": session.text_chars,
-        }  # fmt: skip
-        stream_log.info(
-            "stream %s %s: ttfb %s s, rtf %s, audio %.2f s", fields["stream_id"], outcome,
-            fields["ttfb_s"], fields["rtf"], audio_s, extra={"fields": fields},
-        )  # fmt: skip
-        self._sessions.discard(session)
-        self.metrics.active.dec()
-        self.admission.release()
-
     async def _watchdog(self) -> None:
         g = self.config.gateway
         idle_s = g.upstream_idle_timeout_s
@@ -283,20 +207,11 @@ class Gateway:
         )
         while True:
             await asyncio.sleep(WATCHDOG_PERIOD_S)
-            now = self.loop.time()
-            for session in list(self._sessions):
-                stream = session.stream
-                if not stream.done:
-                    # Complete text: the workers went silent. Open text (ZeroMQ text_open):
-                    # the client neither finishes it nor adds to it, and it holds a slot.
-                    idle = now - stream.last_record_at
-                    if stream.text_closed and idle > idle_s:
-                        self._fail_stream(stream, upstream_timeout)
-                    elif not stream.text_closed and idle > text_idle_s:
-                        self._fail_stream(stream, text_timeout)
-                started = session.write_started
-                if started and now - started > stall_s:
-                    session.drop(f"the client accepted no data for {stall_s:g} s")
-
-    def _fail_stream(self, stream: PcmStream, error: StreamError) -> None:
-        self.registry.fail(stream, error, cancel_upstream=True, discard_pending=True)
+            self.requests.sweep(
+                self.loop.time(),
+                idle_s=idle_s,
+                text_idle_s=text_idle_s,
+                stall_s=stall_s,
+                upstream_timeout=upstream_timeout,
+                text_timeout=text_timeout,
+            )

@@ -61,7 +61,7 @@ from llm_worker.requests import (
 from llm_worker.sampling.hooks import SamplingHooks
 from llm_worker.text import TextStream, normalise_tags, split_text
 from shm.messages import LlmAppendText, LlmCancel, LlmControl, LlmSubmit
-from shm.records import CODE_DTYPE, FRAME_CODES, RecordKind, StreamEnd, StreamError, end_encoder
+from shm.records import CODE_DTYPE, FRAME_CODES, RecordKind, StreamEnd, StreamError, record_encoder
 from shm.voices import VoiceLookup
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ class Engine(Protocol):
 
 
 @dataclass(slots=True, eq=False)
-class Stream:
+class LlmStream:
     stream_id: int
     plan: RequestPlan
     row: int
@@ -180,17 +180,17 @@ class LLMService:
         self._info = info
         self._tags = frozenset(info.emotion_tags)
         self._sampling = sampling or SamplingHooks()
-        self._streams: dict[int, Stream] = {}
-        self._live: dict[int, Stream] = {}
+        self._streams: dict[int, LlmStream] = {}
+        self._live: dict[int, LlmStream] = {}
         """Streams with a request in the engine."""
         self._assembler = FrameAssembler(capacity=64)
         self._guard = RepetitionGuard(config.repetition_guard_frames, capacity=64)
         self._wake = asyncio.Event()
-        self._outbox: deque[tuple[Stream | _Orphan, StreamEnd | StreamError]] = deque()
+        self._outbox: deque[tuple[LlmStream | _Orphan, StreamEnd | StreamError]] = deque()
         """END/ERROR records the pump writes after the step's CODES (see the module doc)."""
         self._max_frames_per_record = max(1, (sink.max_payload // _FRAME_BYTES))
         # One step's outputs, reused from step to step.
-        self._step_streams: list[Stream] = []
+        self._step_streams: list[LlmStream] = []
         self._step_tokens: list[Sequence[int]] = []
         self._step_finished: list[str | None] = []
 
@@ -277,7 +277,7 @@ class LLMService:
                 if plan.total_tokens is None
                 else deque(split_budget(plan.total_tokens, [len(p) for p in parts]))
             )
-        s = Stream(msg.stream_id, plan, row, pieces, budgets, text)
+        s = LlmStream(msg.stream_id, plan, row, pieces, budgets, text)
         s.prefix, s.lora, s.speaker = prefix, lora, speaker
         s.counter = self._sampling.acquire()
         s.sampling_kwargs = self._sampling.kwargs(plan.repetition_penalty, s.counter)
@@ -318,7 +318,7 @@ class LLMService:
 
     # -- segments -----------------------------------------------------------------------
 
-    async def _advance(self, s: Stream) -> None:
+    async def _advance(self, s: LlmStream) -> None:
         """Start the stream's next piece of text, or end it when all text is spoken."""
         while not s.done and s.request_id is None:
             if s.pieces:
@@ -336,7 +336,7 @@ class LLMService:
                 self._finish(s)
             return
 
-    async def _start_segment(self, s: Stream, text: str, budget: int | None) -> None:
+    async def _start_segment(self, s: LlmStream, text: str, budget: int | None) -> None:
         s.segment += 1
         spoken = normalise_tags(text, self._tags)
         if s.prefix is not None:
@@ -378,7 +378,7 @@ class LLMService:
         s.request_id = rid
         self._live[s.stream_id] = s
 
-    def _end_segment(self, s: Stream, reason: str) -> None:
+    def _end_segment(self, s: LlmStream, reason: str) -> None:
         if self._assembler.pending_tokens(s.row):
             M.FRAMES_DROPPED.labels("incomplete").inc()
         if _SEVERITY.get(reason, 0) > _SEVERITY.get(s.reason, 0):
@@ -387,7 +387,7 @@ class LLMService:
         s.collector = None
         self._live.pop(s.stream_id, None)
 
-    async def _stop_request(self, s: Stream, reason: str) -> None:
+    async def _stop_request(self, s: LlmStream, reason: str) -> None:
         """End the current segment early (cancel, repetition, failure) and abort it in vLLM."""
         rid = s.request_id
         if rid is None:
@@ -400,7 +400,7 @@ class LLMService:
 
     # -- endings ------------------------------------------------------------------------
 
-    def _close(self, s: Stream, outcome: str) -> int:
+    def _close(self, s: LlmStream, outcome: str) -> int:
         """Drop the stream's state; returns its prevented-token count."""
         s.done = True
         self._streams.pop(s.stream_id, None)
@@ -411,7 +411,7 @@ class LLMService:
         M.STREAMS.labels(outcome).inc()
         return prevented
 
-    def _finish(self, s: Stream) -> None:
+    def _finish(self, s: LlmStream) -> None:
         prevented = self._close(s, s.reason)
         end = StreamEnd(
             reason=s.reason, frames=s.frames, tokens=s.tokens, invalid_tokens_prevented=prevented
@@ -420,7 +420,7 @@ class LLMService:
         self._wake.set()
 
     async def _fail(
-        self, s: Stream, code: str, message: str, status: int, abort: bool = True
+        self, s: LlmStream, code: str, message: str, status: int, abort: bool = True
     ) -> None:
         if s.done:
             return
@@ -444,7 +444,7 @@ class LLMService:
         streams.clear()
         token_lists.clear()
         finished.clear()
-        broken: list[tuple[Stream, Exception]] | None = None
+        broken: list[tuple[LlmStream, Exception]] | None = None
         eos = self._space.end_of_speech
         for s in self._live.values():
             try:
@@ -478,7 +478,7 @@ class LLMService:
             M.STEP_SECONDS.observe(time.perf_counter() - t0)
 
     async def _publish_step(
-        self, streams: list[Stream], token_lists: list[Sequence[int]], finished: list[str | None]
+        self, streams: list[LlmStream], token_lists: list[Sequence[int]], finished: list[str | None]
     ) -> None:
         n = len(streams)
         lens = np.fromiter((len(t) for t in token_lists), dtype=np.int64, count=n)
@@ -529,7 +529,7 @@ class LLMService:
             elif reason is not None:
                 await self._fail(s, "engine_error", f"generation ended with {reason!r}", 500)
 
-    async def _write_frames(self, s: Stream, frames: np.ndarray) -> None:
+    async def _write_frames(self, s: LlmStream, frames: np.ndarray) -> None:
         step = self._max_frames_per_record
         for a in range(0, len(frames), step):
             if s.done:  # cancelled or failed while this step's records were waiting
@@ -550,13 +550,18 @@ class LLMService:
                 kind = RecordKind.END
             else:
                 kind = RecordKind.ERROR
-            if not await self._put(s, kind, s.frames, end_encoder.encode(msg), final=True):
+            if not await self._put(s, kind, s.frames, record_encoder.encode(msg), final=True):
                 asyncio.get_running_loop().call_later(_OUTBOX_RETRY_S, self._wake.set)
                 return
             self._outbox.popleft()
 
     async def _put(
-        self, s: Stream | _Orphan, kind: RecordKind, seq: int, payload: Payload, final: bool = False
+        self,
+        s: LlmStream | _Orphan,
+        kind: RecordKind,
+        seq: int,
+        payload: Payload,
+        final: bool = False,
     ) -> bool:
         """Stage one record; wait while the ring is full. Past the sink's timeout a CODES
         record fails its stream (ERROR "backpressure"); a ``final`` record (END/ERROR) stays
@@ -567,7 +572,7 @@ class LLMService:
             return True
         if final:
             log.warning("code ring full: %s of stream %#x waits", kind.name, s.stream_id)
-        elif isinstance(s, Stream):
+        elif isinstance(s, LlmStream):
             await self._fail(s, "backpressure", "the codec worker fell behind", 503)
         return False
 

@@ -42,7 +42,7 @@ async def _say_http(args: argparse.Namespace) -> tuple[bytes, float | None, floa
 
 
 async def _say_zmq(args: argparse.Namespace) -> tuple[bytes, float | None, float]:
-    from gateway.zmq_client import AsyncClient
+    from orpheus_client.zmq_client import AsyncClient
 
     pcm = bytearray()
     ttfb: float | None = None

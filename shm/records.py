@@ -60,7 +60,8 @@ class StreamError(msgspec.Struct, frozen=True):
     status: int = 500  # HTTP status the gateway should answer with if nothing was sent yet
 
 
-end_encoder = msgspec.msgpack.Encoder()
+record_encoder = msgspec.msgpack.Encoder()
+"""Encodes the payload of an END (``StreamEnd``) or ERROR (``StreamError``) record."""
 end_decoder = msgspec.msgpack.Decoder(StreamEnd)
 error_decoder = msgspec.msgpack.Decoder(StreamError)
 

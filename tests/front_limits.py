@@ -16,7 +16,7 @@ from orchestrator.settings import load_config
 
 PROD_TOML = Path(__file__).resolve().parents[1] / "deploy" / "config" / "orpheus-serve.toml"
 ELEVENLABS_MAX_INACTIVITY_S = 180.0
-"""ElevenLabs' ``inactivity_timeout`` query parameter is capped here (gateway/elevenlabs.py,
+"""ElevenLabs' ``inactivity_timeout`` query parameter is capped here (gateway/frontends/elevenlabs/websocket.py,
 docs/api.md): the longest a node keeps an idle ElevenLabs socket open."""
 VOICE_UPLOAD = "/v1/audio/voices"
 
@@ -30,7 +30,7 @@ def longest_node_silence_s() -> float:
     """A queued request's wait for its first byte, a stream's gap before it fails, a voice
     upload's encode, the WebSocket ping interval and the idle-socket closes: a front's read
     and idle timeouts must be longer."""
-    from gateway.utterance import WS_HEARTBEAT_S
+    from gateway.frontends.utterance import WS_HEARTBEAT_S
 
     cfg = prod_config()
     g = cfg.gateway

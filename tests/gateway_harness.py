@@ -21,11 +21,11 @@ from common.config import ServeConfig
 from common.gateway_config import GatewayConfig
 from gateway import malformed_http
 from gateway.app import build_app
+from gateway.frontends.zeromq.server import ZmqFrontend
 from gateway.listener import ConnectionGuard, Listener, app_runner, listen
 from gateway.main import reuseport_socket
 from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
-from gateway.zmq_server import ZmqFrontend
 from shm.layout import InstanceLayout
 from shm.records import SAMPLE_RATE
 from shm.ring import create_ring, unlink_ring

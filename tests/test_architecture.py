@@ -43,19 +43,107 @@ def test_a_layer_violation_is_reported(tmp_path: Path) -> None:
     assert "common.bad -> gateway" in res.stdout
 
 
+def test_a_cycle_inside_the_gateway_is_reported(tmp_path: Path) -> None:
+    """The gateway's acyclic contract is live: two modules importing each other (as
+    ``service`` and ``session`` once did) break it."""
+    pkg = tmp_path / "gateway"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "service.py").write_text("from gateway import session\n")
+    (pkg / "session.py").write_text("from gateway import service\n")
+    config = (REPO / ".importlinter").read_text()
+    contract = config[config.index("[importlinter:contract:gateway-acyclic]") :]
+    contract = contract[: contract.index("\n\n")]
+    (tmp_path / ".importlinter").write_text(
+        f"[importlinter]\nroot_packages =\n    gateway\n\n{contract}\n"
+    )
+    lint = Path(sys.executable).with_name("lint-imports")
+    res = subprocess.run(
+        [str(lint), "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert res.returncode == 1, res.stdout
+    assert "BROKEN" in res.stdout
+
+
 def _edges(mermaid: str) -> set[tuple[str, str]]:
     return set(re.findall(r"^\s+(\w+) -->\|\d+\| (\w+)$", mermaid, re.M))
 
 
-def test_the_drawing_in_docs_is_current() -> None:
-    """docs/architecture.md's "after" drawing shows the package imports the code has."""
+def _drawings(kind: str) -> list[str]:
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    return re.findall(rf"```mermaid\nflowchart {kind}\n(.*?)```", doc, re.S)
+
+
+def _generated(*args: str) -> str:
     res = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "dev" / "import_graph.py"), str(REPO)],
+        [sys.executable, str(REPO / "scripts" / "dev" / "import_graph.py"), *args, str(REPO)],
         capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
-    doc = (REPO / "docs" / "architecture.md").read_text()
-    drawings = re.findall(r"```mermaid\n(.*?)```", doc, re.S)
-    assert drawings, "docs/architecture.md has no mermaid drawing"
-    assert _edges(drawings[-1]) == _edges(res.stdout), (
+    return res.stdout
+
+
+def test_the_drawing_in_docs_is_current() -> None:
+    """docs/architecture.md's "after" drawing shows the package imports the code has."""
+    drawings = _drawings("TD")
+    assert drawings, "docs/architecture.md has no mermaid drawing of the packages"
+    assert _edges(drawings[-1]) == _edges(_generated()), (
         "regenerate it: python scripts/dev/import_graph.py"
     )
+
+
+def _gateway_edges(mermaid: str) -> set[tuple[str, str]]:
+    return set(re.findall(r"^\s+(\w+)\[[\w/]+\] -->\|\d+\| (\w+)\[[\w/]+\]$", mermaid, re.M))
+
+
+def test_the_gateway_drawing_in_docs_is_current() -> None:
+    """docs/architecture.md's last drawing of the gateway's modules is the code's."""
+    drawings = _drawings("LR")
+    assert drawings, "docs/architecture.md has no mermaid drawing of the gateway"
+    generated = _gateway_edges(_generated("--gateway"))
+    assert generated, "import_graph.py --gateway drew nothing"
+    assert _gateway_edges(drawings[-1]) == generated, (
+        "regenerate it: python scripts/dev/import_graph.py --gateway"
+    )
+
+
+# Every route a client sees, as the gateway served them before the front ends became packages
+# (45b6fc3): the registry loop must add exactly these.
+ROUTES = {
+    ("POST", "/v1/audio/speech"),
+    ("GET", "/v1/audio/speech/stream"),
+    ("GET", "/v1/baseten/orpheus/websocket"),
+    ("POST", "/v1/baseten/orpheus/predict"),
+    ("GET", "/v1/text-to-speech/{voice_id}/multi-stream-input"),
+    ("POST", "/v1/text-to-speech/{voice_id}/stream"),
+    ("POST", "/v1/text-to-speech/{voice_id}/stream/with-timestamps"),
+    ("GET", "/v1/audio/voices"),
+    ("POST", "/v1/audio/voices"),
+    ("DELETE", "/v1/audio/voices/{voice_id}"),
+    ("POST", "/v1/admin/lora"),
+    ("DELETE", "/v1/admin/lora/{name}"),
+    ("GET", "/v1/models"),
+    ("GET", "/health"),
+    ("GET", "/ready"),
+    ("GET", "/metrics"),
+    ("GET", "/"),
+}
+
+
+def test_the_front_end_registry_adds_every_route() -> None:
+    from types import SimpleNamespace
+
+    from common.config import ServeConfig
+    from gateway.app import build_app
+
+    gateway = SimpleNamespace(
+        config=ServeConfig(), custom_voices=None, voices=SimpleNamespace(listing=None),
+        metrics=None,
+    )  # fmt: skip
+    app = build_app(gateway)  # type: ignore[arg-type]
+    routes = {
+        (r.method, r.resource.canonical)
+        for r in app.router.routes()
+        if r.resource is not None and r.method != "HEAD"
+    }
+    assert routes == ROUTES

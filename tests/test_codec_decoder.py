@@ -27,7 +27,7 @@ from codec_worker.snac_model import (
     load_snac,
 )
 from common.codec_config import CodecConfig
-from shm.records import RecordKind, StreamEnd, end_encoder
+from shm.records import RecordKind, StreamEnd, record_encoder
 from shm.ring import Record
 
 torch.set_num_threads(1)
@@ -110,7 +110,7 @@ def test_streamed_chunks_join_without_seams(full: WindowDecoder) -> None:
         svc.ingest([Record(RecordKind.CODES, 5, a, memoryview(codes[a:b].tobytes()))])
         while svc.pump():
             pass
-    end = end_encoder.encode(StreamEnd("stop", n))
+    end = record_encoder.encode(StreamEnd("stop", n))
     svc.ingest([Record(RecordKind.END, 5, n, memoryview(end))])
     while svc.pump():
         pass

@@ -25,9 +25,9 @@ from shm.records import (
     RecordKind,
     StreamEnd,
     end_decoder,
-    end_encoder,
     error_decoder,
     make_stream_id,
+    record_encoder,
 )
 from shm.ring import RingReader, RingWriter
 from shm.segments import create_instance
@@ -69,8 +69,8 @@ def test_codec_worker_process_decodes_streams_from_the_code_ring(
         codes.append(RecordKind.CODES, b, 0, frames_a[:6], timeout_s=5)
         codes.append(RecordKind.CODES, c, 0, frames_a[:2], timeout_s=5)
         codes.append(RecordKind.CODES, c, 3, frames_a[:2], timeout_s=5)  # frame 2 missing
-        codes.append(RecordKind.END, a, 10, end_encoder.encode(StreamEnd("stop", 10)), 5)
-        codes.append(RecordKind.END, b, 6, end_encoder.encode(StreamEnd("cancelled", 6)), 5)
+        codes.append(RecordKind.END, a, 10, record_encoder.encode(StreamEnd("stop", 10)), 5)
+        codes.append(RecordKind.END, b, 6, record_encoder.encode(StreamEnd("cancelled", 6)), 5)
         codes.publish()
 
         got: dict[int, list[tuple[int, int, bytes]]] = {a: [], b: [], c: []}

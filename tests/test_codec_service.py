@@ -30,9 +30,9 @@ from shm.records import (
     StreamEnd,
     StreamError,
     end_decoder,
-    end_encoder,
     error_decoder,
     make_stream_id,
+    record_encoder,
 )
 from shm.ring import Record
 
@@ -66,7 +66,9 @@ def codes_rec(sid: int, seq: int, codes: np.ndarray) -> Record:
 
 
 def end_rec(sid: int, seq: int, reason: str = "stop") -> Record:
-    return Record(RecordKind.END, sid, seq, memoryview(end_encoder.encode(StreamEnd(reason, seq))))
+    return Record(
+        RecordKind.END, sid, seq, memoryview(record_encoder.encode(StreamEnd(reason, seq)))
+    )
 
 
 def settle(svc: CodecService) -> None:

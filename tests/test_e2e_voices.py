@@ -149,7 +149,7 @@ def test_a_custom_voice_speaks_in_every_api(server: Server) -> None:
     assert got["sse"] == FRAMES * BYTES_PER_FRAME
     assert got["elevenlabs"] > 0 and got["omni"] > 0 and got["omni"] % BYTES_PER_FRAME == 0
 
-    from gateway.zmq_client import Client
+    from orpheus_client.zmq_client import Client
 
     with Client(server.zmq_endpoint, api_key=KEY) as c:
         pcm = b"".join(c.speech("Hello there.", voice="me", max_tokens=7 * FRAMES, seed=1))

@@ -1,5 +1,5 @@
 """vLLM-Omni's split_granularity (the units its clients are shown) over the units the gateway
-speaks (gateway.omni_units)."""
+speaks (gateway.frontends.omni.units)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.omni_units import Close, Event, Granularity, OmniUnits, Speak, unit_ends
-from gateway.text_units import Unit
+from gateway.frontends.omni.units import Close, Event, Granularity, OmniUnits, Speak, unit_ends
+from gateway.frontends.text_units import Unit
 
 
 def run(granularity: Granularity, pieces: list[str], max_chars: int = 280) -> list[Event]:

@@ -15,9 +15,9 @@ import pytest
 from gateway_harness import running_gateway
 
 from bench.doubles.synthetic_backend import synthetic_pcm
-from gateway.alignment import ChunkAligner, word_times
 from gateway.audio_out import ELEVENLABS_FORMATS, OutputFormat, g711_table, make_output
-from gateway.text_units import UnitSplitter
+from gateway.frontends.alignment import ChunkAligner, word_times
+from gateway.frontends.text_units import UnitSplitter
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(60)
@@ -59,7 +59,7 @@ async def test_openai_ulaw_alaw_and_sample_rates(layout: InstanceLayout) -> None
 
 
 async def test_zmq_ulaw(layout: InstanceLayout) -> None:
-    from gateway.zmq_client import AsyncClient
+    from orpheus_client.zmq_client import AsyncClient
 
     async with running_gateway(layout, zmq=True) as h:
         async with AsyncClient(h.config.gateway.zmq_endpoint) as c:

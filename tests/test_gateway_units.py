@@ -19,16 +19,16 @@ from prometheus_client import CollectorRegistry
 from common.gateway_config import OPENAI_VOICES
 from common.limits import RequestLimits
 from gateway.admission import Admission
-from gateway.encoders import CONTENT_TYPES, make_encoder, tempo_factors, wav_header
+from gateway.encoders import ENCODER_FORMATS, make_encoder, tempo_factors, wav_header
 from gateway.errors import APIError
+from gateway.frontends.openai.sse import delta_event, done_event
+from gateway.frontends.zeromq.protocol import endpoint_for
 from gateway.metrics import GatewayMetrics
 from gateway.schemas import decode_speech_request, speech_params
-from gateway.sse import delta_event, done_event
 from gateway.streams import StreamFailed, StreamRegistry
 from gateway.voices import ENGLISH_VOICES, VoiceCatalog
-from gateway.zmq_protocol import endpoint_for
 from shm.messages import LlmCancel, llm_control_decoder
-from shm.records import RecordKind, StreamEnd, StreamError, end_encoder, gateway_of
+from shm.records import RecordKind, StreamEnd, StreamError, gateway_of, record_encoder
 from shm.ring import Record
 
 VOICES = VoiceCatalog(OPENAI_VOICES, list(ENGLISH_VOICES), "tara")
@@ -219,7 +219,9 @@ def _pcm(sid: int, seq: int, n: int = 8) -> Record:
 
 
 def _end(sid: int, seq: int) -> Record:
-    return Record(RecordKind.END, sid, seq, memoryview(end_encoder.encode(StreamEnd("stop", seq))))
+    return Record(
+        RecordKind.END, sid, seq, memoryview(record_encoder.encode(StreamEnd("stop", seq)))
+    )
 
 
 async def test_registry_routes_in_order_and_ends() -> None:
@@ -324,7 +326,7 @@ def _decode_samples(data: bytes, fmt: str) -> int:
 TOLERANCE = {"pcm": 0, "wav": 0, "flac": 0, "opus": 480, "mp3": 2400, "aac": 2048}
 
 
-@pytest.mark.parametrize("fmt", list(CONTENT_TYPES))
+@pytest.mark.parametrize("fmt", ENCODER_FORMATS)
 def test_encoders_stream_and_decode_to_the_right_length(fmt: str) -> None:
     pcm = _tone(2048 * 12)
     enc = make_encoder(fmt)

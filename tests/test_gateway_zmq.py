@@ -6,7 +6,10 @@ import asyncio
 import contextlib
 import io
 import logging
+import sys
+import wave
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import av
 import msgspec
@@ -16,9 +19,16 @@ import zmq.asyncio
 from gateway_harness import running_gateway, wait_until
 
 from bench.doubles.synthetic_backend import synthetic_pcm
-from gateway.zmq_client import AsyncClient, Client, SpeechError
-from gateway.zmq_protocol import Audio, Done, Error, ServerMessage, Started, server_decoder
-from gateway.zmq_server import MAX_PENDING_APPENDS
+from gateway.frontends.zeromq.protocol import (
+    Audio,
+    Done,
+    Error,
+    ServerMessage,
+    Started,
+    server_decoder,
+)
+from gateway.frontends.zeromq.server import MAX_PENDING_APPENDS
+from orpheus_client.zmq_client import AsyncClient, Client, SpeechError
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(60)
@@ -48,6 +58,25 @@ async def test_sync_client_round_trip(layout: InstanceLayout) -> None:
         sub = h.backend.submitted()[0]
         assert sub.voice == "dan" and sub.sampling.seed == 1 and sub.sampling.max_tokens == 70
         assert h.metric("orpheus_gateway_requests_total", {"api": "zmq", "outcome": "ok"}) == 2
+
+
+async def test_say_zmq_speaks_through_the_client_library(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    """``orpheus-serve say --zmq`` (the command, in its own process) reaches the gateway
+    through ``orpheus_client.zmq_client``, outside the server package."""
+    async with running_gateway(layout, zmq=True) as h:
+        out = tmp_path / "say.wav"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "orpheus_serve", "say", "Hello", "--zmq",
+            h.config.gateway.zmq_endpoint or "", "--max-tokens", "70", "-o", str(out),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        stdout, _ = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == 0, stdout.decode()[-2000:]
+        with wave.open(str(out)) as w:
+            assert w.readframes(w.getnframes()) == pcm_for(10)
+        assert h.metric("orpheus_gateway_requests_total", {"api": "zmq", "outcome": "ok"}) == 1
 
 
 async def test_async_client_runs_concurrent_requests(layout: InstanceLayout) -> None:

@@ -26,8 +26,15 @@ from gateway_harness import Harness, running_gateway, wait_until
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from gateway import zmq_server
-from gateway.zmq_protocol import Audio, Done, Error, ServerMessage, Started, server_decoder
+from gateway.frontends.zeromq import server as zmq_server
+from gateway.frontends.zeromq.protocol import (
+    Audio,
+    Done,
+    Error,
+    ServerMessage,
+    Started,
+    server_decoder,
+)
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(300)

@@ -33,9 +33,9 @@ from prometheus_client import CollectorRegistry
 
 from common.config import ServeConfig
 from gateway.app import build_app
+from gateway.frontends.zeromq.protocol import endpoint_for
 from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
-from gateway.zmq_protocol import endpoint_for
 from orchestrator.settings import load_config
 from orchestrator.supervisor import STOP_GRACE_S
 from shm.admission import segment_bytes

@@ -44,8 +44,8 @@ from shm.records import (
     RecordKind,
     StreamEnd,
     StreamError,
-    end_encoder,
     gateway_of,
+    record_encoder,
 )
 from shm.ring import RingWriter
 
@@ -278,7 +278,7 @@ class SyntheticBackend:
     def _end(self, s: _Stream, reason: str) -> None:
         end = StreamEnd(reason=reason, frames=s.frames_sent, tokens=s.frames_sent * FRAME_CODES)
         s.writer.append(
-            RecordKind.END, s.stream_id, s.seq, end_encoder.encode(end), self.ring_timeout_s
+            RecordKind.END, s.stream_id, s.seq, record_encoder.encode(end), self.ring_timeout_s
         )
 
     def _emit_due(

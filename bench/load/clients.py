@@ -92,18 +92,18 @@ class HttpSpeechClient:
 
 
 class ZmqSpeechClient:
-    """The gateway's ZeroMQ protocol (``gateway.zmq_client.AsyncClient``), for internal clients.
+    """The gateway's ZeroMQ protocol (``orpheus_client.zmq_client.AsyncClient``), for internal clients.
 
     All streams share one DEALER socket, as an internal client would use it.
     """
 
     def __init__(self, endpoint: str, *, read_timeout_s: float, api_key: str | None) -> None:
-        from gateway.zmq_client import AsyncClient  # imported lazily: optional transport
+        from orpheus_client.zmq_client import AsyncClient  # imported lazily: optional transport
 
         self._client = AsyncClient(endpoint, api_key=api_key, timeout_s=read_timeout_s)
 
     async def stream(self, request: SpeechRequest, trace: StreamTrace) -> None:
-        from gateway.zmq_client import SpeechError
+        from orpheus_client.zmq_client import SpeechError
 
         self._client.open()  # idempotent; needs the running loop
         trace.sent = time.perf_counter()

@@ -66,7 +66,7 @@ OUTCOMES = ("ok", "disconnected", "cancelled", "refused", "rejected", "failed", 
 
 
 # -- results ----------------------------------------------------------------------------------
-class Stream(msgspec.Struct, kw_only=True):
+class SoakStream(msgspec.Struct, kw_only=True):
     scenario: str
     started: float
     """Seconds since the soak began."""
@@ -223,7 +223,7 @@ class Soak:
         self.rng = random.Random(args.seed)
         self.t0 = time.monotonic()
         self.deadline = self.t0 + args.duration
-        self.streams: list[Stream] = []
+        self.streams: list[SoakStream] = []
         self.window_ttfbs: list[float] = []
         self.samples: list[Sample] = []
         self.texts = [
@@ -245,7 +245,7 @@ class Soak:
             "seed": self.rng.randrange(1 << 30),
         }
 
-    def _got_first(self, s: Stream, t_sent: float) -> None:
+    def _got_first(self, s: SoakStream, t_sent: float) -> None:
         if s.ttfb_s is None:
             s.ttfb_s = round(time.monotonic() - t_sent, 4)
             self.window_ttfbs.append(s.ttfb_s)
@@ -253,7 +253,7 @@ class Soak:
     async def _read_http(
         self,
         session: aiohttp.ClientSession,
-        s: Stream,
+        s: SoakStream,
         frames: int,
         *,
         stop_after: int | None = None,
@@ -293,7 +293,7 @@ class Soak:
                 s.outcome = "failed"
                 s.detail = f"{s.audio_bytes} bytes, expected {frames * BYTES_PER_FRAME}"
 
-    async def _ws_cancel(self, session: aiohttp.ClientSession, s: Stream, frames: int) -> None:
+    async def _ws_cancel(self, session: aiohttp.ClientSession, s: SoakStream, frames: int) -> None:
         """vLLM-Omni's streaming protocol at /v1/audio/speech/stream: a barge-in is the client
         closing the socket after some audio, which cancels the generation into vLLM."""
         t_sent = time.monotonic()
@@ -339,7 +339,7 @@ class Soak:
                     s.detail = f"closed {ws.close_code} {s.detail}".strip()
                     return
 
-    async def _bad_request(self, session: aiohttp.ClientSession, s: Stream) -> None:
+    async def _bad_request(self, session: aiohttp.ClientSession, s: SoakStream) -> None:
         kind = self.rng.choice(["voice", "empty", "json"])
         url = f"{self.url}/v1/audio/speech"
         if kind == "json":
@@ -357,7 +357,7 @@ class Soak:
             s.detail = kind if r.status == 400 else f"{kind}: {r.status}"
 
     async def run_one(self, session: aiohttp.ClientSession, scenario: str) -> None:
-        s = Stream(scenario=scenario, started=round(self.now(), 2))
+        s = SoakStream(scenario=scenario, started=round(self.now(), 2))
         t = time.monotonic()
         frames = self.rng.randint(self.args.min_frames, self.args.max_frames)
         try:

@@ -13,7 +13,7 @@ What LiveKit's Baseten plugin sends with ``model="orpheus"`` and an ``https://``
 The plugin reads the whole body within 30 s (its ``ClientTimeout(total=30)``): a text whose
 audio takes longer to make is cut off on its side. The body is spoken as one request, as
 ``POST /v1/audio/speech`` speaks its ``input`` (the llm_worker cuts long text into
-sentences), and answered the same way (``gateway.speech_http.respond``): the status is
+sentences), and answered the same way (``gateway.frontends.openai.speech.respond``): the status is
 decided by what comes first, an error is OpenAI-shaped JSON with its status (the plugin
 raises ``APIStatusError`` on it), a client that leaves cancels the stream into vLLM.
 ``language`` is accepted and not used (the voice belongs to a checkpoint, and the checkpoint
@@ -26,13 +26,15 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
+from gateway.frontends.openai.speech import respond
+from gateway.frontends.shared import Handler, read_body
+from gateway.metrics import Api
 from gateway.schemas import bad_request, build_params
 from gateway.service import Gateway
-from gateway.speech_http import Handler, read_body, respond
 from shm.messages import SamplingOverrides
 
 PATH = "/v1/baseten/orpheus/predict"
-API = "baseten"
+API = Api.BASETEN
 
 
 class PredictRequest(msgspec.Struct, kw_only=True):

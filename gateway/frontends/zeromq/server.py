@@ -1,4 +1,4 @@
-"""The gateway's ZeroMQ front end: a ROUTER serving ``gateway.zmq_protocol`` messages.
+"""The gateway's ZeroMQ front end: a ROUTER serving ``gateway.frontends.zeromq.protocol`` messages.
 
 Each ``Speak`` runs as its own task through the same admission, streams and encoders as
 HTTP. Sends never block the event loop: the ROUTER is ``ROUTER_MANDATORY``, so a client
@@ -30,11 +30,7 @@ from gateway.audio_out import make_output
 from gateway.auth import ZMQ_KEY_HINT, ApiKeys
 from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
-from gateway.schemas import SpeechParams, build_params
-from gateway.service import Gateway
-from gateway.session import Session
-from gateway.streams import StreamFailed
-from gateway.zmq_protocol import (
+from gateway.frontends.zeromq.protocol import (
     AppendText,
     Audio,
     Cancel,
@@ -46,6 +42,11 @@ from gateway.zmq_protocol import (
     client_decoder,
     encoder,
 )
+from gateway.metrics import Api
+from gateway.requests import ActiveRequest
+from gateway.schemas import SpeechParams, build_params
+from gateway.service import Gateway
+from gateway.streams import StreamFailed
 from shm.records import StreamError
 
 log = logging.getLogger(__name__)
@@ -84,13 +85,13 @@ class _PeerGone(Exception):
 
 
 class _Request:
-    __slots__ = ("ended", "identity", "pending", "rid", "session", "task")
+    __slots__ = ("active", "ended", "identity", "pending", "rid", "task")
 
     def __init__(self, identity: bytes, rid: int) -> None:
         self.identity = identity
         self.rid = rid
         self.task: asyncio.Task[None] | None = None
-        self.session: Session | None = None
+        self.active: ActiveRequest | None = None
         """Set once admitted (synchronously after admission: no await in between)."""
         self.pending: list[AppendText] = []
         """Text that arrived while the request waited for admission."""
@@ -192,7 +193,7 @@ class ZmqFrontend:
                 identity, Error(msg.request_id, 400, "unknown_request", "no such open request")
             )
         elif isinstance(msg, AppendText):
-            if req.session is None:
+            if req.active is None:
                 if len(req.pending) >= MAX_PENDING_APPENDS:
                     await self._fail(
                         req,
@@ -208,7 +209,7 @@ class ZmqFrontend:
             else:
                 self._append(req, msg)
         elif isinstance(msg, Cancel):
-            if req.session is None:  # still queued: it ends without an answer
+            if req.active is None:  # still queued: it ends without an answer
                 req.ended = True
                 self._forget(req)
                 if req.task is not None:
@@ -227,23 +228,25 @@ class ZmqFrontend:
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.error("ZeroMQ request %d failed", req.rid, exc_info=exc)
 
-    async def _end(self, req: _Request, msg: Done | Error, session: Session | None = None) -> None:
-        """Send the request's one Done or Error (nothing if it already has its end); with
-        the admitted request's ``session``, wait for room in the client's pipe as audio does."""
+    async def _end(
+        self, req: _Request, msg: Done | Error, active: ActiveRequest | None = None
+    ) -> None:
+        """Send the request's one Done or Error (nothing if it already has its end); for
+        an ``active`` (admitted) request, wait for room in the client's pipe as audio does."""
         if req.ended:
             return
         req.ended = True
         try:
-            if session is None:
+            if active is None:
                 await self._reply(req.identity, msg)
             else:
-                await self._send_bounded(req.identity, msg, session)
+                await active.write(self._send_bounded(req.identity, msg), 0)
         finally:
             self._forget(req)  # its request_id is free once the client can know it ended
 
     async def _fail(self, req: _Request, error: StreamError) -> None:
         """End ``req`` with ``error``, whether it is admitted or still queued."""
-        if req.session is not None:
+        if req.active is not None:
             self._fail_admitted(req, error)
             return
         # Queued: its task has sent nothing, and is stopped before it can.
@@ -253,15 +256,13 @@ class ZmqFrontend:
 
     def _fail_admitted(self, req: _Request, error: StreamError) -> None:
         """Fail an admitted request's stream: its task answers (a no-op once it ended)."""
-        assert req.session is not None
-        self._gateway.registry.fail(
-            req.session.stream, error, cancel_upstream=True, discard_pending=True
-        )
+        assert req.active is not None
+        req.active.fail(error)
 
     def _append(self, req: _Request, msg: AppendText) -> None:
-        assert req.session is not None
+        assert req.active is not None
         try:
-            req.session.append_text(msg.text, final=msg.final)
+            req.active.append_text(msg.text, final=msg.final)
         except APIError as e:
             self._fail_admitted(req, StreamError(e.code, e.message, e.status))
 
@@ -281,19 +282,16 @@ class ZmqFrontend:
             text_open=msg.text_open,
         )
 
-    async def _send_bounded(self, identity: bytes, msg: ServerMessage, session: Session) -> None:
-        """Send, waiting while the client's pipe is full (the stall watchdog bounds it)."""
+    async def _send_bounded(self, identity: bytes, msg: ServerMessage) -> None:
+        """Send, waiting while the client's pipe is full. Awaited through the request's
+        ``write``: the stall watchdog bounds the wait."""
         assert self._sock is not None
         frames = [identity, encoder.encode(msg)]
-        loop = self._gateway.loop
         while True:
             try:
                 await self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
-                session.write_started = 0.0
                 return
             except zmq.Again:  # the client's pipe is full: wait (the watchdog bounds this)
-                if not session.write_started:
-                    session.write_started = loop.time()
                 await asyncio.sleep(RETRY_SEND_S)
             except zmq.ZMQError as e:
                 if e.errno == errno.EHOSTUNREACH:
@@ -306,38 +304,37 @@ class ZmqFrontend:
         try:
             params = self._params(msg)
             encoder = make_output(params.output, params.speed)
-            async with self._gateway.open_session(
-                params, "zmq", text_open=msg.text_open
-            ) as session:
-                req.session = session
-                if req.task is not None:
-                    session.stream.on_abort = req.task.cancel
+            on_abort = req.task.cancel if req.task is not None else None
+            async with self._gateway.requests.open(
+                params, Api.ZMQ, text_open=msg.text_open, on_abort=on_abort
+            ) as active:
+                req.active = active
                 for pending in req.pending:
                     self._append(req, pending)
                 req.pending.clear()
                 started = Started(
-                    rid, session.stream.stream_id, params.output.sample_rate, params.response_format
+                    rid, active.stream.stream_id, params.output.sample_rate, params.response_format
                 )
                 await self._reply(identity, started)
                 try:
-                    await self._stream_audio(req, session, encoder)
+                    await self._stream_audio(req, active, encoder)
                 except StreamFailed as e:
                     if e.error.code == CLIENT_CANCELLED:
-                        seconds = round(session.audio_seconds, 4)
-                        await self._end(req, Done(rid, "cancelled", seconds, 0), session)
+                        seconds = round(active.audio_seconds, 4)
+                        await self._end(req, Done(rid, "cancelled", seconds, 0), active)
                     else:
                         err = APIError.from_stream_error(e.error)
                         error = Error(rid, err.status, err.code, err.message)
-                        await self._end(req, error, session)
+                        await self._end(req, error, active)
         except APIError as e:
             await self._end(req, Error(rid, e.status, e.code, e.message))
         except _PeerGone:
-            req.ended = True  # nobody to answer; leaving the session cancelled the stream
+            req.ended = True  # nobody to answer; leaving the request cancelled the stream
         except asyncio.CancelledError:
             # Torn down (a client that stopped reading, the gateway stopping): say why, if
             # the stream knows, to whoever may still read. A queued request's end is sent
             # by whoever cancelled it.
-            error = req.session.stream.error if req.session is not None else None
+            error = req.active.stream.error if req.active is not None else None
             if error is not None:
                 with contextlib.suppress(Exception):
                     await self._end(req, Error(rid, error.status, error.code, error.message))
@@ -350,31 +347,32 @@ class ZmqFrontend:
                 encoder.close()
             self._forget(req)
 
-    async def _stream_audio(self, req: _Request, session: Session, encoder: AudioEncoder) -> None:
+    async def _stream_audio(
+        self, req: _Request, active: ActiveRequest, encoder: AudioEncoder
+    ) -> None:
         """Audio messages in order, then Done; raises StreamFailed if the stream fails."""
         identity, rid = req.identity, req.rid
-        stream = session.stream
+        stream = active.stream
+        write, send = active.write, self._send_bounded
         seq = 0
         while chunks := await stream.next_chunks():
             for chunk in chunks:
                 data = encoder.encode(chunk)
                 if data:
-                    await self._send_bounded(identity, Audio(rid, seq, data), session)
+                    await write(send(identity, Audio(rid, seq, data)), len(data))
                     seq += 1
-                    session.sent(len(data))
         tail = encoder.finish()
         if tail:
-            await self._send_bounded(identity, Audio(rid, seq, tail), session)
-            session.sent(len(tail))
+            await write(send(identity, Audio(rid, seq, tail)), len(tail))
         end = stream.end
         done = Done(
             rid,
             end.reason if end else "stop",
-            round(session.audio_seconds, 4),
+            round(active.audio_seconds, 4),
             end.frames if end else 0,
         )
-        await self._end(req, done, session)
-        session.completed = True
+        await self._end(req, done, active)
+        active.complete()
 
     async def close(self) -> None:
         """Stop every request; one still unanswered is told that the gateway stopped."""

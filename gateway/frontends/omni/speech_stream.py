@@ -18,38 +18,52 @@ vLLM-Omni examples) work pointed at this server::
 
 ``split_granularity`` is vLLM-Omni's: ``none`` (its default: a flush is one unit,
 ``sentence_index`` 0 of ``total_sentences`` 1), ``sentence`` or ``clause``, with its rules
-(``gateway.omni_units``). Whatever the client is shown, the gateway speaks sentences as soon
+(``gateway.frontends.omni.units``). Whatever the client is shown, the gateway speaks sentences as soon
 as they are complete, each its own stream, never across a shown unit's boundary: a shown
 unit's audio is held until its text is complete (``audio.start`` carries it), then sent in
 order. Differences from vLLM-Omni, all additive: ``sample_rate`` and the formats
 ``ulaw``/``alaw`` reach telephony;
 ``stream_audio`` also streams ``ulaw``/``alaw``; ``word_timestamps`` and Baseten's
 ``timestamp_type: "word"`` carry the gateway's *estimated* word times
-(``gateway.alignment``), there being no forced aligner. A client that closes the socket
+(``gateway.frontends.alignment``), there being no forced aligner. A client that closes the socket
 cancels the work in flight all the way into vLLM (this is how LiveKit's plugin barges in).
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import logging
 from typing import Any
 
 import msgspec
 from aiohttp import WSMsgType, web
 
-from gateway.alignment import WordTime, word_times
 from gateway.audio_out import make_output
 from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
-from gateway.omni_units import Event, Granularity, OmniUnits, Speak
-from gateway.schemas import SpeechParams, build_params, check_text
-from gateway.service import Gateway
-from gateway.speech_http import Handler
-from gateway.streams import StreamFailed
-from gateway.text_units import Unit
-from gateway.utterance import (
+from gateway.frontends.alignment import WordTime, word_times
+from gateway.frontends.omni.messages import (
+    AudioChunk,
+    AudioDone,
+    AudioStart,
+    ErrorMessage,
+    SessionConfig,
+    SessionDone,
+    TimestampInfo,
+    WordAlignment,
+)
+from gateway.frontends.omni.units import Event, OmniUnits, Speak
+from gateway.frontends.shared import (
+    UNIT_MAX_CHARS,
+    Handler,
+    abort_of,
+    api_error,
+    send_json,
+    send_json_quietly,
+    stream_template,
+)
+from gateway.frontends.text_units import Unit
+from gateway.frontends.utterance import (
     Lane,
     QueueCap,
     drain_while_open,
@@ -58,97 +72,26 @@ from gateway.utterance import (
     serve_websocket,
     speak_unit,
 )
+from gateway.metrics import Api
+from gateway.schemas import SpeechParams, check_text
+from gateway.service import Gateway
+from gateway.streams import StreamFailed
 from shm.messages import SamplingOverrides
 
 log = logging.getLogger(__name__)
 
-OMNI_PATH = "/v1/audio/speech/stream"
-API = "ws"
-UNIT_MAX_CHARS = 280
+PATH = "/v1/audio/speech/stream"
+API = Api.OMNI
 
 _STREAMABLE = ("pcm", "ulaw", "alaw")
 
 
-class SessionConfig(msgspec.Struct, kw_only=True):
-    """``session.config``. Fields vLLM-Omni has for other models (``task_type``,
-    ``language``, ``instructions``, ``ref_audio``, ...) are accepted and ignored. The values
-    of the fields every front end has are checked by ``build_params``."""
-
-    model: str | None = None
-    voice: str | None = None
-    speaker: str | None = None
-    response_format: str = "wav"
-    sample_rate: int | None = None
-    speed: float | None = 1.0
-    stream_audio: bool = False
-    word_timestamps: bool = False
-    timestamp_type: str | None = None
-    split_granularity: Granularity = "none"
-    seed: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    repetition_penalty: float | None = None
-
-
-# -- server messages -----------------------------------------------------------------------
-class AudioStart(msgspec.Struct, tag="audio.start", tag_field="type", omit_defaults=True):
-    utterance_index: int
-    sentence_index: int
-    sentence_text: str
-    format: str
-    sample_rate: int | None = None
-    channels: int | None = None
-    word_timestamps: bool = False
-
-
-class WordAlignment(msgspec.Struct):
-    words: list[str]
-    word_start_times_seconds: list[float]
-    word_end_times_seconds: list[float]
-
-
-class TimestampInfo(msgspec.Struct):
-    word_alignment: WordAlignment
-    estimated: bool = True
-
-
-class AudioDone(msgspec.Struct, tag="audio.done", tag_field="type", omit_defaults=True):
-    utterance_index: int
-    sentence_index: int
-    total_bytes: int
-    error: bool
-    timestamp_info: TimestampInfo | None = None
-
-
-class AudioChunk(msgspec.Struct, tag="audio.chunk", tag_field="type"):
-    utterance_index: int
-    sentence_index: int
-    chunk_id: int
-    chunk_start_ms: int
-    chunk_end_ms: int
-    sample_rate: int
-    channels: int
-    audio_b64: str
-    timestamps: list[dict[str, Any]] | None
-
-
-class SessionDone(msgspec.Struct, tag="session.done", tag_field="type"):
-    utterance_index: int
-    total_sentences: int
-
-
-class ErrorMessage(msgspec.Struct, tag="error", tag_field="type", omit_defaults=True):
-    message: str
-    code: str | None = None
-    partial_audio: bool = False
-    action: str | None = None
-
-
-_encoder = msgspec.json.Encoder()
 _any = msgspec.json.Decoder()
 
 
-class _Session:
+class _OmniConnection:
+    """One vLLM-Omni socket: its configuration, its lane of units, what the client is shown."""
+
     def __init__(self, ws: web.WebSocketResponse, gateway: Gateway, on_abort: Any) -> None:
         self.ws = ws
         self.gateway = gateway
@@ -171,12 +114,10 @@ class _Session:
         self.utterance_open = False
 
     async def send(self, msg: msgspec.Struct) -> None:
-        if not self.ws.closed:
-            await self.ws.send_str(_encoder.encode(msg).decode())
+        await send_json(self.ws, msg)
 
     async def error(self, message: str, code: str | None = None, **kw: Any) -> None:
-        with contextlib.suppress(ConnectionError):
-            await self.send(ErrorMessage(message, code, **kw))
+        await send_json_quietly(self.ws, ErrorMessage(message, code, **kw))
 
     # -- client messages -------------------------------------------------------------------
     async def apply_config(self, raw: dict[str, Any]) -> bool:
@@ -196,14 +137,9 @@ class _Session:
             return False
         g = self.gateway
         try:
-            params = build_params(
-                g.voices,
-                g.limits,
-                text="",
+            params = stream_template(
+                g,
                 voice=cfg.voice or cfg.speaker or None,
-                max_chars=None,
-                text_param="text",
-                allow_empty=True,
                 response_format=cfg.response_format,
                 sample_rate=cfg.sample_rate,
                 speed=cfg.speed,
@@ -273,8 +209,7 @@ class _Session:
             enc, self.stream_encoder = self.stream_encoder, None
             if enc is not None:
                 enc.close()
-            with contextlib.suppress(ConnectionError):
-                await self.send(done)
+            await send_json_quietly(self.ws, done)
 
         self.lane.push(job)
         self.utterance += 1
@@ -354,9 +289,7 @@ class _Session:
                     started_at=started_at, on_abort=self.on_abort,
                 )  # fmt: skip
             except (APIError, StreamFailed) as e:
-                shown.failure = (
-                    e if isinstance(e, APIError) else APIError.from_stream_error(e.error)
-                )
+                shown.failure = api_error(e)
                 return
             offset = round(pcm_ms(unit_start))
             shown.words += [
@@ -424,7 +357,7 @@ class _Session:
 
 class _Shown:
     """One unit as the client sees it (``audio.start`` ... ``audio.done``), made of one or
-    more spoken units (``gateway.omni_units``)."""
+    more spoken units (``gateway.frontends.omni.units``)."""
 
     def __init__(self, utt: int, index: int, config: SessionConfig, params: SpeechParams) -> None:
         self.utt = utt
@@ -448,8 +381,7 @@ class _Shown:
 
 async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gateway) -> None:
     g = gateway.config.gateway
-    transport = request.transport
-    s = _Session(ws, gateway, transport.abort if transport is not None else None)
+    s = _OmniConnection(ws, gateway, abort_of(request))
     try:
         while True:
             try:
@@ -523,7 +455,11 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
         await ws.close()
 
 
-def omni_handler(gateway: Gateway) -> Handler:
+def routes(gateway: Gateway) -> list[web.RouteDef]:
+    return [web.get(PATH, speech_stream_handler(gateway))]
+
+
+def speech_stream_handler(gateway: Gateway) -> Handler:
     async def speech_stream(request: web.Request) -> web.WebSocketResponse:
         return await serve_websocket(request, gateway, lambda ws: _serve(ws, request, gateway))
 

@@ -1,8 +1,8 @@
 """Speaking text units one after another: the core the streaming protocols share.
 
 A connection of a voice-agent protocol (vLLM-Omni session, ElevenLabs context, Baseten
-socket) turns its text into units (``gateway.text_units``) and speaks them in order on a
-``Lane``: one unit at a time, each its own stream through ``Gateway.open_session`` (so
+socket) turns its text into units (``gateway.frontends.text_units``) and speaks them in order on a
+``Lane``: one unit at a time, each its own request through ``Gateway.requests`` (so
 admission, the idle and slow-client watchdogs, metrics and upstream cancellation are the
 same as for every other front end). Cancelling the lane (a barge-in, a client that went
 away) cancels the unit being spoken, which sends ``LlmCancel`` and aborts the vLLM request,
@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import WSMessage, web
 
+from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams
 from gateway.service import Gateway
-from gateway.session import Session
 from shm.records import SAMPLE_RATE, StreamEnd
 
 log = logging.getLogger(__name__)
@@ -48,27 +48,23 @@ async def speak_unit(
     *,
     started_at: float | None = None,
     on_abort: Callable[[], None] | None = None,
-) -> tuple[StreamEnd | None, Session]:
+) -> tuple[StreamEnd | None, ActiveRequest]:
     """Speak one unit: ``text`` (cut from text ``check_text`` took) with the voice and
     sampling of ``template`` (``build_params``'s, made when the protocol's session or context
     was configured). Returns how it ended. Raises ``APIError`` (not admitted) or
     ``StreamFailed`` (failed in the workers), after the audio that came before."""
     params = msgspec.structs.replace(template, text=text)
-    loop = gateway.loop
-    async with gateway.open_session(params, api, started_at=started_at) as session:
-        stream = session.stream
-        stream.on_abort = on_abort
+    opened = gateway.requests.open(params, api, started_at=started_at, on_abort=on_abort)
+    async with opened as active:
+        stream = active.stream
         while True:
             chunks = await stream.next_chunks()
             last = stream.end is not None
-            session.write_started = loop.time()
-            n = await deliver(chunks, last)
-            session.write_started = 0.0
-            session.sent(n)
+            await active.write_counted(deliver(chunks, last))
             if last or not chunks:
                 break
-        session.completed = True
-        return stream.end, session
+        active.complete()
+        return stream.end, active
 
 
 class QueueCap:

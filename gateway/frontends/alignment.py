@@ -1,7 +1,7 @@
 """Estimated character and word timing of the audio of a text unit.
 
 Orpheus gives no alignment. What the gateway does know is which text unit each audio frame
-speaks (it cut the text into units, ``gateway.text_units``, and each unit is its own
+speaks (it cut the text into units, ``gateway.frontends.text_units``, and each unit is its own
 stream) and, once a unit ends, how long its audio is. The estimate spreads a unit's
 characters over its audio in proportion to a weight per character class: vowels are the
 longest sounds, consonants shorter, spaces a short gap, punctuation a pause (a sentence end

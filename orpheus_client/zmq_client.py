@@ -1,4 +1,4 @@
-"""Python client of the gateway's ZeroMQ protocol (``gateway.zmq_protocol``).
+"""Python client of the gateway's ZeroMQ protocol (``gateway.frontends.zeromq.protocol``).
 
 Synchronous (one request at a time per client)::
 
@@ -33,7 +33,7 @@ from typing import Any, Self
 import zmq
 import zmq.asyncio
 
-from gateway.zmq_protocol import (
+from gateway.frontends.zeromq.protocol import (
     AppendText,
     Audio,
     Cancel,

@@ -28,12 +28,9 @@ import msgspec
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from gateway.errors import APIError
-from gateway.schemas import build_params, check_text
-from gateway.service import Gateway
-from gateway.speech_http import Handler
-from gateway.streams import StreamFailed
-from gateway.text_units import Unit, UnitSplitter
-from gateway.utterance import (
+from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, api_error, stream_template
+from gateway.frontends.text_units import Unit, UnitSplitter
+from gateway.frontends.utterance import (
     Lane,
     QueueCap,
     drain_while_open,
@@ -41,14 +38,17 @@ from gateway.utterance import (
     serve_websocket,
     speak_unit,
 )
+from gateway.metrics import Api
+from gateway.schemas import check_text
+from gateway.service import Gateway
+from gateway.streams import StreamFailed
 from shm.messages import SamplingOverrides
 
 log = logging.getLogger(__name__)
 
 PATH = "/v1/baseten/orpheus/websocket"
-API = "baseten"
+API = Api.BASETEN
 END = "__END__"
-UNIT_MAX_CHARS = 280
 
 
 class StartMessage(msgspec.Struct, kw_only=True):
@@ -109,14 +109,9 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
         return
     try:
         start = _start_decoder.decode(first.data)
-        params = build_params(
-            gateway.voices,
-            gateway.limits,
-            text="",
+        params = stream_template(
+            gateway,
             voice=start.voice or None,
-            max_chars=None,
-            text_param="text",
-            allow_empty=True,
             sampling=SamplingOverrides(
                 temperature=start.temperature,
                 top_p=start.top_p,
@@ -129,8 +124,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
     except APIError as e:
         await _close(ws, e)
         return
-    transport = request.transport
-    on_abort = transport.abort if transport is not None else None
+    on_abort = abort_of(request)
     cap = QueueCap(g.ws_max_queued_chars, g.ws_max_queued_sentences)
     lane = Lane("baseten-socket", cap)
     failure: list[APIError] = []
@@ -154,9 +148,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
                     started_at=started_at, on_abort=on_abort,
                 )  # fmt: skip
             except (APIError, StreamFailed) as e:
-                failure.append(
-                    e if isinstance(e, APIError) else APIError.from_stream_error(e.error)
-                )
+                failure.append(api_error(e))
                 await _close(ws, failure[0])
 
         return run
@@ -199,7 +191,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
         await lane.cancel()
 
 
-def baseten_handler(gateway: Gateway) -> Handler:
+def websocket_handler(gateway: Gateway) -> Handler:
     async def orpheus_websocket(request: web.Request) -> web.WebSocketResponse:
         return await serve_websocket(request, gateway, lambda ws: _serve(ws, request, gateway))
 

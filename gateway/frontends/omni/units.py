@@ -12,7 +12,7 @@ within one ``input.done`` flush:
   two units there, so it is here.
 - ``clause``: as ``sentence``, and also at once after ``, ; ， ； ،``.
 
-The gateway still *speaks* smaller units (``gateway.text_units``: sentences of at most
+The gateway still *speaks* smaller units (``gateway.frontends.text_units``: sentences of at most
 ``max_chars`` characters, each its own stream) so that speech can start before the flush,
 but never across a shown unit's boundary: every spoken unit belongs to exactly one shown
 unit, so each shown unit's audio is the audio of its spoken units in order. ``OmniUnits``
@@ -27,7 +27,7 @@ from typing import Literal
 
 import msgspec
 
-from gateway.text_units import Unit, UnitSplitter
+from gateway.frontends.text_units import Unit, UnitSplitter
 
 Granularity = Literal["none", "sentence", "clause"]
 

@@ -1,4 +1,4 @@
-"""ElevenLabs' text-to-speech APIs: the multi-context WebSocket and the streaming HTTP.
+"""ElevenLabs' multi-context text-to-speech WebSocket (the streaming HTTP is ``http``).
 
 What Pipecat's ``ElevenLabsTTSService`` / ``ElevenLabsHttpTTSService`` and LiveKit's
 elevenlabs plugin speak, so that they work with only their base URL pointed here.
@@ -19,7 +19,7 @@ header; query ``output_format``, ``model_id``, ``inactivity_timeout``, ``auto_mo
     server: {"isFinal": true, "contextId": "c1"}
 
 Contexts are independent: each has its own text buffer, its own lane of units (spoken one
-after another, ``gateway.utterance``) and its own encoder, so an MP3 context is one
+after another, ``gateway.frontends.utterance``) and its own encoder, so an MP3 context is one
 continuous MP3 stream. Several contexts may speak at once on one socket.
 
 ``close_context`` means one of two things, told apart by what came before it:
@@ -33,13 +33,12 @@ continuous MP3 stream. Several contexts may speak at once on one socket.
 A close for an unknown or finished context is ignored; a bad message gets an ``error``
 message (with the ``contextId`` when it names one) and breaks nothing else.
 
-``alignment`` is an estimate (``gateway.alignment``): Orpheus gives no timing.
+``alignment`` is an estimate (``gateway.frontends.alignment``): Orpheus gives no timing.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import logging
 import time
 from typing import Any
@@ -47,16 +46,30 @@ from typing import Any
 import msgspec
 from aiohttp import WSMsgType, web
 
-from gateway.alignment import CharTimes, ChunkAligner
-from gateway.audio_out import ELEVENLABS_FORMATS, OutputFormat, make_output
+from gateway.audio_out import OutputFormat, make_output
 from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
-from gateway.schemas import SpeechParams, build_params, check_text
-from gateway.service import Gateway
-from gateway.speech_http import Handler, read_body
-from gateway.streams import StreamFailed
-from gateway.text_units import Unit, UnitSplitter
-from gateway.utterance import (
+from gateway.frontends.alignment import ChunkAligner
+from gateway.frontends.elevenlabs.messages import (
+    API,
+    MAX_CONTEXTS,
+    AudioMessage,
+    ClientMessage,
+    ErrorMessage,
+    FinalMessage,
+    output_format,
+    params_for,
+)
+from gateway.frontends.shared import (
+    UNIT_MAX_CHARS,
+    Handler,
+    abort_of,
+    api_error,
+    send_json,
+    send_json_quietly,
+)
+from gateway.frontends.text_units import Unit, UnitSplitter
+from gateway.frontends.utterance import (
     Lane,
     QueueCap,
     pcm_ms,
@@ -64,97 +77,12 @@ from gateway.utterance import (
     serve_websocket,
     speak_unit,
 )
-from shm.messages import SamplingOverrides
+from gateway.schemas import SpeechParams, check_text
+from gateway.service import Gateway
+from gateway.streams import StreamFailed
 
 log = logging.getLogger(__name__)
 
-API = "elevenlabs"
-WS_PATH = "/v1/text-to-speech/{voice_id}/multi-stream-input"
-STREAM_PATH = "/v1/text-to-speech/{voice_id}/stream"
-TIMESTAMPS_PATH = "/v1/text-to-speech/{voice_id}/stream/with-timestamps"
-DEFAULT_FORMAT = "mp3_44100_128"
-MAX_CONTEXTS = 16
-"""Open contexts per socket (ElevenLabs allows 5; clients that leave contexts open while
-they start new ones are common, so this is more generous)."""
-UNIT_MAX_CHARS = 280
-
-
-def output_format(request: web.Request) -> OutputFormat:
-    name = request.query.get("output_format", DEFAULT_FORMAT)
-    fmt = ELEVENLABS_FORMATS.get(name)
-    if fmt is None:
-        raise APIError(
-            400,
-            "invalid_output_format",
-            f"output_format {name!r} is not supported; use one of {', '.join(ELEVENLABS_FORMATS)}",
-            param="output_format",
-        )
-    return fmt
-
-
-def params_for(
-    request: web.Request,
-    gateway: Gateway,
-    fmt: OutputFormat,
-    *,
-    text: str = "",
-    max_chars: int | None = None,
-    speed: float | None = None,
-    seed: int | None = None,
-) -> SpeechParams:
-    """The request's ``SpeechParams`` (``build_params``): the path's voice, the format named
-    by ``output_format``; with no text, the template of a socket or a context."""
-    return build_params(
-        gateway.voices,
-        gateway.limits,
-        text=text,
-        voice=request.match_info["voice_id"],
-        max_chars=max_chars,
-        text_param="text",
-        allow_empty=max_chars is None,
-        response_format=fmt.codec,
-        sample_rate=fmt.sample_rate,
-        bitrate=fmt.bitrate,
-        speed=speed,
-        sampling=SamplingOverrides(seed=seed),
-    )
-
-
-class VoiceSettings(msgspec.Struct):
-    speed: float | None = None
-
-
-class ClientMessage(msgspec.Struct, kw_only=True):
-    """One WebSocket message; fields this server has no use for are ignored."""
-
-    text: str | None = None
-    context_id: str | None = None
-    flush: bool = False
-    close_context: bool = False
-    close_socket: bool = False
-    voice_settings: VoiceSettings | None = None
-
-
-class AudioMessage(msgspec.Struct, omit_defaults=True):
-    audio: str | None
-    contextId: str
-    alignment: CharTimes | None = None
-    normalizedAlignment: CharTimes | None = None
-
-
-class FinalMessage(msgspec.Struct):
-    contextId: str
-    isFinal: bool = True
-
-
-class ErrorMessage(msgspec.Struct, omit_defaults=True):
-    error: str
-    message: str
-    code: int
-    contextId: str | None = None
-
-
-_encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(ClientMessage)
 
 
@@ -191,12 +119,10 @@ class _Socket:
         """When a context last finished (``time.monotonic()``)."""
 
     async def send(self, msg: msgspec.Struct) -> None:
-        if not self.ws.closed:
-            await self.ws.send_str(_encoder.encode(msg).decode())
+        await send_json(self.ws, msg)
 
     async def error(self, err: APIError, cid: str | None = None) -> None:
-        with contextlib.suppress(ConnectionError):
-            await self.send(ErrorMessage(err.code, err.message, err.status, cid))
+        await send_json_quietly(self.ws, ErrorMessage(err.code, err.message, err.status, cid))
 
     def quiet_since(self) -> float | None:
         """None while a context speaks, else when the last one stopped."""
@@ -307,8 +233,7 @@ class _Socket:
             self.finished_at = time.monotonic()
             if ctx.encoder is not None:
                 ctx.encoder.close()
-            with contextlib.suppress(ConnectionError):
-                await self.send(FinalMessage(ctx.id))
+            await send_json_quietly(self.ws, FinalMessage(ctx.id))
 
     async def close_all(self) -> None:
         for ctx in list(self.contexts.values()):
@@ -345,9 +270,8 @@ class _Socket:
                     started_at=started_at, on_abort=self.on_abort,
                 )  # fmt: skip
             except (APIError, StreamFailed) as e:
-                err = e if isinstance(e, APIError) else APIError.from_stream_error(e.error)
                 ctx.failed = True
-                await self.error(err, ctx.id)
+                await self.error(api_error(e), ctx.id)
 
         return job
 
@@ -356,9 +280,7 @@ async def _serve_ws(
     ws: web.WebSocketResponse, request: web.Request, gateway: Gateway, params: SpeechParams,
     fmt: OutputFormat, inactivity_s: float,
 ) -> None:  # fmt: skip
-    transport = request.transport
-    on_abort = transport.abort if transport is not None else None
-    sock = _Socket(ws, request, gateway, params, fmt, on_abort)
+    sock = _Socket(ws, request, gateway, params, fmt, abort_of(request))
     try:
         while True:
             try:
@@ -407,125 +329,3 @@ def multi_stream_handler(gateway: Gateway) -> Handler:
         )
 
     return multi_stream_input
-
-
-# -- HTTP ------------------------------------------------------------------------------------
-class SpeechBody(msgspec.Struct, kw_only=True):
-    """Body of ``POST /v1/text-to-speech/{voice_id}/stream``; other fields are ignored."""
-
-    text: str
-    model_id: str | None = None
-    seed: int | None = None
-    voice_settings: VoiceSettings | None = None
-
-
-class HttpAlignment(msgspec.Struct):
-    characters: list[str]
-    character_start_times_seconds: list[float]
-    character_end_times_seconds: list[float]
-
-
-class TimestampChunk(msgspec.Struct, omit_defaults=True):
-    audio_base64: str | None = None
-    alignment: HttpAlignment | None = None
-    normalized_alignment: HttpAlignment | None = None
-
-
-def stream_handler(gateway: Gateway, *, timestamps: bool) -> Handler:
-    """``POST .../stream`` (audio bytes) and ``.../stream/with-timestamps`` (JSON lines)."""
-    g = gateway.config.gateway
-    decoder = msgspec.json.Decoder(SpeechBody)
-
-    async def tts_stream(request: web.Request) -> web.StreamResponse:
-        started_at = gateway.loop.time()
-        fmt = output_format(request)
-        body = await read_body(request, g.max_body_bytes)
-        try:
-            req = decoder.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise APIError(400, "invalid_request", f"invalid body: {e}") from None
-        params = params_for(
-            request, gateway, fmt, text=req.text, max_chars=g.max_input_chars,
-            speed=req.voice_settings.speed if req.voice_settings else None, seed=req.seed,
-        )  # fmt: skip
-        splitter = UnitSplitter("sentence", UNIT_MAX_CHARS)
-        units = splitter.feed(params.text) + splitter.flush()
-        enc = make_output(params.output, params.speed)
-        resp: web.StreamResponse | None = None
-        audio_ms = 0.0
-        span_start = 0.0
-
-        async def write(data: bytes) -> None:
-            nonlocal resp
-            if resp is None:
-                resp = web.StreamResponse(
-                    status=200,
-                    headers={
-                        "Content-Type": "application/json" if timestamps else fmt.content_type,
-                        "Cache-Control": "no-cache",
-                    },
-                )
-                await resp.prepare(request)
-            await resp.write(data)
-
-        def line(data: bytes, times: Any) -> bytes:
-            al = None
-            if times is not None:
-                starts = [round((span_start + s) / 1000, 4) for s in times.charStartTimesMs]
-                ends = [
-                    round((span_start + s + d) / 1000, 4)
-                    for s, d in zip(times.charStartTimesMs, times.charDurationsMs, strict=True)
-                ]
-                al = HttpAlignment(times.chars, starts, ends)
-            chunk = TimestampChunk(base64.b64encode(data).decode() if data else None, al, al)
-            return _encoder.encode(chunk) + b"\n"
-
-        try:
-            for unit in units:
-                aligner = ChunkAligner(unit.raw)
-
-                async def deliver(
-                    chunks: list[bytes], last: bool, al: ChunkAligner = aligner
-                ) -> int:
-                    nonlocal audio_ms, span_start
-                    n = sum(map(len, chunks))
-                    data = b"".join(map(enc.encode, chunks))
-                    audio_ms += pcm_ms(n)
-                    if not timestamps:
-                        if data:
-                            await write(data)
-                        return len(data)
-                    times = al.take(pcm_ms(n), last=last)
-                    if data or times is not None:
-                        await write(line(data, times))
-                        if times is not None:
-                            span_start = audio_ms
-                    return len(data)
-
-                # TTFB of the first unit counts from the request; of the others, from the
-                # moment they could start (the end of the one before).
-                await speak_unit(
-                    gateway, params, unit.text, API, deliver,
-                    started_at=started_at if unit is units[0] else None,
-                    on_abort=request.transport.abort if request.transport is not None else None,
-                )  # fmt: skip
-            tail = enc.finish()
-            if tail:
-                await write(line(tail, None) if timestamps else tail)
-            if resp is None:
-                await write(b"")
-            assert resp is not None
-            await resp.write_eof()
-            return resp
-        except (APIError, StreamFailed) as e:
-            if resp is None:
-                raise (
-                    e if isinstance(e, APIError) else APIError.from_stream_error(e.error)
-                ) from None
-            if request.transport is not None:
-                request.transport.abort()  # never let a cut stream pass for a whole one
-            return resp
-        finally:
-            enc.close()
-
-    return tts_stream

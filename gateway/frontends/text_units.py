@@ -4,7 +4,7 @@ A *unit* is one piece of text sent to the workers as one complete stream (one ``
 without open text). The voice-agent protocols cut at sentence ends as the text arrives,
 so that speech starts before the client's LLM has finished writing, and at a flush.
 Because the gateway made the cut, it knows which text each frame of audio speaks: the
-alignment estimate (``gateway.alignment``) and vLLM-Omni's ``sentence_index`` rest on it.
+alignment estimate (``gateway.frontends.alignment``) and vLLM-Omni's ``sentence_index`` rest on it.
 
 ``Unit.raw`` is the text exactly as received, whitespace after the sentence included (the
 character alignment of ElevenLabs clients must join up across units); ``Unit.text`` is

@@ -9,40 +9,29 @@ client sees an incomplete chunked body, never a silently short file) and sends a
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from gateway.audio_out import make_output
 from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
+from gateway.frontends.openai.sse import delta_event, done_event, error_event
+from gateway.frontends.shared import Handler, abort_of, read_body
+from gateway.metrics import Api
+from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams, decode_speech_request, speech_params
 from gateway.service import Gateway
-from gateway.session import Session
-from gateway.sse import delta_event, done_event, error_event
 from gateway.streams import StreamFailed
 
 log = logging.getLogger(__name__)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+PATH = "/v1/audio/speech"
 SSE_CONTENT_TYPE = "text/event-stream"
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise APIError(
-            413,
-            "request_too_large",
-            f"request body of {request.content_length} bytes exceeds the {limit}-byte limit",
-        )
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise APIError(
-            413, "request_too_large", f"request body exceeds the {limit}-byte limit"
-        ) from None
+def routes(gateway: Gateway) -> list[web.RouteDef]:
+    return [web.post(PATH, speech_handler(gateway))]
 
 
 def speech_handler(gateway: Gateway) -> Handler:
@@ -54,36 +43,38 @@ def speech_handler(gateway: Gateway) -> Handler:
         params = speech_params(
             decode_speech_request(body), gateway.voices, gateway.limits, g.max_input_chars
         )
-        api = "sse" if params.stream_format == "sse" else "http"
+        api = Api.OPENAI_SSE if params.stream_format == "sse" else Api.OPENAI_HTTP
         return await respond(request, gateway, params, api, started_at)
 
     return create_speech
 
 
 async def respond(
-    request: web.Request, gateway: Gateway, params: SpeechParams, api: str, started_at: float
+    request: web.Request, gateway: Gateway, params: SpeechParams, api: Api, started_at: float
 ) -> web.StreamResponse:
     """Speak ``params`` (checked by ``build_params``) as one streamed HTTP response, as this
-    module's docstring says: also Baseten's ``predict`` (``gateway.baseten_http``)."""
+    module's docstring says: also Baseten's ``predict`` (``gateway.frontends.baseten.predict``)."""
     encoder = make_output(params.output, params.speed)
     try:
-        async with gateway.open_session(params, api, started_at=started_at) as session:
-            return await _stream(request, session, encoder)
+        async with gateway.requests.open(
+            params, api, started_at=started_at, on_abort=abort_of(request)
+        ) as active:
+            return await _stream(request, active, encoder)
     finally:
         encoder.close()
 
 
 async def _stream(
-    request: web.Request, session: Session, encoder: AudioEncoder
+    request: web.Request, active: ActiveRequest, encoder: AudioEncoder
 ) -> web.StreamResponse:
-    stream = session.stream
-    sse = session.params.stream_format == "sse"
+    stream = active.stream
+    sse = active.params.stream_format == "sse"
     try:
         chunks = await stream.next_chunks()
     except StreamFailed as e:
         raise APIError.from_stream_error(e.error) from None
 
-    content_type = SSE_CONTENT_TYPE if sse else session.params.output.content_type
+    content_type = SSE_CONTENT_TYPE if sse else active.params.output.content_type
     resp = web.StreamResponse(
         status=200,
         headers={
@@ -93,16 +84,8 @@ async def _stream(
         },
     )
     transport = request.transport
-    if transport is not None:
-        stream.on_abort = transport.abort
-    loop = asyncio.get_running_loop()
     encode = encoder.encode
-
-    async def send(data: bytes) -> None:
-        session.write_started = loop.time()
-        await resp.write(delta_event(data) if sse else data)
-        session.write_started = 0.0
-        session.sent(len(data))
+    write = active.write  # the client-writer contract: timed for the watchdog, accounted
 
     try:
         await resp.prepare(request)
@@ -111,16 +94,16 @@ async def _stream(
             # this process) that fell behind catches up with one syscall, not one per chunk.
             data = encode(chunks[0]) if len(chunks) == 1 else b"".join(map(encode, chunks))
             if data:
-                await send(data)
+                await write(resp.write(delta_event(data) if sse else data), len(data))
             chunks = await stream.next_chunks()
         tail = encoder.finish()
         if tail:
-            await send(tail)
+            await write(resp.write(delta_event(tail) if sse else tail), len(tail))
         if sse:
             end = stream.end
             await resp.write(done_event(end.tokens if end is not None else 0))
         await resp.write_eof()
-        session.completed = True
+        active.complete()
     except StreamFailed as e:
         err = APIError.from_stream_error(e.error)
         log.info("stream %#x failed after audio: %s", stream.stream_id, err.message)
@@ -130,5 +113,5 @@ async def _stream(
         elif transport is not None:
             transport.abort()  # the client must not mistake a truncated stream for a whole one
     except ConnectionError:
-        pass  # the client went away; leaving the session cancels the stream upstream
+        pass  # the client went away; leaving the request cancels the stream upstream
     return resp

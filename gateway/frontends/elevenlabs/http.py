@@ -1,0 +1,149 @@
+"""ElevenLabs' streaming text-to-speech over HTTP.
+
+``POST /v1/text-to-speech/{voice_id}/stream`` answers the audio bytes of ``output_format``;
+``POST .../stream/with-timestamps`` answers JSON lines, each with base64 audio and the
+estimated character times of the text it speaks (``gateway.frontends.alignment``). The
+text is spoken a sentence at a time, one request per sentence, into one continuous encoded
+stream; the status is decided by the first sentence (an error before any audio is JSON
+with its status), a failure after the headers cuts the connection.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import msgspec
+from aiohttp import web
+
+from gateway.audio_out import OutputFormat, make_output
+from gateway.encoders import AudioEncoder
+from gateway.errors import APIError
+from gateway.frontends.alignment import CharTimes, ChunkAligner
+from gateway.frontends.elevenlabs.messages import (
+    API,
+    HttpAlignment,
+    SpeechBody,
+    TimestampChunk,
+    output_format,
+    params_for,
+)
+from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, api_error, read_body
+from gateway.frontends.text_units import UnitSplitter
+from gateway.frontends.utterance import pcm_ms, speak_unit
+from gateway.service import Gateway
+from gateway.streams import StreamFailed
+
+_json = msgspec.json.Encoder()
+
+
+class _HttpStream:
+    """One response: its encoder, its headers (sent with the first bytes) and its clock."""
+
+    def __init__(
+        self, request: web.Request, fmt: OutputFormat, enc: AudioEncoder, timestamps: bool
+    ) -> None:
+        self.request = request
+        self.fmt = fmt
+        self.enc = enc
+        self.timestamps = timestamps
+        self.resp: web.StreamResponse | None = None
+        self.audio_ms = 0.0
+        """Audio encoded so far, in ms of 24 kHz PCM."""
+        self.span_start = 0.0
+        """Where the text of the next timestamped line starts, in ms."""
+        self.aligner = ChunkAligner("")
+        """The character times of the unit being spoken (set before each unit)."""
+
+    async def write(self, data: bytes) -> None:
+        if self.resp is None:
+            self.resp = web.StreamResponse(
+                status=200,
+                headers={
+                    "Content-Type": "application/json"
+                    if self.timestamps
+                    else self.fmt.content_type,
+                    "Cache-Control": "no-cache",
+                },
+            )
+            await self.resp.prepare(self.request)
+        await self.resp.write(data)
+
+    def line(self, data: bytes, times: CharTimes | None) -> bytes:
+        al = None
+        if times is not None:
+            start = self.span_start
+            starts = [round((start + s) / 1000, 4) for s in times.charStartTimesMs]
+            ends = [
+                round((start + s + d) / 1000, 4)
+                for s, d in zip(times.charStartTimesMs, times.charDurationsMs, strict=True)
+            ]
+            al = HttpAlignment(times.chars, starts, ends)
+        chunk = TimestampChunk(base64.b64encode(data).decode() if data else None, al, al)
+        return _json.encode(chunk) + b"\n"
+
+    async def deliver(self, chunks: list[bytes], last: bool) -> int:
+        """Encode and write one batch of the current unit's PCM; the encoded bytes written."""
+        n = sum(map(len, chunks))
+        enc = self.enc.encode
+        data = b"".join(map(enc, chunks))
+        self.audio_ms += pcm_ms(n)
+        if not self.timestamps:
+            if data:
+                await self.write(data)
+            return len(data)
+        times = self.aligner.take(pcm_ms(n), last=last)
+        if data or times is not None:
+            await self.write(self.line(data, times))
+            if times is not None:
+                self.span_start = self.audio_ms
+        return len(data)
+
+
+def stream_handler(gateway: Gateway, *, timestamps: bool) -> Handler:
+    """``POST .../stream`` (audio bytes) and ``.../stream/with-timestamps`` (JSON lines)."""
+    g = gateway.config.gateway
+    decoder = msgspec.json.Decoder(SpeechBody)
+
+    async def tts_stream(request: web.Request) -> web.StreamResponse:
+        started_at = gateway.loop.time()
+        fmt = output_format(request)
+        body = await read_body(request, g.max_body_bytes)
+        try:
+            req = decoder.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise APIError(400, "invalid_request", f"invalid body: {e}") from None
+        params = params_for(
+            request, gateway, fmt, text=req.text, max_chars=g.max_input_chars,
+            speed=req.voice_settings.speed if req.voice_settings else None, seed=req.seed,
+        )  # fmt: skip
+        splitter = UnitSplitter("sentence", UNIT_MAX_CHARS)
+        units = splitter.feed(params.text) + splitter.flush()
+        out = _HttpStream(request, fmt, make_output(params.output, params.speed), timestamps)
+        on_abort = abort_of(request)
+        try:
+            for i, unit in enumerate(units):
+                out.aligner = ChunkAligner(unit.raw)
+                # TTFB of the first unit counts from the request; of the others, from the
+                # moment they could start (the end of the one before).
+                await speak_unit(
+                    gateway, params, unit.text, API, out.deliver,
+                    started_at=started_at if i == 0 else None, on_abort=on_abort,
+                )  # fmt: skip
+            tail = out.enc.finish()
+            if tail:
+                await out.write(out.line(tail, None) if timestamps else tail)
+            if out.resp is None:
+                await out.write(b"")
+            assert out.resp is not None
+            await out.resp.write_eof()
+            return out.resp
+        except (APIError, StreamFailed) as e:
+            if out.resp is None:
+                raise api_error(e) from None
+            if on_abort is not None:
+                on_abort()  # never let a cut stream pass for a whole one
+            return out.resp
+        finally:
+            out.enc.close()
+
+    return tts_stream

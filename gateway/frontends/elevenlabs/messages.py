@@ -1,0 +1,120 @@
+"""ElevenLabs' text-to-speech wire types: paths, output formats, the WebSocket's messages and
+the streaming HTTP bodies (``websocket`` and ``http`` serve them)."""
+
+from __future__ import annotations
+
+import msgspec
+from aiohttp import web
+
+from gateway.audio_out import ELEVENLABS_FORMATS, OutputFormat
+from gateway.errors import APIError
+from gateway.frontends.alignment import CharTimes
+from gateway.metrics import Api
+from gateway.schemas import SpeechParams, build_params
+from gateway.service import Gateway
+from shm.messages import SamplingOverrides
+
+API = Api.ELEVENLABS
+WS_PATH = "/v1/text-to-speech/{voice_id}/multi-stream-input"
+STREAM_PATH = "/v1/text-to-speech/{voice_id}/stream"
+TIMESTAMPS_PATH = "/v1/text-to-speech/{voice_id}/stream/with-timestamps"
+DEFAULT_FORMAT = "mp3_44100_128"
+MAX_CONTEXTS = 16
+"""Open contexts per socket (ElevenLabs allows 5; clients that leave contexts open while
+they start new ones are common, so this is more generous)."""
+
+
+def output_format(request: web.Request) -> OutputFormat:
+    name = request.query.get("output_format", DEFAULT_FORMAT)
+    fmt = ELEVENLABS_FORMATS.get(name)
+    if fmt is None:
+        raise APIError(
+            400,
+            "invalid_output_format",
+            f"output_format {name!r} is not supported; use one of {', '.join(ELEVENLABS_FORMATS)}",
+            param="output_format",
+        )
+    return fmt
+
+
+def params_for(
+    request: web.Request,
+    gateway: Gateway,
+    fmt: OutputFormat,
+    *,
+    text: str = "",
+    max_chars: int | None = None,
+    speed: float | None = None,
+    seed: int | None = None,
+) -> SpeechParams:
+    """The request's ``SpeechParams`` (``build_params``): the path's voice, the format named
+    by ``output_format``; with no text, the template of a socket or a context."""
+    return build_params(
+        gateway.voices,
+        gateway.limits,
+        text=text,
+        voice=request.match_info["voice_id"],
+        max_chars=max_chars,
+        text_param="text",
+        allow_empty=max_chars is None,
+        response_format=fmt.codec,
+        sample_rate=fmt.sample_rate,
+        bitrate=fmt.bitrate,
+        speed=speed,
+        sampling=SamplingOverrides(seed=seed),
+    )
+
+
+class VoiceSettings(msgspec.Struct):
+    speed: float | None = None
+
+
+class ClientMessage(msgspec.Struct, kw_only=True):
+    """One WebSocket message; fields this server has no use for are ignored."""
+
+    text: str | None = None
+    context_id: str | None = None
+    flush: bool = False
+    close_context: bool = False
+    close_socket: bool = False
+    voice_settings: VoiceSettings | None = None
+
+
+class AudioMessage(msgspec.Struct, omit_defaults=True):
+    audio: str | None
+    contextId: str
+    alignment: CharTimes | None = None
+    normalizedAlignment: CharTimes | None = None
+
+
+class FinalMessage(msgspec.Struct):
+    contextId: str
+    isFinal: bool = True
+
+
+class ErrorMessage(msgspec.Struct, omit_defaults=True):
+    error: str
+    message: str
+    code: int
+    contextId: str | None = None
+
+
+class SpeechBody(msgspec.Struct, kw_only=True):
+    """Body of ``POST /v1/text-to-speech/{voice_id}/stream``; other fields are ignored."""
+
+    text: str
+    model_id: str | None = None
+    seed: int | None = None
+    voice_settings: VoiceSettings | None = None
+
+
+class HttpAlignment(msgspec.Struct):
+    characters: list[str]
+    character_start_times_seconds: list[float]
+    character_end_times_seconds: list[float]
+
+
+class TimestampChunk(msgspec.Struct, omit_defaults=True):
+    audio_base64: str | None = None
+    alignment: HttpAlignment | None = None
+    normalized_alignment: HttpAlignment | None = None

@@ -1,0 +1,85 @@
+"""vLLM-Omni's streaming speech protocol on the wire: the client's ``session.config`` and the
+server's messages (``gateway.frontends.omni.speech_stream`` serves them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from gateway.frontends.omni.units import Granularity
+
+
+class SessionConfig(msgspec.Struct, kw_only=True):
+    """``session.config``. Fields vLLM-Omni has for other models (``task_type``,
+    ``language``, ``instructions``, ``ref_audio``, ...) are accepted and ignored. The values
+    of the fields every front end has are checked by ``build_params``."""
+
+    model: str | None = None
+    voice: str | None = None
+    speaker: str | None = None
+    response_format: str = "wav"
+    sample_rate: int | None = None
+    speed: float | None = 1.0
+    stream_audio: bool = False
+    word_timestamps: bool = False
+    timestamp_type: str | None = None
+    split_granularity: Granularity = "none"
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+
+
+# -- server messages -----------------------------------------------------------------------
+class AudioStart(msgspec.Struct, tag="audio.start", tag_field="type", omit_defaults=True):
+    utterance_index: int
+    sentence_index: int
+    sentence_text: str
+    format: str
+    sample_rate: int | None = None
+    channels: int | None = None
+    word_timestamps: bool = False
+
+
+class WordAlignment(msgspec.Struct):
+    words: list[str]
+    word_start_times_seconds: list[float]
+    word_end_times_seconds: list[float]
+
+
+class TimestampInfo(msgspec.Struct):
+    word_alignment: WordAlignment
+    estimated: bool = True
+
+
+class AudioDone(msgspec.Struct, tag="audio.done", tag_field="type", omit_defaults=True):
+    utterance_index: int
+    sentence_index: int
+    total_bytes: int
+    error: bool
+    timestamp_info: TimestampInfo | None = None
+
+
+class AudioChunk(msgspec.Struct, tag="audio.chunk", tag_field="type"):
+    utterance_index: int
+    sentence_index: int
+    chunk_id: int
+    chunk_start_ms: int
+    chunk_end_ms: int
+    sample_rate: int
+    channels: int
+    audio_b64: str
+    timestamps: list[dict[str, Any]] | None
+
+
+class SessionDone(msgspec.Struct, tag="session.done", tag_field="type"):
+    utterance_index: int
+    total_sentences: int
+
+
+class ErrorMessage(msgspec.Struct, tag="error", tag_field="type", omit_defaults=True):
+    message: str
+    code: str | None = None
+    partial_audio: bool = False
+    action: str | None = None

@@ -1,0 +1,7 @@
+"""OpenAI's ``POST /v1/audio/speech``: chunked audio or SSE (``speech``, ``sse``)."""
+
+from __future__ import annotations
+
+from gateway.frontends.openai.speech import routes
+
+__all__ = ["routes"]

@@ -1,0 +1,341 @@
+"""The life of a speech request in the gateway: admitted, streamed to its client, finished.
+
+``RequestTracker`` is the one owner of that life (``Gateway.requests``). A front end opens a
+request with it and drives the ``ActiveRequest`` it gets::
+
+    async with gateway.requests.open(params, Api.OPENAI_HTTP, on_abort=abort) as request:
+        while chunks := await request.stream.next_chunks():
+            await request.write(resp.write(data), len(data))
+        request.complete()
+
+Entering admits the request (or raises ``APIError`` 429/503), allocates a stream id and
+sends ``LlmSubmit``; leaving frees the slot, cancels upstream work if the stream had not
+finished, records the outcome (``outcome_of``), the metrics and the stream's log line.
+
+The client-writer contract lives here and nowhere else: ``write`` marks a write to the
+client as started (the stall watchdog's clock) and accounts its bytes (TTFB on the first),
+``complete`` records that the client has everything (else the outcome is ``cancelled``),
+and ``on_abort`` (given to ``open``) tears the client's connection down when the request
+is dropped (a slow client, the gateway stopping).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+
+from common.gateway_config import GatewayConfig
+from gateway.admission import Admission
+from gateway.errors import APIError
+from gateway.metrics import GatewayMetrics
+from gateway.schemas import SpeechParams, check_text
+from gateway.streams import PcmStream, StreamRegistry
+from gateway.upstream import ControlChannel, UpstreamUnavailable
+from shm.records import SAMPLE_RATE, StreamError
+
+stream_log = logging.getLogger("orpheus.streams")
+
+BYTES_PER_SECOND = SAMPLE_RATE * 2
+BYTES_METRIC_BATCH = 64 * 1024
+
+
+def outcome_of(error: StreamError) -> str:
+    """The ``outcome`` label of a stream that failed with ``error``."""
+    if error.code in ("slow_client", "worker_restarted", "shutdown"):
+        return error.code
+    if error.code in ("cancelled", "client_disconnected"):
+        return "cancelled"
+    if error.code == "upstream_timeout":
+        return "timeout"
+    return "bad_request" if 400 <= error.status < 500 else "upstream_error"
+
+
+def request_outcome(request: ActiveRequest, exc: BaseException | None) -> str:
+    """The ``outcome`` label of a request that is being left (with ``exc``, if raised)."""
+    if request.completed:
+        return "ok"
+    if request.stream.error is not None:
+        return outcome_of(request.stream.error)
+    if exc is None or isinstance(exc, asyncio.CancelledError | ConnectionError):
+        return "cancelled"
+    if isinstance(exc, APIError):
+        return "bad_request" if exc.status < 500 else "upstream_error"
+    return "internal_error"
+
+
+class ActiveRequest:
+    """One request, as a front end drives it (see the module docstring). An async context
+    manager: entering admits it, leaving finishes it (``RequestTracker``)."""
+
+    __slots__ = (
+        "_tracker",
+        "api",
+        "bytes_sent",
+        "bytes_unreported",
+        "completed",
+        "first_byte_at",
+        "on_abort",
+        "params",
+        "started_at",
+        "stream",
+        "text_chars",
+        "text_open",
+        "write_started",
+    )
+
+    def __init__(
+        self,
+        tracker: RequestTracker,
+        params: SpeechParams,
+        api: str,
+        started_at: float,
+        text_open: bool,
+        on_abort: Callable[[], None] | None,
+    ) -> None:
+        self._tracker = tracker
+        self.params = params
+        self.api = api
+        self.text_open = text_open
+        self.started_at = started_at
+        self.on_abort = on_abort
+        self.first_byte_at: float | None = None
+        self.bytes_sent = 0
+        self.bytes_unreported = 0
+        self.completed = False
+        """Set by ``complete`` once the client has everything (the outcome is then ok)."""
+        self.text_chars = len(params.text)
+        self.write_started = 0.0
+        """Loop time at which a write to the client began and has not finished (0: none)."""
+        self.stream: PcmStream  # set by RequestTracker.admit
+
+    async def __aenter__(self) -> ActiveRequest:
+        await self._tracker.admit(self)
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._tracker.finish(self, e)
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.stream.bytes_received / BYTES_PER_SECOND
+
+    # -- the client-writer contract ------------------------------------------------------------
+    async def write(self, pending: Awaitable[object], n: int) -> None:
+        """Await ``pending``, a write of ``n`` audio bytes to the client: the stall watchdog
+        times it, and the bytes are accounted once it returns."""
+        self.write_started = self._tracker.loop.time()
+        await pending
+        self.write_started = 0.0
+        self.sent(n)
+
+    async def write_counted(self, pending: Awaitable[int]) -> int:
+        """``write`` for a delivery that returns how many audio bytes it wrote."""
+        self.write_started = self._tracker.loop.time()
+        n = await pending
+        self.write_started = 0.0
+        self.sent(n)
+        return n
+
+    def complete(self) -> None:
+        """The client has everything: the request ends ``ok``."""
+        self.completed = True
+
+    def sent(self, n: int) -> None:
+        """Account ``n`` bytes of audio written to the client (TTFB on the first)."""
+        if n <= 0:
+            return
+        if self.first_byte_at is None:
+            self.first_byte_at = now = self._tracker.loop.time()
+            self._tracker.metrics.ttfb_by_api[self.api].observe(now - self.started_at)
+        self.bytes_sent += n
+        self.bytes_unreported += n
+        if self.bytes_unreported >= BYTES_METRIC_BATCH:
+            self.report_bytes()
+
+    def report_bytes(self) -> None:
+        """Add the bytes sent so far to the counter (batched: a locked update per chunk costs)."""
+        if self.bytes_unreported:
+            self._tracker.metrics.bytes_sent_by_api[self.api].inc(self.bytes_unreported)
+            self.bytes_unreported = 0
+
+    # -- the request's stream ------------------------------------------------------------------
+    def append_text(self, text: str, *, final: bool) -> None:
+        """More text for a request opened with ``text_open`` (ZeroMQ)."""
+        self._tracker.append_text(self, text, final=final)
+
+    def fail(self, error: StreamError) -> None:
+        """Fail the request's stream (cancelled upstream); its front end learns it from
+        ``next_chunks``."""
+        self._tracker.registry.fail(self.stream, error, cancel_upstream=True, discard_pending=True)
+
+    def drop(self, why: str) -> None:
+        """Drop a client that stopped reading: fail the stream and tear down the connection."""
+        self.write_started = 0.0
+        self._tracker.registry.drop_slow_client(self.stream, why)
+
+
+class RequestTracker:
+    """Admits, tracks and finishes every request of one gateway process."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        admission: Admission,
+        registry: StreamRegistry,
+        control: ControlChannel,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.config = config
+        self.admission = admission
+        self.registry = registry
+        self.control = control
+        self.metrics = metrics
+        self.active: set[ActiveRequest] = set()
+        self.loop: asyncio.AbstractEventLoop  # set by ``start``
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def __len__(self) -> int:
+        return len(self.active)
+
+    def open(
+        self,
+        params: SpeechParams,
+        api: str,
+        *,
+        text_open: bool = False,
+        started_at: float | None = None,
+        on_abort: Callable[[], None] | None = None,
+    ) -> ActiveRequest:
+        """A request for ``params``, to enter with ``async with`` (admitted on entry)."""
+        t0 = self.loop.time() if started_at is None else started_at
+        return ActiveRequest(self, params, api, t0, text_open, on_abort)
+
+    async def admit(self, request: ActiveRequest) -> None:
+        with self.metrics.queued.track_inprogress():
+            try:
+                await self.admission.acquire()
+            except APIError:
+                self.metrics.count_request(request.api, "rejected")
+                raise
+        params = request.params
+        stream = self.registry.open(self.loop.time(), text_closed=not request.text_open)
+        try:
+            self.control.submit(
+                stream.stream_id,
+                params.text,
+                params.voice,
+                params.sampling,
+                text_open=not stream.text_closed,
+            )
+        except UpstreamUnavailable as e:
+            self.registry.fail(
+                stream,
+                StreamError("upstream_unavailable", str(e), 503),
+                cancel_upstream=False,
+                discard_pending=True,
+            )
+            self.admission.release()
+            self.metrics.count_request(request.api, "upstream_error")
+            raise APIError(
+                503, "upstream_unavailable", str(e), retry_after_s=self.config.retry_after_s
+            ) from None
+        stream.on_abort = request.on_abort
+        request.stream = stream
+        self.active.add(request)
+        self.metrics.active.inc()
+
+    def finish(self, request: ActiveRequest, exc: BaseException | None) -> None:
+        request.report_bytes()
+        stream = request.stream
+        outcome = request_outcome(request, exc)
+        self.registry.release(
+            stream, "client_disconnected" if outcome in ("cancelled", "ok") else outcome
+        )
+        elapsed = self.loop.time() - request.started_at
+        audio_s = request.audio_seconds
+        rtf = elapsed / audio_s if audio_s else None
+        if outcome == "ok" and rtf is not None:
+            self.metrics.rtf_by_api[request.api].observe(rtf)
+        self.metrics.count_request(request.api, outcome)
+        ttfb = request.first_byte_at - request.started_at if request.first_byte_at else None
+        # One line per stream at its end (JSON lines carry the fields as keys).
+        fields = {
+            "stream_id": f"{stream.stream_id:#x}", "api": str(request.api), "outcome": outcome,
+            "ttfb_s": None if ttfb is None else round(ttfb, 4),
+            "rtf": None if rtf is None else round(rtf, 4), "audio_s": round(audio_s, 3),
+            "bytes_sent": request.bytes_sent, "text_chars": request.text_chars,
+        }  # fmt: skip
+        stream_log.info(
+            "stream %s %s: ttfb %s s, rtf %s, audio %.2f s", fields["stream_id"], outcome,
+            fields["ttfb_s"], fields["rtf"], audio_s, extra={"fields": fields},
+        )  # fmt: skip
+        self.active.discard(request)
+        self.metrics.active.dec()
+        self.admission.release()
+
+    def append_text(self, request: ActiveRequest, text: str, *, final: bool) -> None:
+        stream = request.stream
+        if stream.text_closed:
+            raise APIError(400, "text_closed", "this stream's text is already complete")
+        limit = self.config.max_input_chars
+        if request.text_chars + len(text) > limit:
+            raise APIError(
+                400,
+                "input_too_long",
+                f"the stream's text would reach {request.text_chars + len(text)} characters; "
+                f"the limit is {limit}",
+                param="text",
+            )
+        check_text(text, limit, param="text", allow_empty=True)
+        request.text_chars += len(text)
+        if stream.done:
+            return  # ended or failed meanwhile: the front end learns it from next_chunks
+        stream.last_record_at = self.loop.time()  # the open text's idle clock too
+        try:
+            self.control.append_text(stream.stream_id, text, final=final)
+        except UpstreamUnavailable as e:
+            raise APIError(503, "upstream_unavailable", str(e)) from None
+        if final:
+            stream.text_closed = True
+
+    def abort_writers(self) -> None:
+        """Tear down the connections of the requests that are writing (the gateway stops)."""
+        for request in list(self.active):
+            if request.on_abort is not None and request.write_started:
+                request.on_abort()
+
+    def sweep(
+        self,
+        now: float,
+        *,
+        idle_s: float,
+        text_idle_s: float,
+        stall_s: float,
+        upstream_timeout: StreamError,
+        text_timeout: StreamError,
+    ) -> None:
+        """The watchdog's pass: fail streams the workers or the client left idle, drop
+        clients that accept no data."""
+        for request in list(self.active):
+            stream = request.stream
+            if not stream.done:
+                # Complete text: the workers went silent. Open text (ZeroMQ text_open):
+                # the client neither finishes it nor adds to it, and it holds a slot.
+                idle = now - stream.last_record_at
+                if stream.text_closed and idle > idle_s:
+                    self.registry.fail(
+                        stream, upstream_timeout, cancel_upstream=True, discard_pending=True
+                    )
+                elif not stream.text_closed and idle > text_idle_s:
+                    self.registry.fail(
+                        stream, text_timeout, cancel_upstream=True, discard_pending=True
+                    )
+            started = request.write_started
+            if started and now - started > stall_s:
+                request.drop(f"the client accepted no data for {stall_s:g} s")
