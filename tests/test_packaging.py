@@ -15,8 +15,8 @@ import pytest
 from llm_worker.output_head import PLUGIN_GROUP, PLUGIN_NAME, PLUGIN_TARGET
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("orpheus_serve", "bench", "orchestrator", "llm_worker", "codec_worker", "gateway",
-            "common", "shm")  # fmt: skip
+PACKAGES = ("orpheus_serve", "bench", "orchestrator", "orpheus_client", "llm_worker",
+            "codec_worker", "gateway", "common", "shm")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
