@@ -376,13 +376,15 @@ def test_check_out_names_what_the_device_would_not_return(tmp_path: Path) -> Non
     good = {"machine": {"gpu": "H100"}, "versions": {"git_commit": "abc"}}
     (out / "h100_engine_a.json").write_text(json.dumps(good))
     assert tools.check_out(out, ["h100_engine_a.json"]) == []
-    (out / "h100_confirm_bf16.json").write_text(json.dumps({"machine": {}, "versions": {}}))
+    empty = {"machine": {}, "versions": {}, "levels": [{"requests": 0}]}
+    (out / "h100_confirm_bf16.json").write_text(json.dumps(empty))
     (out / "bad name.txt").write_text("x")
     for i in range(7):
         (out / f"x{i}.txt").write_text("x")
     problems = tools.check_out(out, ["h100_engine_a.json", "h100_missing.json"])
     assert "10 files under $OUT; 8 come back" in problems
     assert "h100_confirm_bf16.json: no commit" in problems
+    assert "h100_confirm_bf16.json: no level measured a request" in problems
     assert "bad name.txt: a name outside [A-Za-z0-9._-]" in problems
     assert "h100_missing.json: missing" in problems
 

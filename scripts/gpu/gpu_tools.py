@@ -528,6 +528,10 @@ def check_out(out: Path, expect: list[str], max_files: int = 8) -> list[str]:
             v = data.get("versions") if isinstance(data.get("versions"), dict) else {}
             if not (v.get("git_commit") or data.get("git_commit")):
                 problems.append(f"{rel}: no commit")
+            levels = data.get("levels")
+            if isinstance(levels, list) and levels:
+                if not any(isinstance(lv, dict) and lv.get("requests") for lv in levels):
+                    problems.append(f"{rel}: no level measured a request")
     if total > 64 * MIB:
         problems.append(f"{total / MIB:.1f} MiB in all > 64 MiB")
     names = {p.name for p in files}

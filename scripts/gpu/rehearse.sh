@@ -120,16 +120,21 @@ step_calls() {
   [[ -d .whl/part-1 ]] || { echo "calls: run the wheels step first (.whl/part-N)"; return 1; }
   local home=$PWD/$OUTDIR/gpu-home py025=$VENV025/bin/python
   [[ $py025 == /* ]] || py025=$PWD/$py025
-  rm -rf "$home"; mkdir -p "$home"
+  # REHEARSE_CALLS="3 6": only those calls, on what the earlier run left in $home
+  [[ -z ${REHEARSE_CALLS:-} ]] && rm -rf "$home"
+  mkdir -p "$home"
   local -x GPU_HOME=$home OUT=$home/out DEVICE=cpu PYTHON=$py025 \
-    MODEL=$home/model MODEL_FLAGS=--small GATEWAYS=1 MAX_SEQS=16 PORT=${REHEARSE_PORT:-18123} \
-    LEVEL_S=${REHEARSE_LEVEL_S:-4} TOKENS=70 WARMUP_LEVEL_S=3 ENGINE_STREAMS=${REHEARSE_ENGINE_STREAMS:-2,4} \
+    MODEL=$home/model MODEL_FLAGS="--small --speaks-codes" GATEWAYS=1 MAX_SEQS=16 PORT=${REHEARSE_PORT:-18923} \
+    LEVEL_S=${REHEARSE_LEVEL_S:-12} TOKENS=28 WARMUP_LEVEL_S=3 ENGINE_STREAMS=${REHEARSE_ENGINE_STREAMS:-2,4} \
     ENGINE_STEPS=${REHEARSE_ENGINE_STEPS:-16} CONFIRM_LEVELS=${REHEARSE_CONFIRM_LEVELS:-"4 2"} \
-    ORPHEUS_GPU_DRY_PYTHON=$PWD/$VENV/bin/python VERIFY_NO_CUDA=1 \
+    GPU_DRY_PYTHON=$PWD/$VENV/bin/python VERIFY_NO_CUDA=1 \
     GIT_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo rehearsal)
   local rc=0 n carry args minutes go expect t
+  local shm_before
+  shm_before=$(ls /dev/shm 2>/dev/null)
   while IFS=$'\t' read -r n carry args minutes go expect; do
     [[ $n =~ ^[0-9]+$ ]] || continue
+    [[ -z ${REHEARSE_CALLS:-} || " $REHEARSE_CALLS " == *" $n "* ]] || continue
     rm -rf "$OUT"; mkdir -p "$OUT"   # the device empties $OUT before each command
     echo "-- call $n: run_capacity.sh $args (carry $carry; plan: $minutes min on the H100)"
     t=$SECONDS
@@ -145,6 +150,15 @@ step_calls() {
     mkdir -p "$OUTDIR/out$n"; cp -r "$OUT"/. "$OUTDIR/out$n/" 2>/dev/null
   done <scripts/gpu/plan.tsv
   bash scripts/gpu/run_capacity.sh stop >/dev/null 2>&1   # nothing left running
+  # vLLM's CPU engine core can leave a multiprocessing segment (psm_*) when the supervisor
+  # kills it at stop: remove those that appeared during these calls and no process holds.
+  local seg
+  for seg in $(comm -13 <(echo "$shm_before" | sort) <(ls /dev/shm 2>/dev/null | sort)); do
+    [[ $seg == psm_* ]] || continue
+    if ! fuser "/dev/shm/$seg" >/dev/null 2>&1; then
+      rm -f "/dev/shm/$seg" && echo "removed /dev/shm/$seg (left by the stopped server)"
+    fi
+  done
   return $rc
 }
 
@@ -155,43 +169,6 @@ for s in $STEPS; do
 done
 echo "== rehearsal summary ($((SECONDS - t0)) s)"
 rc=0
-# The device calls of the plan on this CPU (see the header). Sizes: tiny, so that the CPU
-# cost stays modest on a shared 2-core machine; what is checked is that every call runs to
-# its end and returns what the plan expects.
-step_calls() {
-  venv025 || return 1
-  [[ -x $VENV/bin/python ]] || { echo "calls: run the device step first ($VENV)"; return 1; }
-  [[ -d .whl/part-1 ]] || { echo "calls: run the wheels step first (.whl/part-N)"; return 1; }
-  local home=$PWD/$OUTDIR/gpu-home py025=$VENV025/bin/python
-  [[ $py025 == /* ]] || py025=$PWD/$py025
-  rm -rf "$home"; mkdir -p "$home"
-  local -x GPU_HOME=$home OUT=$home/out DEVICE=cpu PYTHON=$py025 \
-    MODEL=$home/model MODEL_FLAGS=--small GATEWAYS=1 MAX_SEQS=16 PORT=${REHEARSE_PORT:-18123} \
-    LEVEL_S=${REHEARSE_LEVEL_S:-4} TOKENS=70 WARMUP_LEVEL_S=3 ENGINE_STREAMS=${REHEARSE_ENGINE_STREAMS:-2,4} \
-    ENGINE_STEPS=${REHEARSE_ENGINE_STEPS:-16} CONFIRM_LEVELS=${REHEARSE_CONFIRM_LEVELS:-"4 2"} \
-    ORPHEUS_GPU_DRY_PYTHON=$PWD/$VENV/bin/python VERIFY_NO_CUDA=1 \
-    GIT_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo rehearsal)
-  local rc=0 n carry args minutes go expect t
-  while IFS=$'\t' read -r n carry args minutes go expect; do
-    [[ $n =~ ^[0-9]+$ ]] || continue
-    rm -rf "$OUT"; mkdir -p "$OUT"   # the device empties $OUT before each command
-    echo "-- call $n: run_capacity.sh $args (carry $carry; plan: $minutes min on the H100)"
-    t=$SECONDS
-    # shellcheck disable=SC2086
-    bash scripts/gpu/run_capacity.sh $args >"$OUTDIR/call$n.log" 2>&1
-    echo "   exit $?, $((SECONDS - t)) s here; log $OUTDIR/call$n.log"
-    if grep -nE "Traceback|ERROR|FAILED|command not found|unbound variable|No such file" \
-        "$OUTDIR/call$n.log" | grep -v "^.*WARNING" | head -5; then
-      echo "   call $n: errors in its log (above)"; rc=1
-    fi
-    # shellcheck disable=SC2086
-    "$py025" scripts/gpu/gpu_tools.py check-out "$OUT" --expect $expect || rc=1
-    mkdir -p "$OUTDIR/out$n"; cp -r "$OUT"/. "$OUTDIR/out$n/" 2>/dev/null
-  done <scripts/gpu/plan.tsv
-  bash scripts/gpu/run_capacity.sh stop >/dev/null 2>&1   # nothing left running
-  return $rc
-}
-
 for s in $STEPS; do
   echo "$s: ${RESULT[$s]}"
   [[ ${RESULT[$s]} == ok* ]] || rc=1
