@@ -4,7 +4,8 @@ concurrent sessions.
 
 Protocols: OpenAI HTTP (``POST /v1/audio/speech``, from the request), vLLM-Omni WebSocket
 (from ``input.done``), ElevenLabs multi-context WebSocket (from the context's ``flush``),
-ElevenLabs HTTP (from the request) and Baseten's Orpheus WebSocket (from ``__END__``).
+ElevenLabs HTTP (from the request), Baseten's Orpheus WebSocket (from ``__END__``) and
+its HTTP mode (``POST /v1/baseten/orpheus/predict``, from the request).
 WebSocket sessions are connected and configured before the clock starts, as a voice agent
 keeps its socket open across turns; the text goes out in pieces before the flush (none of
 them ends a sentence, so nothing is spoken early). Each session speaks ``--rounds`` turns,
@@ -46,7 +47,14 @@ from shm.layout import InstanceLayout
 from shm.messages import WorkerReady, orchestrator_decoder
 from shm.ring import create_ring, unlink_ring
 
-PROTOCOLS = ("openai_http", "omni_ws", "elevenlabs_ws", "elevenlabs_http", "baseten_ws")
+PROTOCOLS = (
+    "openai_http",
+    "omni_ws",
+    "elevenlabs_ws",
+    "elevenlabs_http",
+    "baseten_ws",
+    "baseten_http",
+)
 Turn = Callable[[int], Awaitable[float]]
 """Speaks turn ``i`` of a session; returns seconds from the flush to the first audio byte."""
 
@@ -106,6 +114,11 @@ class _Session:
         text = "".join(_pieces(i)) + "."
         url = f"{self.base}/v1/text-to-speech/{self.voice}/stream?output_format=pcm_24000"
         return await self._http(url, {"text": text, "model_id": "eleven_flash_v2_5"})
+
+    async def _baseten_http(self, i: int) -> float:
+        text = "".join(_pieces(i)) + "."
+        body = {"prompt": text, "voice": self.voice, "temperature": 0.6, "language": "en"}
+        return await self._http(self.base + "/v1/baseten/orpheus/predict", body)
 
     async def _omni_ws(self, i: int) -> float:
         ws = self.ws

@@ -1,7 +1,7 @@
 """Orpheus code frames to SNAC's three code levels, vectorised over a batch of windows.
 
 A frame is 7 codes in Orpheus slot order. Level 0 takes slot 0, level 1 slots 1 and 4,
-level 2 slots 2, 3, 5 and 6 (ORPHEUS.md), each level in time order.
+level 2 slots 2, 3, 5 and 6 (docs/orpheus.md), each level in time order.
 """
 
 from __future__ import annotations

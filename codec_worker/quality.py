@@ -1,5 +1,5 @@
 """Audio quality check that needs no trained weights: streamed chunks against one offline
-decode of the same codes (DESIGN.md). Clicks and disagreements at seams show up as error
+decode of the same codes (docs/orpheus.md). Clicks and disagreements at seams show up as error
 energy; the result is the error's energy relative to the signal's, in dB (lower is better)."""
 
 from __future__ import annotations

@@ -44,6 +44,16 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     With several gateway processes, process ``i`` binds ``port + i`` (tcp) or ``path-i`` (ipc).
     """
+    zmq_max_message_bytes: int = 64 * 1024
+    """Largest ZeroMQ frame the ROUTER accepts (``ZMQ_MAXMSGSIZE``): a client that sends a
+    larger one is disconnected before the frame is read, and its requests end unanswered.
+    The default is the HTTP body limit; ZeroMQ carries no voice upload (HTTP only)."""
+    zmq_text_idle_timeout_s: float = 120.0
+    """A ZeroMQ request with ``text_open`` whose text is not finished fails (408 ``timeout``)
+    when no ``append`` arrives and nothing is spoken for this long (it frees its stream slot)."""
+    http_error_log_interval_s: float = 60.0
+    """A client's malformed HTTP requests (answered 400 by aiohttp) are logged at most once per
+    this interval per client address, at WARNING, without the request's bytes."""
     retry_after_s: int = 1
     playground: bool = True
     """Serve the playground page at ``/``."""

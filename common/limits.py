@@ -14,7 +14,7 @@ The ranges (docs/api.md, *Sampling limits*):
   [0, 2]``); 0 is greedy.
 - ``top_p`` (0, 1]: vLLM's range.
 - ``repetition_penalty`` 0.5..2: vLLM takes any positive value; this is the range the
-  llm_worker has always served (ORPHEUS.md: at least 1.1 is needed for stable speech, and
+  llm_worker has always served (docs/orpheus.md: at least 1.1 is needed for stable speech, and
   raising it makes speech faster; below 1 it rewards repeats, and loops are this model's
   most common failure).
 - ``seed`` 0..2**63-1: a non-negative signed 64-bit integer (vLLM seeds a torch generator

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import web
 
-from gateway import baseten_ws, custom_voices, elevenlabs
+from gateway import baseten_http, baseten_ws, custom_voices, elevenlabs
 from gateway.auth import ApiKeys, http_middleware
 from gateway.errors import APIError
 from gateway.omni_ws import OMNI_PATH, omni_handler
@@ -119,6 +119,7 @@ def build_app(gateway: Gateway) -> web.Application:
     app.router.add_post("/v1/audio/speech", speech_handler(gateway))
     app.router.add_get(OMNI_PATH, omni_handler(gateway))
     app.router.add_get(baseten_ws.PATH, baseten_ws.baseten_handler(gateway))
+    app.router.add_post(baseten_http.PATH, baseten_http.predict_handler(gateway))
     app.router.add_get(elevenlabs.WS_PATH, elevenlabs.multi_stream_handler(gateway))
     app.router.add_post(
         elevenlabs.STREAM_PATH, elevenlabs.stream_handler(gateway, timestamps=False)

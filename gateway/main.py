@@ -22,6 +22,7 @@ from prometheus_client import REGISTRY
 
 from common.config import ServeConfig
 from common.link import WorkerLink
+from gateway import malformed_http
 from gateway.app import build_app
 from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
@@ -98,6 +99,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None
         handle_signals=False,
         handler_cancellation=True,  # a client that disconnects cancels its handler
         access_log=logging.getLogger("gateway.access") if g.access_log else None,
+        **malformed_http.server_options(g),
     )
     await runner.setup()
     sock = reuseport_socket(g.host, g.port)

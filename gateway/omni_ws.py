@@ -16,9 +16,13 @@ vLLM-Omni examples) work pointed at this server::
     server: {"type": "session.done", "utterance_index": 0, "total_sentences": 1}
     client: ... next utterance on the same socket ..., {"type": "session.close"}
 
-Differences from vLLM-Omni, all additive: ``split_granularity`` defaults to "sentence"
-(Orpheus speaks each sentence as its own request anyway, so nothing is lost by starting
-before the flush); ``sample_rate`` and the formats ``ulaw``/``alaw`` reach telephony;
+``split_granularity`` is vLLM-Omni's: ``none`` (its default: a flush is one unit,
+``sentence_index`` 0 of ``total_sentences`` 1), ``sentence`` or ``clause``, with its rules
+(``gateway.omni_units``). Whatever the client is shown, the gateway speaks sentences as soon
+as they are complete, each its own stream, never across a shown unit's boundary: a shown
+unit's audio is held until its text is complete (``audio.start`` carries it), then sent in
+order. Differences from vLLM-Omni, all additive: ``sample_rate`` and the formats
+``ulaw``/``alaw`` reach telephony;
 ``stream_audio`` also streams ``ulaw``/``alaw``; ``word_timestamps`` and Baseten's
 ``timestamp_type: "word"`` carry the gateway's *estimated* word times
 (``gateway.alignment``), there being no forced aligner. A client that closes the socket
@@ -35,15 +39,16 @@ from typing import Any
 import msgspec
 from aiohttp import WSMsgType, web
 
-from gateway.alignment import word_times
+from gateway.alignment import WordTime, word_times
 from gateway.audio_out import make_output
 from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
+from gateway.omni_units import Event, Granularity, OmniUnits, Speak
 from gateway.schemas import SpeechParams, build_params, check_text
 from gateway.service import Gateway
 from gateway.speech_http import Handler
 from gateway.streams import StreamFailed
-from gateway.text_units import Granularity, Unit, UnitSplitter
+from gateway.text_units import Unit
 from gateway.utterance import Lane, drain_while_open, pcm_ms, serve_websocket, speak_unit
 from shm.messages import SamplingOverrides
 
@@ -70,7 +75,7 @@ class SessionConfig(msgspec.Struct, kw_only=True):
     stream_audio: bool = False
     word_timestamps: bool = False
     timestamp_type: str | None = None
-    split_granularity: Granularity = "sentence"
+    split_granularity: Granularity = "none"
     seed: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -144,9 +149,13 @@ class _Session:
         self.config: SessionConfig | None = None
         self.params: SpeechParams | None = None
         """The session's template: voice, format, speed, sampling (``build_params``)."""
-        self.splitter = UnitSplitter()
+        self.units = OmniUnits()
+        self.shown: _Shown | None = None
+        """The shown unit being built (its spoken units queued, its text not complete)."""
         self.stream_encoder: AudioEncoder | None = None
         """One encoder for the whole session when audio streams (continuous resampling)."""
+        self.file_encoder: AudioEncoder | None = None
+        """The file of the shown unit being spoken, when audio does not stream."""
         self.utterance = 0
         self.sentence = 0
         self.utterance_open = False
@@ -211,12 +220,9 @@ class _Session:
             return False
         self.config = cfg
         self.params = params
-        max_chars = (
-            self.gateway.config.gateway.max_input_chars
-            if cfg.split_granularity == "none"
-            else UNIT_MAX_CHARS
+        self.units = OmniUnits(
+            cfg.split_granularity, UNIT_MAX_CHARS, self.gateway.config.gateway.max_input_chars
         )
-        self.splitter = UnitSplitter(cfg.split_granularity, max_chars)
         old, self.stream_encoder = self.stream_encoder, None
         if old is not None:
             self.lane.push(self._closer(old))
@@ -229,13 +235,26 @@ class _Session:
 
         return close
 
-    def queue_units(self, units: list[Unit]) -> None:
-        for unit in units:
-            self.lane.push(self._unit_job(unit, self.utterance, self.sentence))
-            self.sentence += 1
+    def queue(self, events: list[Event]) -> None:
+        """Queue the spoken units of ``events`` on the lane; a ``Close`` makes its shown unit's
+        text known at once (the audio held for it goes out with its next delivery) and
+        queues the shown unit's end behind its spoken units."""
+        for ev in events:
+            shown = self.shown
+            if shown is None:
+                cfg, params = self.config, self.params
+                assert cfg is not None and params is not None
+                shown = self.shown = _Shown(self.utterance, ev.shown, cfg, params)
+            if isinstance(ev, Speak):
+                self.lane.push(self._speak_job(ev.unit, shown))
+            else:
+                shown.text = ev.text
+                self.shown = None
+                self.sentence += 1
+                self.lane.push(self._end_job(shown))
 
     def input_done(self) -> None:
-        self.queue_units(self.splitter.flush())
+        self.queue(self.units.flush())
         done = SessionDone(self.utterance, self.sentence)
 
         async def job() -> None:
@@ -253,104 +272,133 @@ class _Session:
         self.utterance_open = False
 
     # -- speaking ----------------------------------------------------------------------------
-    def _unit_job(self, unit: Unit, utt: int, sidx: int) -> Any:
-        cfg, params = self.config, self.params
-        assert cfg is not None and params is not None
-        fmt = params.output
-        speed = params.speed
-        streaming = cfg.stream_audio
-        chunks_json = cfg.word_timestamps
+    def _encoder(self, shown: _Shown) -> AudioEncoder:
+        """The session's stream encoder (``stream_audio``), else the shown unit's file's."""
+        fmt, speed = shown.params.output, shown.params.speed
+        if shown.streaming:
+            if self.stream_encoder is None:
+                self.stream_encoder = make_output(fmt, speed)
+            return self.stream_encoder
+        if self.file_encoder is None:
+            self.file_encoder = make_output(fmt, speed)
+        return self.file_encoder
+
+    async def _send_start(self, shown: _Shown) -> None:
+        """``audio.start``, once: when the unit's text is known and (streamed audio) its first
+        audio is, or (a file) before it is spoken."""
+        if shown.text is not None and not shown.start_sent:
+            shown.start_sent = True
+            fmt = shown.params.output
+            raw = fmt.codec in _STREAMABLE
+            await self.send(
+                AudioStart(shown.utt, shown.index, shown.text, fmt.codec,
+                           fmt.sample_rate if raw else None, 1 if raw else None,
+                           shown.config.word_timestamps)
+            )  # fmt: skip
+
+    async def _release(self, shown: _Shown) -> int:
+        """Send ``audio.start`` and the audio held for ``shown``, once its text is known (a
+        streamed unit's as it comes, a file at its end). Returns the audio bytes sent."""
+        if shown.text is None:
+            return 0
+        await self._send_start(shown)
+        held, shown.held = shown.held, []
+        n = 0
+        for data, start_ms, end_ms in held:
+            if shown.config.word_timestamps:
+                await self.send(
+                    AudioChunk(shown.utt, shown.index, shown.chunk_id, start_ms, end_ms,
+                               shown.params.output.sample_rate, 1,
+                               base64.b64encode(data).decode("ascii"), None)
+                )  # fmt: skip
+                shown.chunk_id += 1
+            else:
+                await self.ws.send_bytes(data)
+            n += len(data)
+        shown.total += n
+        return n
+
+    def _speak_job(self, unit: Unit, shown: _Shown) -> Any:
         started_at = self.gateway.loop.time()
 
         async def job() -> None:
-            if streaming:
-                if self.stream_encoder is None:
-                    self.stream_encoder = make_output(fmt, speed)
-                enc = self.stream_encoder
-            else:
-                enc = make_output(fmt, speed)
-            start = AudioStart(
-                utt,
-                sidx,
-                unit.text,
-                fmt.codec,
-                fmt.sample_rate if fmt.codec in _STREAMABLE else None,
-                1 if fmt.codec in _STREAMABLE else None,
-                chunks_json,
-            )
-            start_sent = False
-            total = 0
-            pcm_total = 0
-            chunk_id = 0
-            collected: list[bytes] = []
-
-            async def send_start() -> None:
-                nonlocal start_sent
-                if not start_sent:
-                    start_sent = True
-                    await self.send(start)
-
-            async def send_audio(data: bytes, start_ms: int, end_ms: int) -> None:
-                nonlocal chunk_id
-                if chunks_json:
-                    await self.send(
-                        AudioChunk(utt, sidx, chunk_id, start_ms, end_ms, fmt.sample_rate, 1,
-                                   base64.b64encode(data).decode("ascii"), None)
-                    )  # fmt: skip
-                    chunk_id += 1
-                else:
-                    await self.ws.send_bytes(data)
+            if shown.failure is not None:
+                return  # its shown unit already failed: the rest of it is not spoken
+            enc = self._encoder(shown)
+            unit_start = shown.pcm_bytes
+            if not shown.streaming:
+                await self._send_start(shown)
 
             async def deliver(chunks: list[bytes], last: bool) -> int:
-                nonlocal total, pcm_total
-                start_ms = round(pcm_ms(pcm_total))
+                start_ms = round(pcm_ms(shown.pcm_bytes))
                 for c in chunks:
-                    pcm_total += len(c)
+                    shown.pcm_bytes += len(c)
                 data = b"".join(map(enc.encode, chunks))
-                if not streaming:
-                    collected.append(data)
-                    if not last:
-                        return 0
-                    data = b"".join(collected) + enc.finish()
                 if data:
-                    await send_start()
-                    await send_audio(data, start_ms, round(pcm_ms(pcm_total)))
-                    total += len(data)
-                return len(data)
+                    shown.held.append((data, start_ms, round(pcm_ms(shown.pcm_bytes))))
+                return await self._release(shown) if shown.streaming else 0
 
-            if not streaming:
-                await send_start()
-            failed = False
-            info: TimestampInfo | None = None
             try:
                 await speak_unit(
-                    self.gateway, params, unit.text, API, deliver,
+                    self.gateway, shown.params, unit.text, API, deliver,
                     started_at=started_at, on_abort=self.on_abort,
                 )  # fmt: skip
             except (APIError, StreamFailed) as e:
-                err = e if isinstance(e, APIError) else APIError.from_stream_error(e.error)
-                failed = True
-                await send_start()
-                await self.error(
-                    f"Generation failed for utterance {utt}, sentence {sidx}: {err.message}",
-                    err.code,
-                    partial_audio=total > 0,
-                    action="discard" if total > 0 else None,
+                shown.failure = (
+                    e if isinstance(e, APIError) else APIError.from_stream_error(e.error)
                 )
-            finally:
-                if not streaming:
-                    enc.close()
-            await send_start()
-            words = word_times(unit.raw, pcm_ms(pcm_total)) if not failed else []
-            if chunks_json:
+                return
+            offset = round(pcm_ms(unit_start))
+            shown.words += [
+                WordTime(w.word, w.start_ms + offset, w.end_ms + offset)
+                for w in word_times(unit.raw, pcm_ms(shown.pcm_bytes - unit_start))
+            ]
+
+        return job
+
+    def _end_job(self, shown: _Shown) -> Any:
+        """After the shown unit's spoken units: the rest of its audio (a file: all of it),
+        its error if one failed, ``audio.done``."""
+
+        async def job() -> None:
+            cfg, fmt = shown.config, shown.params.output
+            failed = shown.failure is not None
+            if not shown.streaming:
+                enc, self.file_encoder = self.file_encoder, None
+                try:
+                    if failed:
+                        shown.held = []
+                    elif enc is not None:
+                        tail = enc.finish()
+                        data = b"".join(d for d, _, _ in shown.held) + tail
+                        shown.held = [(data, 0, round(pcm_ms(shown.pcm_bytes)))] if data else []
+                finally:
+                    if enc is not None:
+                        enc.close()
+            elif failed:
+                shown.held = []  # audio of a failed unit not sent yet is dropped
+            n = await self._release(shown)
+            self.gateway.metrics.bytes_sent_by_api[API].inc(n)  # sent outside any stream
+            err = shown.failure
+            if err is not None:
+                await self.error(
+                    f"Generation failed for utterance {shown.utt}, sentence {shown.index}: "
+                    f"{err.message}",
+                    err.code,
+                    partial_audio=shown.total > 0,
+                    action="discard" if shown.total > 0 else None,
+                )
+            words = [] if failed else shown.words
+            end_ms = round(pcm_ms(shown.pcm_bytes))
+            if cfg.word_timestamps:
                 stamps = [
                     {"word": w.word, "start_ms": w.start_ms, "end_ms": w.end_ms} for w in words
                 ]
-                end_ms = round(pcm_ms(pcm_total))
                 await self.send(
-                    AudioChunk(utt, sidx, chunk_id, 0, end_ms, fmt.sample_rate, 1, "",
-                               None if failed else stamps)
+                    AudioChunk(shown.utt, shown.index, shown.chunk_id, 0, end_ms,
+                               fmt.sample_rate, 1, "", None if failed else stamps)
                 )  # fmt: skip
+            info: TimestampInfo | None = None
             if cfg.timestamp_type == "word" and not failed:
                 info = TimestampInfo(
                     WordAlignment(
@@ -359,9 +407,33 @@ class _Session:
                         [w.end_ms / 1000 for w in words],
                     )
                 )
-            await self.send(AudioDone(utt, sidx, total, failed, info))
+            await self.send(AudioDone(shown.utt, shown.index, shown.total, failed, info))
 
         return job
+
+
+class _Shown:
+    """One unit as the client sees it (``audio.start`` ... ``audio.done``), made of one or
+    more spoken units (``gateway.omni_units``)."""
+
+    def __init__(self, utt: int, index: int, config: SessionConfig, params: SpeechParams) -> None:
+        self.utt = utt
+        self.index = index
+        self.config = config
+        self.params = params
+        self.streaming = config.stream_audio
+        self.text: str | None = None
+        """Known when the unit is complete (``Close``); its audio is held until then."""
+        self.start_sent = False
+        self.held: list[tuple[bytes, int, int]] = []
+        """Encoded audio not sent yet, with its span (ms from the unit's start)."""
+        self.total = 0
+        """Audio bytes sent (``audio.done``'s ``total_bytes``)."""
+        self.pcm_bytes = 0
+        """24 kHz PCM spoken so far: the unit's clock."""
+        self.chunk_id = 0
+        self.words: list[WordTime] = []
+        self.failure: APIError | None = None
 
 
 async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gateway) -> None:
@@ -421,7 +493,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
                     continue
                 if text:
                     s.utterance_open = True
-                s.queue_units(s.splitter.feed(text))
+                s.queue(s.units.feed(text))
             elif kind == "input.done":
                 s.input_done()
             elif kind == "session.close":
@@ -432,8 +504,9 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
                 await s.error(f"Unknown message type: {kind}", "invalid_message")
     finally:
         await s.lane.cancel()
-        if s.stream_encoder is not None:
-            s.stream_encoder.close()
+        for enc in (s.stream_encoder, s.file_encoder):
+            if enc is not None:
+                enc.close()
     if not ws.closed:
         await ws.close()
 

@@ -23,7 +23,7 @@ from gateway.pcm_pump import pump_pcm
 from gateway.readiness import Readiness, draining_error, readiness, refusal
 from gateway.schemas import SpeechParams
 from gateway.session import BYTES_PER_SECOND, Session, session_outcome
-from gateway.streams import StreamRegistry
+from gateway.streams import PcmStream, StreamRegistry
 from gateway.upstream import ControlChannel, UpstreamUnavailable
 from gateway.voices import ENGLISH_VOICES, VoiceCatalog
 from shm.admission import AdmissionBoard
@@ -270,21 +270,33 @@ class Gateway:
     async def _watchdog(self) -> None:
         g = self.config.gateway
         idle_s = g.upstream_idle_timeout_s
+        text_idle_s = g.zmq_text_idle_timeout_s
         stall_s = g.client_stall_timeout_s
+        upstream_timeout = StreamError(
+            "upstream_timeout", f"no audio from the workers for {idle_s:g} s", 504
+        )
+        text_timeout = StreamError(
+            "timeout",
+            f"no text appended and nothing spoken for {text_idle_s:g} s; "
+            "the text's last append must have final=true",
+            408,
+        )
         while True:
             await asyncio.sleep(WATCHDOG_PERIOD_S)
             now = self.loop.time()
             for session in list(self._sessions):
                 stream = session.stream
-                if not stream.done and stream.text_closed and now - stream.last_record_at > idle_s:
-                    self.registry.fail(
-                        stream,
-                        StreamError(
-                            "upstream_timeout", f"no audio from the workers for {idle_s:g} s", 504
-                        ),
-                        cancel_upstream=True,
-                        discard_pending=True,
-                    )
+                if not stream.done:
+                    # Complete text: the workers went silent. Open text (ZeroMQ text_open):
+                    # the client neither finishes it nor adds to it, and it holds a slot.
+                    idle = now - stream.last_record_at
+                    if stream.text_closed and idle > idle_s:
+                        self._fail_stream(stream, upstream_timeout)
+                    elif not stream.text_closed and idle > text_idle_s:
+                        self._fail_stream(stream, text_timeout)
                 started = session.write_started
                 if started and now - started > stall_s:
                     session.drop(f"the client accepted no data for {stall_s:g} s")
+
+    def _fail_stream(self, stream: PcmStream, error: StreamError) -> None:
+        self.registry.fail(stream, error, cancel_upstream=True, discard_pending=True)

@@ -145,13 +145,13 @@ class Session:
         self.text_chars += len(text)
         if stream.done:
             return  # ended or failed meanwhile: the front end learns it from next_chunks
+        stream.last_record_at = self._gateway.loop.time()  # the open text's idle clock too
         try:
             self._gateway.control.append_text(stream.stream_id, text, final=final)
         except UpstreamUnavailable as e:
             raise APIError(503, "upstream_unavailable", str(e)) from None
         if final:
             stream.text_closed = True
-            stream.last_record_at = self._gateway.loop.time()
 
     def drop(self, why: str) -> None:
         """Drop a client that stopped reading: fail the stream and tear down the connection."""

@@ -18,7 +18,7 @@ from aiohttp import web
 from gateway.audio_out import make_output
 from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
-from gateway.schemas import decode_speech_request, speech_params
+from gateway.schemas import SpeechParams, decode_speech_request, speech_params
 from gateway.service import Gateway
 from gateway.session import Session
 from gateway.sse import delta_event, done_event, error_event
@@ -55,14 +55,22 @@ def speech_handler(gateway: Gateway) -> Handler:
             decode_speech_request(body), gateway.voices, gateway.limits, g.max_input_chars
         )
         api = "sse" if params.stream_format == "sse" else "http"
-        encoder = make_output(params.output, params.speed)
-        try:
-            async with gateway.open_session(params, api, started_at=started_at) as session:
-                return await _stream(request, session, encoder)
-        finally:
-            encoder.close()
+        return await respond(request, gateway, params, api, started_at)
 
     return create_speech
+
+
+async def respond(
+    request: web.Request, gateway: Gateway, params: SpeechParams, api: str, started_at: float
+) -> web.StreamResponse:
+    """Speak ``params`` (checked by ``build_params``) as one streamed HTTP response, as this
+    module's docstring says: also Baseten's ``predict`` (``gateway.baseten_http``)."""
+    encoder = make_output(params.output, params.speed)
+    try:
+        async with gateway.open_session(params, api, started_at=started_at) as session:
+            return await _stream(request, session, encoder)
+    finally:
+        encoder.close()
 
 
 async def _stream(

@@ -82,7 +82,7 @@ class PcmStream:
         self.end: StreamEnd | None = None
         self.error: StreamError | None = None
         self.last_record_at = now
-        """Monotonic time of the last record (or of the text being closed): idle watchdog."""
+        """Monotonic time of the last record or appended text: the idle watchdogs' clock."""
         self.text_closed = text_closed
         self.on_abort: Callable[[], None] | None = None
         """Set by the front end: tears down the client connection (slow or stalled client)."""

@@ -4,6 +4,13 @@ Each ``Speak`` runs as its own task through the same admission, streams and enco
 HTTP. Sends never block the event loop: the ROUTER is ``ROUTER_MANDATORY``, so a client
 that went away is reported (EHOSTUNREACH, its stream is cancelled) and a client that does
 not read fills its pipe (EAGAIN) and is retried, then dropped by the stall watchdog.
+
+Every ``Speak`` ends with exactly one ``Done`` or ``Error`` (none after the client's own
+``Cancel`` while it waits for admission); ``_Request.ended`` makes the first one the only
+one, whoever sends it (the request's task, or the reader that refuses a message about a
+request still in the queue). A message that cannot be decoded is answered with an ``Error``
+whose ``request_id`` is null, or ends the open request it names. Frames larger than
+``gateway.zmq_max_message_bytes`` never reach the gateway (``ZMQ_MAXMSGSIZE``).
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 
 import msgspec
@@ -50,14 +58,25 @@ CLIENT_CANCELLED = "cancelled"
 MAX_PENDING_APPENDS = 256
 
 
+class _Addressed(msgspec.Struct):
+    """Any map with an integer ``request_id`` (other fields are skipped)."""
+
+    request_id: int
+
+
+_addressed = msgspec.msgpack.Decoder(_Addressed)
+
+
 def _request_id_of(payload: bytes) -> int | None:
     """The request_id of a message that failed validation, so the client learns which."""
     try:
-        obj = msgspec.msgpack.decode(payload)
-    except msgspec.DecodeError:
-        return None
-    rid = obj.get("request_id") if isinstance(obj, dict) else None
-    return rid if isinstance(rid, int) and not isinstance(rid, bool) else None
+        return _addressed.decode(payload).request_id
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return None  # RecursionError: deeply nested arrays or maps that msgspec skips over
+
+
+def _why(e: Exception) -> str:
+    return "the message is nested too deeply" if isinstance(e, RecursionError) else str(e)
 
 
 class _PeerGone(Exception):
@@ -65,13 +84,22 @@ class _PeerGone(Exception):
 
 
 class _Request:
-    __slots__ = ("pending", "session", "task")
+    __slots__ = ("ended", "identity", "pending", "rid", "session", "task")
 
-    def __init__(self) -> None:
+    def __init__(self, identity: bytes, rid: int) -> None:
+        self.identity = identity
+        self.rid = rid
         self.task: asyncio.Task[None] | None = None
         self.session: Session | None = None
+        """Set once admitted (synchronously after admission: no await in between)."""
         self.pending: list[AppendText] = []
         """Text that arrived while the request waited for admission."""
+        self.ended = False
+        """The request's one Done or Error is sent (or none is due: cancelled while queued)."""
+
+    @property
+    def key(self) -> tuple[bytes, int]:
+        return (self.identity, self.rid)
 
 
 class ZmqFrontend:
@@ -81,6 +109,7 @@ class ZmqFrontend:
         self._sock: zmq.asyncio.Socket | None = None
         self._requests: dict[tuple[bytes, int], _Request] = {}
         self._keys = ApiKeys(gateway.config.gateway.api_keys)
+        self._max_message_bytes = gateway.config.gateway.zmq_max_message_bytes
 
     async def run(self) -> None:
         sock = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
@@ -89,6 +118,8 @@ class ZmqFrontend:
         sock.setsockopt(zmq.SNDHWM, SNDHWM)
         sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        # Bounds every frame before it is read: the API key is inside the message.
+        sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
         sock.bind(self.endpoint)
         self._sock = sock
         log.info("ZeroMQ clients on %s", self.endpoint)
@@ -98,8 +129,13 @@ class ZmqFrontend:
                     await self._handle(frames)
                 except Exception:  # one bad message must not stop the front end
                     log.exception("error handling a ZeroMQ client message")
+                    with contextlib.suppress(Exception):
+                        await self._reply(
+                            frames[0], Error(None, 500, "internal_error", "internal server error")
+                        )
         finally:
             for req in list(self._requests.values()):
+                self._forget(req)
                 if req.task is not None:
                     req.task.cancel()
             sock.close(linger=0)
@@ -126,13 +162,15 @@ class ZmqFrontend:
         identity, payload = frames
         try:
             msg = client_decoder.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
+            # RecursionError: deep nesting that the decoder skips over while it looks for
+            # the ``type`` tag (a nested value where a field is expected is refused at once).
             rid = _request_id_of(payload)
             open_req = self._requests.get((identity, rid)) if rid is not None else None
             if open_req is not None:  # a bad message about an open request ends that request
-                self._fail(open_req, StreamError("invalid_message", str(e), 400))
+                await self._fail(open_req, StreamError("invalid_message", _why(e), 400))
             else:
-                await self._reply(identity, Error(rid, 400, "invalid_message", str(e)))
+                await self._reply(identity, Error(rid, 400, "invalid_message", _why(e)))
             return
         key = (identity, msg.request_id)
         req = self._requests.get(key)
@@ -143,9 +181,11 @@ class ZmqFrontend:
                     Error(msg.request_id, 400, "duplicate_request_id", "request_id is in use"),
                 )
                 return
-            req = _Request()
+            req = _Request(identity, msg.request_id)
             self._requests[key] = req
-            req.task = asyncio.create_task(self._serve(identity, msg, req))
+            req.task = asyncio.create_task(self._serve(msg, req))
+            # Also when cancelled before it ran (a Speak and its Cancel in one burst).
+            req.task.add_done_callback(functools.partial(self._task_done, req))
             return
         if req is None:
             await self._reply(
@@ -154,23 +194,66 @@ class ZmqFrontend:
         elif isinstance(msg, AppendText):
             if req.session is None:
                 if len(req.pending) >= MAX_PENDING_APPENDS:
-                    self._fail(req, StreamError("too_many_messages", "too much queued text", 400))
+                    await self._fail(
+                        req,
+                        StreamError(
+                            "too_many_messages",
+                            f"more than {MAX_PENDING_APPENDS} appends while the request waits "
+                            "for admission",
+                            400,
+                        ),
+                    )
                 else:
                     req.pending.append(msg)
             else:
                 self._append(req, msg)
         elif isinstance(msg, Cancel):
-            if req.session is None:
+            if req.session is None:  # still queued: it ends without an answer
+                req.ended = True
+                self._forget(req)
                 if req.task is not None:
                     req.task.cancel()
             else:
-                self._fail(req, StreamError(CLIENT_CANCELLED, "cancelled by the client", 499))
+                self._fail_admitted(
+                    req, StreamError(CLIENT_CANCELLED, "cancelled by the client", 499)
+                )
 
-    def _fail(self, req: _Request, error: StreamError) -> None:
-        if req.session is None:
-            if req.task is not None:
-                req.task.cancel()
+    def _forget(self, req: _Request) -> None:
+        if self._requests.get(req.key) is req:
+            del self._requests[req.key]
+
+    def _task_done(self, req: _Request, task: asyncio.Task[None]) -> None:
+        self._forget(req)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("ZeroMQ request %d failed", req.rid, exc_info=exc)
+
+    async def _end(self, req: _Request, msg: Done | Error, session: Session | None = None) -> None:
+        """Send the request's one Done or Error (nothing if it already has its end); with
+        the admitted request's ``session``, wait for room in the client's pipe as audio does."""
+        if req.ended:
             return
+        req.ended = True
+        try:
+            if session is None:
+                await self._reply(req.identity, msg)
+            else:
+                await self._send_bounded(req.identity, msg, session)
+        finally:
+            self._forget(req)  # its request_id is free once the client can know it ended
+
+    async def _fail(self, req: _Request, error: StreamError) -> None:
+        """End ``req`` with ``error``, whether it is admitted or still queued."""
+        if req.session is not None:
+            self._fail_admitted(req, error)
+            return
+        # Queued: its task has sent nothing, and is stopped before it can.
+        if req.task is not None:
+            req.task.cancel()
+        await self._end(req, Error(req.rid, error.status, error.code, error.message))
+
+    def _fail_admitted(self, req: _Request, error: StreamError) -> None:
+        """Fail an admitted request's stream: its task answers (a no-op once it ended)."""
+        assert req.session is not None
         self._gateway.registry.fail(
             req.session.stream, error, cancel_upstream=True, discard_pending=True
         )
@@ -180,7 +263,7 @@ class ZmqFrontend:
         try:
             req.session.append_text(msg.text, final=msg.final)
         except APIError as e:
-            self._fail(req, StreamError(e.code, e.message, e.status))
+            self._fail_admitted(req, StreamError(e.code, e.message, e.status))
 
     def _params(self, msg: Speak) -> SpeechParams:
         self._keys.check(msg.api_key, ZMQ_KEY_HINT)
@@ -198,7 +281,8 @@ class ZmqFrontend:
             text_open=msg.text_open,
         )
 
-    async def _send_audio(self, identity: bytes, msg: Audio, session: Session) -> None:
+    async def _send_bounded(self, identity: bytes, msg: ServerMessage, session: Session) -> None:
+        """Send, waiting while the client's pipe is full (the stall watchdog bounds it)."""
         assert self._sock is not None
         frames = [identity, encoder.encode(msg)]
         loop = self._gateway.loop
@@ -216,8 +300,8 @@ class ZmqFrontend:
                     raise _PeerGone from None
                 raise
 
-    async def _serve(self, identity: bytes, msg: Speak, req: _Request) -> None:
-        rid = msg.request_id
+    async def _serve(self, msg: Speak, req: _Request) -> None:
+        identity, rid = req.identity, req.rid
         encoder: AudioEncoder | None = None
         try:
             params = self._params(msg)
@@ -236,39 +320,51 @@ class ZmqFrontend:
                 )
                 await self._reply(identity, started)
                 try:
-                    await self._stream_audio(identity, rid, session, encoder)
+                    await self._stream_audio(req, session, encoder)
                 except StreamFailed as e:
                     if e.error.code == CLIENT_CANCELLED:
                         seconds = round(session.audio_seconds, 4)
-                        await self._reply(identity, Done(rid, "cancelled", seconds, 0))
+                        await self._end(req, Done(rid, "cancelled", seconds, 0), session)
                     else:
                         err = APIError.from_stream_error(e.error)
-                        await self._reply(identity, Error(rid, err.status, err.code, err.message))
+                        error = Error(rid, err.status, err.code, err.message)
+                        await self._end(req, error, session)
         except APIError as e:
-            await self._reply(identity, Error(rid, e.status, e.code, e.message))
+            await self._end(req, Error(rid, e.status, e.code, e.message))
         except _PeerGone:
-            pass  # leaving the session cancelled the stream upstream
+            req.ended = True  # nobody to answer; leaving the session cancelled the stream
+        except asyncio.CancelledError:
+            # Torn down (a client that stopped reading, the gateway stopping): say why, if
+            # the stream knows, to whoever may still read. A queued request's end is sent
+            # by whoever cancelled it.
+            error = req.session.stream.error if req.session is not None else None
+            if error is not None:
+                with contextlib.suppress(Exception):
+                    await self._end(req, Error(rid, error.status, error.code, error.message))
+            raise
+        except Exception:
+            log.exception("ZeroMQ request %d failed", rid)
+            await self._end(req, Error(rid, 500, "internal_error", "internal server error"))
         finally:
             if encoder is not None:
                 encoder.close()
-            self._requests.pop((identity, rid), None)
+            self._forget(req)
 
-    async def _stream_audio(
-        self, identity: bytes, rid: int, session: Session, encoder: AudioEncoder
-    ) -> None:
+    async def _stream_audio(self, req: _Request, session: Session, encoder: AudioEncoder) -> None:
         """Audio messages in order, then Done; raises StreamFailed if the stream fails."""
+        identity, rid = req.identity, req.rid
         stream = session.stream
         seq = 0
         while chunks := await stream.next_chunks():
             for chunk in chunks:
                 data = encoder.encode(chunk)
                 if data:
-                    await self._send_audio(identity, Audio(rid, seq, data), session)
+                    await self._send_bounded(identity, Audio(rid, seq, data), session)
                     seq += 1
                     session.sent(len(data))
         tail = encoder.finish()
         if tail:
-            await self._send_audio(identity, Audio(rid, seq, tail), session)
+            await self._send_bounded(identity, Audio(rid, seq, tail), session)
             session.sent(len(tail))
         end = stream.end
         done = Done(
@@ -277,11 +373,17 @@ class ZmqFrontend:
             round(session.audio_seconds, 4),
             end.frames if end else 0,
         )
-        await self._reply(identity, done)
+        await self._end(req, done, session)
         session.completed = True
 
     async def close(self) -> None:
-        tasks = [r.task for r in self._requests.values() if r.task is not None]
+        """Stop every request; one still unanswered is told that the gateway stopped."""
+        reqs = list(self._requests.values())
+        tasks = [r.task for r in reqs if r.task is not None]
+        if self._sock is not None:
+            for r in reqs:
+                with contextlib.suppress(zmq.ZMQError):
+                    await self._end(r, Error(r.rid, 503, "shutdown", "the gateway stopped"))
         for t in tasks:
             t.cancel()
         for t in tasks:

@@ -1,6 +1,6 @@
 """Audio tokens to SNAC code frames, vectorised over all streams of one engine step.
 
-ORPHEUS.md: the token at audio position ``p`` (counted from the first audio token of a
+docs/orpheus.md: the token at audio position ``p`` (counted from the first audio token of a
 generation) carries ``code = id - 128266 - (p mod 7) * 4096``, valid in ``[0, 4096)``;
 code 0 is valid. Seven positions make one frame.
 

@@ -5,8 +5,14 @@
 - ``max_model_len`` always set (the checkpoint declares 131k).
 - Async scheduling wherever the installed vLLM supports it: left to vLLM's own decision
   (``None``), which turns it on for the GPU runners and the CPU platform turns it off.
-- The model's generation_config is ignored (``generation_config="vllm"``): the worker's
-  ``SamplingParams`` are the whole truth (no stray stop ids from the checkpoint).
+- The output head (``llm.output_head``, :mod:`llm_worker.output_head`): with the audio head
+  the engine's token ids are the checkpoint's rotated; :meth:`GenerationEngine.add` converts
+  prompts, and :attr:`GenerationEngine.space` tells the service how to read sampled ids.
+- The checkpoint's generation_config is not read: vLLM is given the project's empty one
+  (:data:`GENERATION_CONFIG`). The worker's ``SamplingParams`` are the whole truth. (vLLM's
+  ``generation_config="vllm"`` still reads the checkpoint's ``eos_token_id``, 128009, a text
+  id, and adds it to every request's stop ids and min_tokens mask: a stray stop on the full
+  head, an index past the logits' width on the audio head.)
 - The engine's Prometheus stat logger stays on (``vllm:*`` metrics); the worker's
   :class:`StepHook`, registered as one more stat logger, is called once per engine step
   after every request's output of that step has been delivered, which is when the service
@@ -24,6 +30,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import msgspec
 from vllm import SamplingParams
@@ -38,9 +45,12 @@ from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, Schedule
 
 from common.llm_config import LLMConfig
 from llm_worker.model_info import find_model_file
+from llm_worker.output_head import HeadChoice, TokenSpace
 
 log = logging.getLogger(__name__)
 
+GENERATION_CONFIG = str(Path(__file__).with_name("engine_generation_config"))
+"""A directory holding an empty ``generation_config.json``: no defaults, no stop ids."""
 CPU_KV_CACHE_MAX_BYTES = 4 << 30
 CPU_KV_CACHE_MIN_BYTES = 64 << 20
 
@@ -118,7 +128,9 @@ def engine_args(
     device: str,
     logits_processors: list[type],
     profiler: ProfilerConfig | None = None,
+    head: HeadChoice | None = None,
 ) -> AsyncEngineArgs:
+    """The engine's arguments; ``head`` None is the checkpoint's own (full) head."""
     kv_bytes = config.kv_cache_memory_bytes
     if kv_bytes is None and device == "cpu":
         kv_bytes = cpu_kv_cache_bytes(config)
@@ -137,7 +149,8 @@ def engine_args(
         # None: vLLM enables it wherever it is supported (never on the CPU build).
         async_scheduling=None if config.async_scheduling else False,
         seed=config.seed,
-        generation_config="vllm",
+        generation_config=GENERATION_CONFIG,
+        **({"hf_overrides": o} if head is not None and (o := head.hf_overrides()) else {}),
         logits_processors=logits_processors or None,
         disable_log_stats=False,
         # Multi-LoRA for LoRA voices; prefix caching (vLLM's default) keeps custom voices'
@@ -201,11 +214,12 @@ def start_engine(
     logits_processors: list[type],
     on_step: Callable[[], None],
     profiler: ProfilerConfig | None = None,
+    head: HeadChoice | None = None,
 ) -> AsyncLLM:
     """Build the engine (blocking: loads the model). Call from the event loop's thread."""
     check_device(device)
     prepare_engine_environment()
-    args = engine_args(config, device, logits_processors, profiler)
+    args = engine_args(config, device, logits_processors, profiler, head)
 
     def hook(vllm_config: VllmConfig, engine_index: int) -> StepHook:
         return StepHook(vllm_config, engine_index, on_step=on_step)
@@ -230,10 +244,14 @@ class GenerationEngine:
     """Owns the ``AsyncLLM``: requests of prompt token ids, their output collectors, and the
     listener of its steps (see the module docstring)."""
 
-    def __init__(self, llm: AsyncLLM, relay: StepRelay | None = None) -> None:
+    def __init__(
+        self, llm: AsyncLLM, relay: StepRelay | None = None, space: TokenSpace | None = None
+    ) -> None:
         self.llm = llm
         """The engine itself (warm-up, LoRA adapters, profiling, stats, shutdown)."""
         self._relay = relay or StepRelay()
+        self.space = space or TokenSpace.full()
+        """The engine's token ids (the output head's): sampled ids are engine ids."""
 
     @classmethod
     def start(
@@ -242,10 +260,12 @@ class GenerationEngine:
         device: str,
         logits_processors: list[type],
         profiler: ProfilerConfig | None = None,
+        head: HeadChoice | None = None,
     ) -> GenerationEngine:
         """Build the engine (blocking: loads the model). Call from the event loop's thread."""
         relay = StepRelay()
-        return cls(start_engine(config, device, logits_processors, relay, profiler), relay)
+        llm = start_engine(config, device, logits_processors, relay, profiler, head)
+        return cls(llm, relay, head.space if head is not None else None)
 
     def on_step(self, listener: Callable[[], None] | None) -> None:
         """Call ``listener`` once per engine step, after every request's output of that step
@@ -259,12 +279,12 @@ class GenerationEngine:
         params: SamplingParams,
         lora: LoRARequest | None = None,
     ) -> RequestOutputCollector:
-        """Start a request (no tokenizer: ``prompt`` is token ids). Its outputs arrive in the
-        returned collector (DELTA: new tokens only, merged if not read in time). vLLM's
-        validation errors are ValueErrors; EngineDeadError if the engine is gone."""
-        return await self.llm.add_request(
-            request_id, tokens_input(prompt), params, lora_request=lora
-        )
+        """Start a request (no tokenizer: ``prompt`` is the checkpoint's token ids, converted
+        here to the engine's; ``params`` name engine ids, :attr:`space`). Its outputs arrive in
+        the returned collector (DELTA: new engine ids only, merged if not read in time).
+        vLLM's validation errors are ValueErrors; EngineDeadError if the engine is gone."""
+        ids = self.space.to_engine(prompt)
+        return await self.llm.add_request(request_id, tokens_input(ids), params, lora_request=lora)
 
     async def abort(self, request_id: str) -> None:
         await self.llm.abort(request_id)

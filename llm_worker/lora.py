@@ -11,11 +11,17 @@ A request for a LoRA voice carries its adapter (``LoRARequest``); vLLM batches r
 different adapters (at most ``max_loras`` in one step) with requests of the base model, whose
 voices are unaffected. The prompt is the built-in one, ``"{speaker}: {text}"``, with the
 name the fine-tune was trained with.
+
+With the audio output head (:mod:`llm_worker.output_head`) the vocabulary rows are rotated
+and the head is a slice of them: an adapter that touches ``lm_head`` or ``embed_tokens``
+(as a LoRA target or in ``modules_to_save``) would be applied to the wrong rows, so it is
+refused at load with a line that says so (serve it with ``llm.output_head = full``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass
 from itertools import count
@@ -24,6 +30,7 @@ from vllm.lora.request import LoRARequest
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from common.llm_config import LLMConfig
+from llm_worker.model_info import find_model_file
 from shm.messages import AdminReply, AdminRequest, LoraLoad, LoraUnload
 from shm.voices import (
     LoraEntry,
@@ -63,8 +70,11 @@ class LoraVoices:
         registry: LoraRegistry,
         builtin: tuple[str, ...],
         custom: VoiceStore | None = None,
+        *,
+        audio_head: bool = False,
     ) -> None:
         self._config = config
+        self._audio_head = audio_head
         self._registry = registry
         self._builtin = frozenset(builtin)
         self._custom = custom
@@ -110,7 +120,7 @@ class LoraVoices:
         earlier start; so does loading the voice again through the admin API."""
         async with self._lock:
             for lv in list(self._voices.values()):
-                await engine.add_lora(lv.request)
+                await self._add_to_engine(engine, lv)
             if self.enabled:
                 await self._sync(engine)
 
@@ -164,7 +174,7 @@ class LoraVoices:
         e = found.entry
         lv = self._new(name, e.path, e.speaker, runtime=True)
         try:
-            await _add_to_engine(engine, lv)
+            await self._add_to_engine(engine, lv)
         except Exception as exc:  # a bad entry must not keep the worker down
             reason = f"{type(exc).__name__}: {exc}"
             log.error("LoRA voice %r (%s) not loaded: %s", name, e.path, reason)
@@ -240,7 +250,7 @@ class LoraVoices:
             return AdminReply(req.request_id, 400, "invalid_path", "path is empty")
         lv = self._add(name, req.path, req.speaker, runtime=True)
         try:
-            await _add_to_engine(engine, lv)
+            await self._add_to_engine(engine, lv)
         except Exception as e:
             del self._voices[name]
             log.warning("LoRA voice %r from %s not loaded: %s", name, req.path, e)
@@ -284,8 +294,34 @@ class LoraVoices:
         log.info("LoRA voice %r unloaded", name)
         return AdminReply(req.request_id, 200, "", name)
 
+    async def _add_to_engine(self, engine: AsyncLLM, lv: LoadedLora) -> None:
+        """Load ``lv``'s adapter; ValueError when the engine answers False (it refused it) or
+        when the adapter touches the vocabulary rows the audio head rotates."""
+        if self._audio_head and (touched := vocabulary_modules(lv.request.lora_path)):
+            raise ValueError(
+                f"the adapter changes {', '.join(touched)}, which the audio output head "
+                "serves rotated and sliced: serve it with llm.output_head = full"
+            )
+        if not await engine.add_lora(lv.request):
+            raise ValueError("the engine refused the adapter")
 
-async def _add_to_engine(engine: AsyncLLM, lv: LoadedLora) -> None:
-    """Load ``lv``'s adapter; ValueError when the engine answers False (it refused it)."""
-    if not await engine.add_lora(lv.request):
-        raise ValueError("the engine refused the adapter")
+
+VOCABULARY_MODULES = ("lm_head", "embed_tokens")
+
+
+def vocabulary_modules(path: str) -> list[str]:
+    """The vocabulary modules (LM head, embedding) a PEFT adapter targets or saves whole,
+    from its ``adapter_config.json`` (empty when it touches none or has no readable config:
+    vLLM then judges the adapter itself)."""
+    found = find_model_file(path, "adapter_config.json")
+    if found is None:
+        return []
+    try:
+        cfg = json.loads(found.read_text())
+    except (OSError, ValueError):
+        return []
+    named: list[str] = []
+    for key in ("target_modules", "modules_to_save"):
+        value = cfg.get(key) or []
+        named += [value] if isinstance(value, str) else [str(v) for v in value]
+    return [m for m in VOCABULARY_MODULES if any(m in n for n in named)]

@@ -42,12 +42,12 @@ from common.link import WorkerLink
 from common.profiling import ProfileTrigger
 from common.zmq_recv import incoming, incoming_multipart
 from llm_worker import metrics as M
-from llm_worker import tokens as T
 from llm_worker.custom_voices import ZeroShotVoices
 from llm_worker.engine import GenerationEngine, describe_engine
 from llm_worker.lora import LoraVoices
 from llm_worker.model_info import ModelInfo, load_model_info
 from llm_worker.output import RingSink
+from llm_worker.output_head import HeadKind
 from llm_worker.profiling import engine_profiler_config, profile_on_trigger
 from llm_worker.prompt import PromptBuilder
 from llm_worker.sampling_setup import SamplingSetup, setup_sampling
@@ -87,20 +87,22 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
 async def warm_up(
     engine: AsyncLLM, prompts: PromptBuilder, voice: str, sampling: SamplingSetup
 ) -> float:
-    """One short generation through the real path (processors included); returns seconds."""
+    """One short generation through the real path (processors and output head included);
+    returns seconds."""
+    space = sampling.head.space
     t0 = time.monotonic()
     params = SamplingParams(
         temperature=0.6,
         top_p=0.8,
         max_tokens=WARMUP_TOKENS,
         min_tokens=WARMUP_TOKENS,
-        stop_token_ids=[T.END_OF_SPEECH],
+        stop_token_ids=[space.end_of_speech],
         seed=0,
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
         **(sampling.hooks.kwargs(1.1, None) or {"repetition_penalty": 1.1}),
     )
-    prompt = tokens_input(prompts.build(voice, "Warming up."))
+    prompt = tokens_input(space.to_engine(prompts.build(voice, "Warming up.")))
     async for _ in engine.generate(prompt, params, "warmup"):
         pass
     return time.monotonic() - t0
@@ -142,20 +144,27 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
         trigger = ProfileTrigger.from_env("llm")
         profiler = engine_profiler_config(trigger) if trigger is not None else None
         generation = GenerationEngine.start(
-            cfg, config.device, sampling.logits_processors, profiler
+            cfg, config.device, sampling.logits_processors, profiler, sampling.head
         )
         engine = generation.llm
         sampling.check_runner(engine.vllm_config)
         engine_info = describe_engine(engine, config.device)
         log.info("engine: %s", engine_info.describe())
         log.info("sampling: %s", sampling.description)
+        log.info("output head: %s", sampling.head.describe())
         warm_s = await warm_up(engine, prompts, cfg.default_voice, sampling)
         if stop.is_set():
             log.info("llm worker stopped during start-up")
             return
         store = VoiceStore(config.voices.state_dir)
         custom = ZeroShotVoices(store, prompts, info.zero_shot)
-        loras = LoraVoices(cfg, LoraRegistry(config.voices.state_dir), info.voices, store)
+        loras = LoraVoices(
+            cfg,
+            LoraRegistry(config.voices.state_dir),
+            info.voices,
+            store,
+            audio_head=generation.space.kind is HeadKind.AUDIO,
+        )
         await loras.restore(engine)
         sink = RingSink(writer, cfg.ring_full_timeout_s)
         service = LLMService(cfg, generation, sink, prompts, info, sampling.hooks, custom, loras)

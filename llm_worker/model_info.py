@@ -1,6 +1,6 @@
 """What the checkpoint says about itself: its voices and emotion tags.
 
-Voices belong to the model's configuration (ORPHEUS.md): English checkpoints know
+Voices belong to the model's configuration (docs/orpheus.md): English checkpoints know
 tara, leah, ...; the multilingual research checkpoints know others. They are read from the
 ``"orpheus"`` table of the checkpoint's ``config.json``::
 

@@ -1,4 +1,4 @@
-"""Orpheus prompt token ids (ORPHEUS.md, "Prompt"), for built-in and custom voices.
+"""Orpheus prompt token ids (docs/orpheus.md, "The prompt"), for built-in and custom voices.
 
 ``START_OF_HUMAN``, the Llama-3 tokenization of ``"{voice}: {text}"`` (beginning with BOS),
 ``END_OF_TEXT``, ``END_OF_HUMAN``, ``START_OF_AI``, ``START_OF_SPEECH``.

@@ -143,11 +143,13 @@ def segment_params(
     prompt_len: int,
     budget: int | None = None,
     sampling_kwargs: dict[str, Any] | None = None,
+    stop_id: int = T.END_OF_SPEECH,
 ) -> SamplingParams:
     """``SamplingParams`` of segment ``index`` of ``plan``.
 
     The segment has ``chars`` characters of text and a prompt of ``prompt_len`` ids;
     ``budget`` is its exact share of ``plan.total_tokens`` (None: capped by text length).
+    ``stop_id`` is end-of-speech as the engine numbers it (the output head's token space).
     ``sampling_kwargs`` come from the sampling package (its repetition penalty and
     ``extra_args``); None uses vLLM's built-in repetition penalty.
     """
@@ -174,7 +176,7 @@ def segment_params(
         # A fixed length ignores end of speech: min_tokens masks the stop ids until the
         # budget is spent (so 128258 is never sampled and no frame is lost to it).
         min_tokens=max_tokens if fixed else 0,
-        stop_token_ids=[T.END_OF_SPEECH],
+        stop_token_ids=[stop_id],
         seed=None if plan.seed is None else (plan.seed + index) % (SEED_MAX + 1),
         detokenize=False,
         skip_special_tokens=False,

@@ -3,8 +3,9 @@
 The package supplies the logits processors (tensor repetition penalty on the legacy model
 runner, audio-token constraint) and the per-request arguments that switch them on. This
 module pins the model runner that ``llm.model_runner`` chooses, creates the prevented-token
-board, picks the processors for that runner, and gives the service the per-stream side
-(:class:`llm_worker.sampling.hooks.PlanHooks`).
+board, picks the processors for that runner and the output head (``llm.output_head``,
+:mod:`llm_worker.output_head`: which one depends on the runner and the penalty), and gives
+the service the per-stream side (:class:`llm_worker.sampling.hooks.PlanHooks`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.llm_config import LLMConfig
+from llm_worker.output_head import HeadChoice, choose_output_head
 from llm_worker.sampling.hooks import PlanHooks, SamplingHooks
 from shm.ring import segment_path
 
@@ -30,6 +32,7 @@ class SamplingSetup:
     hooks: SamplingHooks
     logits_processors: list[type]
     description: str
+    head: HeadChoice
     runner: Any = None
     board: Any = None
 
@@ -64,6 +67,7 @@ def setup_sampling(config: LLMConfig, board_name: str, device: str) -> SamplingS
     """
     from llm_worker.sampling import (
         CounterSlots,
+        ModelRunner,
         PreventedBoard,
         SamplingPlan,
         choose_model_runner,
@@ -85,10 +89,22 @@ def setup_sampling(config: LLMConfig, board_name: str, device: str) -> SamplingS
     plan = SamplingPlan.for_config(
         config, runner, board=board.name if board else None, v2_processors=choice.v2_processors
     )
+    try:
+        head = choose_output_head(
+            config.output_head,
+            config.model,
+            v1_runner=runner is ModelRunner.V1,
+            tensor_penalty=plan.tensor_penalty,
+        )
+    except BaseException:
+        if board is not None:
+            board.close()
+        raise
     return SamplingSetup(
         hooks=PlanHooks(plan, slots),
         logits_processors=plan.logits_processors(),
         description=f"{plan.describe()} [runner: {choice.reason}]",
+        head=head,
         runner=runner,
         board=board,
     )

@@ -43,11 +43,11 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 from common.llm_config import LLMConfig
 from llm_worker import metrics as M
-from llm_worker import tokens as T
 from llm_worker.codes import FrameAssembler
 from llm_worker.custom_voices import ZeroShotVoices
 from llm_worker.model_info import ModelInfo
 from llm_worker.output import Payload, RecordSink
+from llm_worker.output_head import TokenSpace
 from llm_worker.prompt import PromptBuilder
 from llm_worker.repetition import RepetitionGuard
 from llm_worker.requests import (
@@ -104,6 +104,10 @@ class Collector(Protocol):
 
 class Engine(Protocol):
     """:class:`llm_worker.engine.GenerationEngine`, as the service uses it."""
+
+    space: TokenSpace
+    """The engine's token ids: prompts go in as the checkpoint's (``add`` converts them),
+    sampled ids come out as the engine's."""
 
     async def add(
         self,
@@ -170,6 +174,7 @@ class LLMService:
         )
         """The voices this worker takes, looked up in the gateway's order (shm.voices)."""
         self._engine = engine
+        self._space = engine.space
         self._sink = sink
         self._prompts = prompts
         self._info = info
@@ -340,7 +345,14 @@ class LLMService:
             prompt = self._prompts.build(s.speaker, spoken)
         try:
             params = segment_params(
-                self._config, s.plan, s.segment, len(text), len(prompt), budget, s.sampling_kwargs
+                self._config,
+                s.plan,
+                s.segment,
+                len(text),
+                len(prompt),
+                budget,
+                s.sampling_kwargs,
+                stop_id=self._space.end_of_speech,
             )
         except BadRequest as e:
             await self._fail(s, e.code, str(e), 400)
@@ -433,6 +445,7 @@ class LLMService:
         token_lists.clear()
         finished.clear()
         broken: list[tuple[Stream, Exception]] | None = None
+        eos = self._space.end_of_speech
         for s in self._live.values():
             try:
                 out = s.collector.get_nowait() if s.collector is not None else None
@@ -448,7 +461,7 @@ class LLMService:
             comp = out.outputs[0]
             ids = comp.token_ids
             reason = comp.finish_reason if out.finished else None
-            if reason == "stop" and ids and ids[-1] == T.END_OF_SPEECH:
+            if reason == "stop" and ids and ids[-1] == eos:
                 ids = ids[:-1]  # the stop token is not audio
             streams.append(s)
             token_lists.append(ids)
@@ -471,6 +484,7 @@ class LLMService:
         lens = np.fromiter((len(t) for t in token_lists), dtype=np.int64, count=n)
         total = int(lens.sum())
         tokens = np.fromiter(chain.from_iterable(token_lists), dtype=np.int64, count=total)
+        self._space.from_engine_(tokens)  # engine ids -> the checkpoint's (output head)
         rows = np.fromiter((s.row for s in streams), dtype=np.int64, count=n)
         step = self._assembler.map(rows, lens, tokens)
         looping = self._guard.observe(rows, step.frames, step.counts)

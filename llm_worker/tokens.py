@@ -1,4 +1,4 @@
-"""Orpheus token ids (see ORPHEUS.md). The single source of these numbers in llm_worker."""
+"""Orpheus token ids (see docs/orpheus.md). The single source of these numbers in llm_worker."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ AUDIO_TOKEN_BASE = 128266
 (frame and codebook sizes are the wire contract's, shm.records)."""
 AUDIO_TOKEN_END = AUDIO_TOKEN_BASE + FRAME_CODES * CODEBOOK_SIZE
 """One past the last audio token id (156938)."""
+VOCAB_SIZE = 156_940
+"""The checkpoints' vocabulary: 128,256 Llama-3 ids and 28,684 ``<custom_token_N>``."""
 
 PROMPT_PREFIX = (START_OF_HUMAN,)
 PROMPT_SUFFIX = (END_OF_TEXT, END_OF_HUMAN, START_OF_AI, START_OF_SPEECH)

@@ -222,6 +222,12 @@ def validate(cfg: ServeConfig) -> None:
         problems.append("gateway.processes must be >= 1")
     if g.max_active_streams < 1 or g.max_queued_streams < 0:
         problems.append("gateway.max_active_streams >= 1 and max_queued_streams >= 0")
+    if g.zmq_max_message_bytes < 1024:
+        problems.append("gateway.zmq_max_message_bytes must be >= 1024 (one speak message)")
+    if not g.zmq_text_idle_timeout_s > 0 or not g.http_error_log_interval_s >= 0:
+        problems.append(
+            "gateway.zmq_text_idle_timeout_s must be > 0, http_error_log_interval_s >= 0"
+        )
     s = cfg.shm
     if s.code_ring_bytes < 64 << 10 or s.pcm_ring_bytes < 256 << 10:
         problems.append("shm.code_ring_bytes >= 64 KiB and shm.pcm_ring_bytes >= 256 KiB")

@@ -23,7 +23,7 @@ import enum
 import msgspec
 import numpy as np
 
-# The numbers both ends of a ring must agree on: defined here only (ORPHEUS.md explains them).
+# The numbers both ends of a ring must agree on: defined here only (docs/orpheus.md explains them).
 FRAME_CODES = 7
 """Codes per frame: one per Orpheus slot (and one audio token per code)."""
 CODEBOOK_SIZE = 4096

@@ -22,7 +22,7 @@ the old value in a window of nanoseconds; the consumer's timed recheck (``rechec
 bounds the cost of that lost doorbell. On weakly ordered CPUs (aarch64) the payload/head
 ordering would additionally need a release/acquire fence: this module is x86-64 only.
 
-Signalling (see DESIGN.md): each ring has two ZeroMQ doorbells. ``data_bell`` (consumer
+Signalling (docs/architecture.md, *Signalling*): each ring has two ZeroMQ doorbells. ``data_bell`` (consumer
 binds PULL) is rung by the producer after a publish, only when the consumer has said it is
 going to sleep; ``space_bell`` (producer binds PULL) is rung by the consumer after a release,
 only when the producer has said it waits for space.

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from bench.doubles.synthetic_backend import SyntheticBackend
 from common.config import ServeConfig
 from common.gateway_config import GatewayConfig
+from gateway import malformed_http
 from gateway.app import build_app
 from gateway.main import reuseport_socket
 from gateway.metrics import GatewayMetrics
@@ -87,7 +88,12 @@ async def running_gateway(
         if config.gateway.zmq_endpoint:
             zmq_front = ZmqFrontend(gw, config.gateway.zmq_endpoint)
             zmq_task = asyncio.create_task(zmq_front.run())
-        runner = web.AppRunner(build_app(gw), handler_cancellation=True, access_log=None)
+        runner = web.AppRunner(
+            build_app(gw),
+            handler_cancellation=True,
+            access_log=None,
+            **malformed_http.server_options(config.gateway),
+        )
         await runner.setup()
         sock = reuseport_socket("127.0.0.1", 0)
         port = sock.getsockname()[1]

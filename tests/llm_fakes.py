@@ -20,6 +20,7 @@ import numpy as np
 
 from llm_worker import tokens as T
 from llm_worker.codes import frames_to_tokens
+from llm_worker.output_head import TokenSpace
 from shm.records import (
     CODE_DTYPE,
     FRAME_CODES,
@@ -75,7 +76,10 @@ class FakeRequest:
 
 
 class FakeEngine:
-    def __init__(self) -> None:
+    def __init__(self, space: TokenSpace | None = None) -> None:
+        self.space = space or TokenSpace.full()
+        """Like the real engine's: ``add`` records prompts as engine ids, ``emit`` takes
+        engine ids."""
         self.requests: list[FakeRequest] = []
         """Every request added, in order."""
         self.live: dict[str, FakeRequest] = {}
@@ -92,7 +96,7 @@ class FakeEngine:
             self.add_error = None
             raise e
         assert request_id not in self.live, "request ids are unique"
-        req = FakeRequest(request_id, list(prompt), params, lora)
+        req = FakeRequest(request_id, self.space.to_engine(prompt), params, lora)
         self.requests.append(req)
         self.live[request_id] = req
         return req.collector

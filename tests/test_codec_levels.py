@@ -1,4 +1,4 @@
-"""Frames -> SNAC levels (ORPHEUS.md slot layout), code validation, positional noise."""
+"""Frames -> SNAC levels (docs/orpheus.md slot layout), code validation, positional noise."""
 
 from __future__ import annotations
 

@@ -878,3 +878,41 @@ def test_a_lora_voice_named_like_a_model_voice_is_refused_at_start(tmp_path: Pat
         _with_model_voices(cfg("Tara"))
     resolved = _with_model_voices(cfg("ava"))
     assert "tara" in (resolved.llm.voices or [])
+
+
+async def test_the_audio_head_refuses_an_adapter_that_changes_the_vocabulary_rows(
+    tmp_path: Path,
+) -> None:
+    """The audio output head serves the LM head and embedding rotated and sliced: an adapter
+    that targets or saves them is refused at load with one line naming the fix; the same
+    adapter loads with the full head, and an ordinary adapter loads with either."""
+    import json
+
+    from llm_worker.lora import LoraVoices
+    from shm.messages import LoraLoad
+
+    def adapter(name: str, **cfg: object) -> str:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "adapter_config.json").write_text(json.dumps(cfg))
+        return str(path)
+
+    head = adapter("head", target_modules=["q_proj", "v_proj", "lm_head"])
+    saved = adapter("saved", target_modules="q_proj|v_proj", modules_to_save=["embed_tokens"])
+    plain = adapter("plain", target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    cfg = LLMConfig(enable_lora=True)
+    engine = LoraEngine()
+    voices = LoraVoices(cfg, LoraRegistry(tmp_path / "state"), ("tara",), audio_head=True)
+    for i, (name, path, what) in enumerate(
+        (("ada", head, "lm_head"), ("ben", saved, "embed_tokens")), start=1
+    ):
+        reply = await voices.handle(engine, LoraLoad(i, name, path))  # type: ignore[arg-type]
+        assert reply.status == 400 and reply.code == "lora_load_failed", reply
+        assert what in reply.message and "llm.output_head = full" in reply.message
+        assert "\n" not in reply.message
+    reply = await voices.handle(engine, LoraLoad(3, "cy", plain))  # type: ignore[arg-type]
+    assert reply.status == 200 and engine.loaded == ["cy"]
+
+    full = LoraVoices(cfg, LoraRegistry(tmp_path / "state2"), ("tara",), audio_head=False)
+    reply = await full.handle(engine, LoraLoad(4, "ada", head))  # type: ignore[arg-type]
+    assert reply.status == 200 and engine.loaded == ["cy", "ada"]

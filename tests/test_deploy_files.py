@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import yaml
+from front_limits import body_limits, longest_node_silence_s, nginx_size
 
 from orchestrator.failures import EXIT_PERMANENT
 from orchestrator.settings import load_config
@@ -305,6 +306,123 @@ def test_haproxy_config_check() -> None:
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "[WARNING]" not in out and "[ALERT]" not in out, out
+
+
+# -- the fronts against the server's own limits -------------------------------------------------
+Block = tuple[list[list[str]], list[tuple[list[str], Any]]]
+
+
+def nginx_tree(text: str) -> Block:
+    """(directives, [(block header, block)]) of an nginx file, nested."""
+    body = re.sub(r"#[^\n]*", "", text)
+    body = re.sub(r"'[^']*'", "''", body)
+    stack: list[Block] = [([], [])]
+    word = ""
+    for ch in body:
+        if ch in ";{}":
+            head = word.split()
+            word = ""
+            if ch == ";":
+                stack[-1][0].append(head)
+            elif ch == "{":
+                block: Block = ([], [])
+                stack[-1][1].append((head, block))
+                stack.append(block)
+            else:
+                stack.pop()
+        else:
+            word += ch
+    assert len(stack) == 1 and not word.strip(), "unbalanced braces"
+    return stack[0]
+
+
+def nginx_server() -> Block:
+    http = next(b for h, b in nginx_tree(NGINX.read_text())[1] if h == ["http"])
+    return next(b for h, b in http[1] if h == ["server"])
+
+
+def nginx_setting(block: Block, name: str) -> list[str] | None:
+    found = [d[1:] for d in block[0] if d[0] == name]
+    return found[-1] if found else None
+
+
+def nginx_location(server: Block, path: str) -> Block:
+    """The location nginx picks for ``path`` (exact match, else the longest prefix)."""
+    locations = [(h[1:], b) for h, b in server[1] if h[0] == "location"]
+    for args, block in locations:
+        if args == ["=", path]:
+            return block
+    prefixes = [(args[0], b) for args, b in locations if len(args) == 1]
+    return max((p for p in prefixes if path.startswith(p[0])), key=lambda p: len(p[0]))[1]
+
+
+@pytest.mark.parametrize("path", body_limits())
+def test_nginx_takes_every_body_the_gateway_takes(path: str) -> None:
+    """Each POST route's location lets through the largest body the gateway takes there (so the
+    gateway's own 413, which names its limit, is what a client sees), and not unboundedly
+    more (0, no limit, would let anything reach the node)."""
+    server = nginx_server()
+    location = nginx_location(server, path)
+    assert nginx_setting(location, "proxy_pass") == ["http://orpheus"]
+    limit = nginx_setting(location, "client_max_body_size") or nginx_setting(
+        server, "client_max_body_size"
+    )
+    assert limit is not None
+    size = nginx_size(limit[0])
+    gateway = body_limits()[path]
+    assert gateway < size <= 2 * gateway, (path, limit, gateway)
+
+
+NGINX_LOCATION_OWN = {"proxy_pass", "client_max_body_size", "return", "default_type", "add_header"}
+"""What a location of nginx.conf may set itself; everything else is the server's."""
+
+
+def test_nginx_streams_every_location() -> None:
+    """Streaming and timeouts are set once for the server and no location overrides them."""
+    server = nginx_server()
+    assert nginx_setting(server, "proxy_buffering") == ["off"]
+    assert nginx_setting(server, "proxy_request_buffering") == ["on"]  # resent on 429/503
+    silence = longest_node_silence_s()
+    for name in ("proxy_read_timeout", "proxy_send_timeout"):
+        assert seconds(nginx_setting(server, name)[0]) > silence, name
+    # The node drops a client that reads nothing first.
+    assert seconds(nginx_setting(server, "send_timeout")[0]) > (
+        prod_config().gateway.client_stall_timeout_s
+    )
+    assert nginx_setting(server, "proxy_set_header") is not None
+    for head, location in server[1]:
+        overridden = {d[0] for d in location[0]} - NGINX_LOCATION_OWN
+        assert not overridden, f"location {head}: set these for the server: {overridden}"
+
+
+def haproxy_lines() -> list[str]:
+    lines = [ln.split("#")[0].strip() for ln in HAPROXY.read_text().splitlines()]
+    return [ln for ln in lines if ln]
+
+
+def test_haproxy_timeouts_outlast_the_nodes_silences() -> None:
+    timeouts = {ln.split()[1]: ln.split()[2] for ln in haproxy_lines() if ln.startswith("timeout ")}
+    silence = longest_node_silence_s()
+    for name in ("client", "server", "tunnel"):
+        assert seconds(timeouts[name]) > silence, name
+    assert not any("http-buffer-request" in ln or "compression" in ln for ln in haproxy_lines())
+
+
+def test_haproxy_body_limits_per_path() -> None:
+    """The Content-Length limits: above the gateway's on each POST route, at most twice it."""
+    lines = haproxy_lines()
+    acl = next(ln.split() for ln in lines if ln.startswith("acl voice_upload "))
+    assert acl[2:] == ["path", "/v1/audio/voices"]
+    rules = {}
+    for ln in lines:
+        m = re.match(r"http-request return status 413 .* if (!?voice_upload) \{ "
+                     r"req\.hdr_val\(content-length\) gt (\d+) \}$", ln)  # fmt: skip
+        if m:
+            rules[m.group(1)] = int(m.group(2))
+    assert set(rules) == {"voice_upload", "!voice_upload"}
+    for path, gateway in body_limits().items():
+        size = rules["voice_upload" if path == "/v1/audio/voices" else "!voice_upload"]
+        assert gateway < size <= 2 * gateway, (path, size, gateway)
 
 
 # -- metrics: what the code defines ------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Baseten's Orpheus WebSocket at /v1/baseten/orpheus/websocket (raw protocol; the LiveKit
-plugin drives it in test_voice_agent_clients.py)."""
+"""Baseten's Orpheus WebSocket at /v1/baseten/orpheus/websocket and its HTTP mode at
+/v1/baseten/orpheus/predict (raw protocol; the LiveKit plugin drives both in
+test_voice_agent_clients.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(60)
 PATH = "/v1/baseten/orpheus/websocket"
+PREDICT = "/v1/baseten/orpheus/predict"
 
 
 def pcm_for(frames: int) -> bytes:
@@ -69,5 +71,46 @@ async def test_client_close_cancels_upstream(layout: InstanceLayout) -> None:
             await ws.send_str("A sentence long enough to be cut off by the caller.")
             await ws.send_str("__END__")
             assert (await ws.receive(10)).type == aiohttp.WSMsgType.BINARY
+        await wait_until(lambda: len(h.backend.cancelled_ids()) == 1, what="Cancel upstream")
+        await wait_until(lambda: h.gateway.active_streams == 0, what="slot freed")
+
+
+async def test_predict_streams_pcm_and_refuses_bad_requests(layout: InstanceLayout) -> None:
+    async with running_gateway(layout, api_keys=["b"]) as h, aiohttp.ClientSession() as s:
+        hdr = {"Authorization": "Api-Key b"}
+        body = {"prompt": "Hi. Bye.", "voice": "leo", "temperature": 0.5, "language": "en",
+                "top_p": 0.9, "repetition_penalty": 1.2, "max_tokens": 2000}  # fmt: skip
+        async with s.post(h.url + PREDICT, json=body, headers=hdr) as r:
+            assert r.status == 200 and r.headers["Content-Type"] == "audio/pcm"
+            assert await r.read() == pcm_for(8)  # headerless: the samples, nothing else
+        [sub] = h.backend.submitted()
+        assert (sub.text, sub.voice, sub.sampling.temperature) == ("Hi. Bye.", "leo", 0.5)
+        assert (sub.sampling.top_p, sub.sampling.repetition_penalty) == (0.9, 1.2)
+        assert sub.sampling.max_tokens is None  # an upper bound the server's cap enforces
+
+        async def refused(body: object, headers: dict[str, str] = hdr) -> tuple[int, str]:
+            kw = {"data": body} if isinstance(body, bytes) else {"json": body}
+            async with s.post(h.url + PREDICT, headers=headers, **kw) as r:  # type: ignore[arg-type]
+                return r.status, (await r.json())["error"]["code"]
+
+        assert await refused({"prompt": "Hi."}, {"Authorization": "Api-Key nope"}) == (
+            401, "invalid_api_key")  # fmt: skip
+        assert await refused(b"{not json") == (400, "invalid_json")
+        assert await refused({"voice": "tara"}) == (400, "invalid_request")  # no prompt
+        assert await refused({"prompt": "Hi.", "voice": "nobody"}) == (400, "bad_request")
+        assert await refused({"prompt": "Hi.", "temperature": 9}) == (400, "invalid_request")
+        assert await refused({"prompt": "  "}) == (400, "empty_input")
+        assert len(h.backend.submitted()) == 1
+
+
+async def test_predict_client_gone_cancels_upstream(layout: InstanceLayout) -> None:
+    async with (
+        running_gateway(layout, backend={"realtime": True}) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        body = {"prompt": "A sentence long enough to be cut off by the caller.", "voice": "tara"}
+        async with s.post(h.url + PREDICT, json=body) as r:
+            assert r.status == 200
+            assert await r.content.readany()
         await wait_until(lambda: len(h.backend.cancelled_ids()) == 1, what="Cancel upstream")
         await wait_until(lambda: h.gateway.active_streams == 0, what="slot freed")

@@ -55,18 +55,19 @@ async def test_two_utterances_stream_pcm_on_one_socket(layout: InstanceLayout) -
             events, frames = await read_until(ws, "session.done")
             starts = [e for e in events if e["type"] == "audio.start"]
             dones = [e for e in events if e["type"] == "audio.done"]
-            assert [e["sentence_text"] for e in starts] == ["Hi there.", "How are you?"]
-            assert starts[0] == {"type": "audio.start", "utterance_index": 0, "sentence_index": 0,
-                                 "sentence_text": "Hi there.", "format": "pcm",
-                                 "sample_rate": 24000, "channels": 1}  # fmt: skip
+            # vLLM-Omni's default split_granularity "none": the flush is one unit to the
+            # client, though the gateway spoke it sentence by sentence (below).
+            assert starts == [{"type": "audio.start", "utterance_index": 0, "sentence_index": 0,
+                               "sentence_text": "Hi there. How are you?", "format": "pcm",
+                               "sample_rate": 24000, "channels": 1}]  # fmt: skip
             audio = b"".join(frames)
             assert audio == pcm_for(len("Hi there.")) + pcm_for(len("How are you?"))
-            assert [d["total_bytes"] for d in dones] == [9 * 4096, 12 * 4096]
+            assert [d["total_bytes"] for d in dones] == [21 * 4096]
             assert not any(d["error"] for d in dones)
             assert events[-1] == {
                 "type": "session.done",
                 "utterance_index": 0,
-                "total_sentences": 2,
+                "total_sentences": 1,
             }
 
             # The session stays open: a second utterance, then an empty flush answers at once.
@@ -220,7 +221,7 @@ async def test_split_granularity_and_config_during_an_utterance(layout: Instance
     async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
         async with s.ws_connect(h.url + WS) as ws:
             await ws.send_json({"type": "session.config", "response_format": "pcm",
-                                "stream_audio": True, "split_granularity": "none"})  # fmt: skip
+                                "stream_audio": True})  # fmt: skip
             await ws.send_json({"type": "input.text", "text": "One. Two. "})
             await ws.send_json({"type": "session.config", "response_format": "wav"})
             await ws.send_json({"type": "input.text", "text": "Three."})
@@ -231,7 +232,8 @@ async def test_split_granularity_and_config_during_an_utterance(layout: Instance
             starts = [e for e in events if e["type"] == "audio.start"]
             assert [e["sentence_text"] for e in starts] == ["One. Two. Three."]  # one per flush
             assert events[-1]["total_sentences"] == 1
-            assert b"".join(frames) == pcm_for(16)  # still pcm: the config was refused
+            # Still pcm (the config was refused), spoken as three units.
+            assert b"".join(frames) == pcm_for(4) + pcm_for(4) + pcm_for(6)
 
             await ws.send_json({"type": "session.config", "response_format": "pcm",
                                 "stream_audio": True, "split_granularity": "clause"})  # fmt: skip
@@ -240,5 +242,87 @@ async def test_split_granularity_and_config_during_an_utterance(layout: Instance
             await ws.send_json({"type": "input.done"})
             events, _ = await read_until(ws, "session.done")
             starts = [e["sentence_text"] for e in events if e["type"] == "audio.start"]
-            # A clause ends at , ; : but one under 12 characters waits for more.
-            assert starts == ["First of all,", "we start; then we go."]
+            # vLLM-Omni's clauses: at once after , and ;, after . ! ? and whitespace.
+            assert starts == ["First of all,", "we start;", "then we go."]
+            assert [e["sentence_index"] for e in events if e["type"] == "audio.done"] == [0, 1, 2]
+            assert events[-1]["total_sentences"] == 3
+
+            # Its sentences: no abbreviation list ("Mr." is one), a decimal point is not an end.
+            await ws.send_json({"type": "session.config", "response_format": "pcm",
+                                "stream_audio": True, "split_granularity": "sentence"})  # fmt: skip
+            for piece in ("Mr. Smith paid 3", ".50 dollars. Really?"):
+                await ws.send_json({"type": "input.text", "text": piece})
+            await ws.send_json({"type": "input.done"})
+            events, frames = await read_until(ws, "session.done")
+            starts = [e["sentence_text"] for e in events if e["type"] == "audio.start"]
+            assert starts == ["Mr.", "Smith paid 3.50 dollars.", "Really?"]
+            assert b"".join(frames) == pcm_for(3) + pcm_for(24) + pcm_for(7)
+
+
+async def test_none_speaks_before_the_flush_and_shows_one_unit(layout: InstanceLayout) -> None:
+    """With vLLM-Omni's default a flush is one unit to the client, but its sentences are
+    spoken as they complete: the first is generated before the flush, its audio held until
+    the unit's text is known, then sent, in order, with the rest."""
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        async with s.ws_connect(h.url + WS) as ws:
+            await ws.send_json({"type": "session.config", "response_format": "pcm",
+                                "stream_audio": True, "timestamp_type": "word"})  # fmt: skip
+            await ws.send_json({"type": "input.text", "text": "Hi there. "})
+            await wait_until(lambda: len(h.backend.submitted()) == 1, what="first sentence sent")
+            await wait_until(lambda: h.gateway.active_streams == 0, what="first sentence spoken")
+            with pytest.raises(TimeoutError):  # nothing is shown before the unit is complete
+                await ws.receive(0.3)
+            await ws.send_json({"type": "input.text", "text": "Bye."})
+            await ws.send_json({"type": "input.done"})
+            events, frames = await read_until(ws, "session.done")
+            assert [e["type"] for e in events] == ["audio.start", "audio.done", "session.done"]
+            assert events[0]["sentence_text"] == "Hi there. Bye."
+            assert b"".join(frames) == pcm_for(9) + pcm_for(4)
+            done = events[1]
+            assert (done["sentence_index"], done["total_bytes"], done["error"]) == (
+                0,
+                13 * 4096,
+                False,
+            )
+            wa = done["timestamp_info"]["word_alignment"]
+            assert wa["words"] == ["Hi", "there.", "Bye."]
+            # The second spoken unit's words are on the shown unit's clock.
+            assert wa["word_start_times_seconds"][2] >= 9 * 2048 / 24000
+            assert wa["word_end_times_seconds"][-1] == pytest.approx(13 * 2048 / 24000, abs=0.002)
+
+            # Not streamed: one file for the whole unit, across its spoken units.
+            await ws.send_json({"type": "session.config", "response_format": "wav"})
+            for piece in ("One. ", "Two three."):
+                await ws.send_json({"type": "input.text", "text": piece})
+            await ws.send_json({"type": "input.done"})
+            events, frames = await read_until(ws, "session.done")
+            assert [e["type"] for e in events] == ["audio.start", "audio.done", "session.done"]
+            assert len(frames) == 1
+            with av.open(io.BytesIO(frames[0])) as c:
+                assert sum(f.samples for f in c.decode(audio=0)) == 14 * 2048
+            assert events[1]["total_bytes"] == len(frames[0])
+        assert [sub.text for sub in h.backend.submitted()] == [
+            "Hi there.", "Bye.", "One.", "Two three."]  # fmt: skip
+
+
+async def test_a_failed_spoken_unit_fails_its_shown_unit(layout: InstanceLayout) -> None:
+    """Over capacity for the second sentence of a flush: the one shown unit reports the
+    error (after the audio already sent) and ``audio.done`` with ``error: true``; its
+    remaining sentences are not spoken; the session goes on."""
+    others = [v for v in ENGLISH_VOICES if v != "zoe"]
+    async with (
+        running_gateway(layout, backend={"voices": others}) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        async with s.ws_connect(h.url + WS) as ws:
+            await ws.send_json({"type": "session.config", "response_format": "pcm",
+                                "stream_audio": True, "voice": "zoe"})  # fmt: skip
+            await ws.send_json({"type": "input.text", "text": "One. Two. Three."})
+            await ws.send_json({"type": "input.done"})
+            events, frames = await read_until(ws, "session.done")
+            assert [e["type"] for e in events] == [
+                "audio.start", "error", "audio.done", "session.done"]  # fmt: skip
+            assert events[1]["code"] == "bad_request" and "sentence 0" in events[1]["message"]
+            assert events[2]["error"] is True and events[2]["total_bytes"] == 0
+            assert frames == []
+            assert len(h.backend.submitted()) == 1  # Two. and Three. were not spoken

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
+import logging
+from collections.abc import AsyncIterator
 
 import av
 import msgspec
@@ -14,7 +17,8 @@ from gateway_harness import running_gateway, wait_until
 
 from bench.doubles.synthetic_backend import synthetic_pcm
 from gateway.zmq_client import AsyncClient, Client, SpeechError
-from gateway.zmq_protocol import Error, server_decoder
+from gateway.zmq_protocol import Audio, Done, Error, ServerMessage, Started, server_decoder
+from gateway.zmq_server import MAX_PENDING_APPENDS
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(60)
@@ -134,3 +138,128 @@ async def test_malformed_messages_get_errors_and_the_server_keeps_serving(
             raw.close(linger=0)
         async with AsyncClient(ep) as c:
             assert b"".join([x async for x in c.speech("ok", max_tokens=14)]) == pcm_for(2)
+
+
+# -- the one-answer rule under careless clients (issue 25) -----------------------------------
+
+
+def _msg(**fields: object) -> bytes:
+    return msgspec.msgpack.encode(fields)
+
+
+async def _next(sock: zmq.asyncio.Socket, timeout_s: float = 5.0) -> ServerMessage:
+    return server_decoder.decode(await asyncio.wait_for(sock.recv(), timeout_s))
+
+
+async def _silent(sock: zmq.asyncio.Socket, seconds: float) -> bool:
+    return not await sock.poll(int(seconds * 1000), zmq.POLLIN)
+
+
+@contextlib.asynccontextmanager
+async def _dealer(endpoint: str) -> AsyncIterator[zmq.asyncio.Socket]:
+    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        yield sock
+    finally:
+        sock.close(linger=0)
+
+
+@contextlib.asynccontextmanager
+async def _slot_taken(endpoint: str) -> AsyncIterator[None]:
+    """The only stream slot held by an open text (the next requests wait in the queue)."""
+    async with _dealer(endpoint) as holder:
+        await holder.send(_msg(type="speak", request_id=1, input="", text_open=True))
+        assert isinstance(await _next(holder), Started)
+        yield
+
+
+@pytest.mark.parametrize("trouble", ["too_many_appends", "text_not_a_string"])
+async def test_a_queued_request_refused_for_its_messages_is_answered(
+    layout: InstanceLayout, trouble: str
+) -> None:
+    async with running_gateway(layout, zmq=True, max_active_streams=1) as h:
+        ep = h.config.gateway.zmq_endpoint or ""
+        async with _slot_taken(ep), _dealer(ep) as raw:
+            await raw.send(_msg(type="speak", request_id=7, input="Hi ", text_open=True))
+            if trouble == "too_many_appends":
+                for _ in range(MAX_PENDING_APPENDS + 1):
+                    await raw.send(_msg(type="append", request_id=7, text="more "))
+            else:
+                await raw.send(_msg(type="append", request_id=7, text=12))
+            reply = await _next(raw)
+            assert isinstance(reply, Error) and (reply.request_id, reply.status) == (7, 400)
+            assert reply.code == (
+                "too_many_messages" if trouble == "too_many_appends" else "invalid_message"
+            )
+            assert await _silent(raw, 0.3)  # one answer, and the request is gone
+            await raw.send(_msg(type="cancel", request_id=7))
+            assert (await _next(raw)).code == "unknown_request"  # type: ignore[union-attr]
+        assert h.backend.submitted() and len(h.backend.submitted()) == 1
+
+
+async def test_deeply_nested_messages_are_answered(
+    layout: InstanceLayout, caplog: pytest.LogCaptureFixture
+) -> None:
+    nested = b"\x91" * 50_000 + b"\xc0"  # 50,000 arrays, each holding the next
+    async with running_gateway(layout, zmq=True) as h, _dealer(h.config.gateway.zmq_endpoint or "") as raw:  # fmt: skip
+        in_field = _msg(type="append", request_id=3, text="")[:-1] + nested
+        for payload in (nested, in_field, b"\x81\xa5extra" + nested):
+            await raw.send(payload)
+            reply = await _next(raw)
+            assert isinstance(reply, Error) and (reply.status, reply.code) == (
+                400,
+                "invalid_message",
+            )
+            assert reply.request_id is None
+        async with AsyncClient(h.config.gateway.zmq_endpoint or "") as c:
+            assert b"".join([x async for x in c.speech("ok", max_tokens=14)]) == pcm_for(2)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_an_open_text_left_idle_times_out_and_frees_its_slot(layout: InstanceLayout) -> None:
+    async with running_gateway(
+        layout, zmq=True, max_active_streams=1, zmq_text_idle_timeout_s=0.6
+    ) as h, _dealer(h.config.gateway.zmq_endpoint or "") as raw:  # fmt: skip
+        # Appends keep an open text alive ...
+        await raw.send(_msg(type="speak", request_id=1, input="One. ", text_open=True))
+        assert isinstance(await _next(raw), Started)
+        for _ in range(4):
+            await asyncio.sleep(0.3)
+            await raw.send(_msg(type="append", request_id=1, text="More. "))
+        await raw.send(_msg(type="append", request_id=1, text="End.", final=True))
+        kinds = [
+            type(await _next(raw)) for _ in range(len("One. More. More. More. More. End.") + 1)
+        ]
+        assert kinds[-1] is Done and set(kinds[:-1]) == {Audio}
+        # ... one the client forgets ends with an error that says so, and frees the slot.
+        await raw.send(_msg(type="speak", request_id=2, input="Two. ", text_open=True))
+        assert isinstance(await _next(raw), Started)
+        while isinstance(reply := await _next(raw, 3.0), Audio):
+            pass
+        assert isinstance(reply, Error) and (reply.request_id, reply.status) == (2, 408)
+        assert reply.code == "timeout" and "final" in reply.message
+        await wait_until(lambda: h.gateway.active_streams == 0, what="the slot freed")
+        assert len(h.backend.cancelled_ids()) == 1
+
+
+@pytest.mark.parametrize("limit", [2048, 64 * 1024])
+async def test_frames_over_the_size_limit_are_never_read(
+    layout: InstanceLayout, limit: int
+) -> None:
+    async with running_gateway(
+        layout, zmq=True, zmq_max_message_bytes=limit
+    ) as h, _dealer(h.config.gateway.zmq_endpoint or "") as raw:  # fmt: skip
+        big = _msg(type="speak", request_id=1, input="x" * 3000, max_tokens=14)
+        await raw.send(big)
+        if limit < len(big):  # the connection is dropped before the frame is read
+            assert await _silent(raw, 1.0)
+            assert not h.backend.submitted()
+        else:
+            assert isinstance(await _next(raw), Started)
+        # The DEALER reconnects by itself; a message within the limit is served.
+        await raw.send(_msg(type="speak", request_id=2, input="ok", max_tokens=14))
+        while not isinstance(reply := await _next(raw), Done | Error) or reply.request_id != 2:
+            pass
+        assert isinstance(reply, Done)

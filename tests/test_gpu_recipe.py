@@ -70,7 +70,7 @@ def test_unscaled_config_is_orpheus_3b() -> None:
     assert (
         cfg["orpheus"]["voices"] == ["tara"] and "random weights" in cfg["orpheus"]["description"]
     )
-    # ~3.3 B parameters, 6.6 GB in bf16, 112 KiB of KV cache per token (ORPHEUS.md).
+    # ~3.3 B parameters, 6.6 GB in bf16, 112 KiB of KV cache per token (docs/orpheus.md).
     n = gen.param_count(cfg)
     assert n == 3_300_867_072
     assert 2 * n == pytest.approx(6.6e9, rel=0.01)

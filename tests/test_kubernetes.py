@@ -6,7 +6,9 @@ misspelt field fails); the two custom resources (ServiceMonitor, ScaledObject) h
 there and are checked against the structure of their CRDs written out below; checkov checks
 the security defaults. The probes' paths and ports, the ports, the drain timing, /dev/shm and
 the autoscalers' metric names are read from the server's own code and configuration loader,
-not from a copy. A tool that is missing skips its tests with the way to install it.
+not from a copy; so are the body limits and timeouts of the optional ingress component
+(rendered added to overlays/gpu). A tool that is missing skips its tests with the way to
+install it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 import pytest
 import yaml
+from front_limits import body_limits, longest_node_silence_s, nginx_size
 from prometheus_client import CollectorRegistry
 
 from common.config import ServeConfig
@@ -664,6 +667,83 @@ def test_cpu_dev_overlay_serves_the_cpu_image_configuration(tmp_path: Path) -> N
     assert "nvidia.com/gpu" not in container(objs)["resources"]["limits"]
 
 
+# -- the optional ingress (components/ingress-nginx) -------------------------------------------
+INGRESS_NGINX = KUBE / "components" / "ingress-nginx"
+
+
+@functools.cache
+def render_with_ingress() -> list[Obj]:
+    """overlays/gpu with components/ingress-nginx added, as its kustomization says to."""
+    kubectl = tool("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (it renders the overlays: `kubectl kustomize`)")
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "kube").symlink_to(KUBE)
+        (Path(tmp) / "kustomization.yaml").write_text(
+            yaml.safe_dump({
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "namespace": OVERLAYS["gpu"],
+                "resources": ["kube/overlays/gpu"],
+                "components": ["kube/components/ingress-nginx"],
+            })
+        )  # fmt: skip
+        out = subprocess.run(
+            [kubectl, "kustomize", "--load-restrictor", "LoadRestrictionsNone", tmp],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    return [o for o in yaml.safe_load_all(out) if o]
+
+
+def ingress_for(ingresses: list[Obj], path: str) -> Obj:
+    """The Ingress whose rule ingress-nginx picks for ``path`` (Exact, else the longest
+    Prefix)."""
+    matches = []
+    for ing in ingresses:
+        for rule in ing["spec"]["rules"]:
+            for p in rule["http"]["paths"]:
+                if p["pathType"] == "Exact" and p["path"] == path:
+                    return ing
+                if p["pathType"] == "Prefix" and path.startswith(p["path"]):
+                    matches.append((len(p["path"]), ing))
+    return max(matches, key=lambda m: m[0])[1]
+
+
+def test_ingress_objects_match_their_schema_and_the_service() -> None:
+    objs = render_with_ingress()
+    ingresses = [o for o in objs if o["kind"] == "Ingress"]
+    assert len(ingresses) == 2
+    service = one(objs, "Service")
+    ports = {p["name"] for p in service["spec"]["ports"]}
+    for ing in ingresses:
+        validate(ing)
+        assert ing["metadata"]["namespace"] == OVERLAYS["gpu"]
+        for rule in ing["spec"]["rules"]:
+            for p in rule["http"]["paths"]:
+                backend = p["backend"]["service"]
+                assert backend["name"] == service["metadata"]["name"]
+                assert backend["port"]["name"] in ports
+    # The rest of the overlay is unchanged by the component.
+    assert [o for o in objs if o["kind"] != "Ingress"] == render("gpu")
+
+
+@pytest.mark.parametrize("path", body_limits())
+def test_ingress_carries_every_body_the_gateway_takes(path: str) -> None:
+    """Each POST route's Ingress lets through the largest body the gateway takes there (the
+    gateway's own 413 names the limit), at most twice it; it streams responses, buffers
+    request bodies (a refused request is resent) and waits longer than a node is silent."""
+    ingresses = [o for o in render_with_ingress() if o["kind"] == "Ingress"]
+    notes = ingress_for(ingresses, path)["metadata"]["annotations"]
+    ann = {k.removeprefix("nginx.ingress.kubernetes.io/"): v for k, v in notes.items()}
+    gateway = body_limits()[path]
+    assert gateway < nginx_size(ann["proxy-body-size"]) <= 2 * gateway, (path, ann)
+    assert ann["proxy-buffering"] == "off" and ann["proxy-request-buffering"] == "on"
+    for name in ("proxy-read-timeout", "proxy-send-timeout"):
+        assert int(ann[name]) > longest_node_silence_s(), name
+    assert {"http_429", "http_503", "non_idempotent"} <= set(ann["proxy-next-upstream"].split())
+    assert "timeout" not in ann["proxy-next-upstream"].split()
+
+
 def kustomization_files(directory: Path, seen: set[Path]) -> None:
     """Every file a kustomization uses, following resources and components."""
     k = yaml.safe_load((directory / "kustomization.yaml").read_text())
@@ -685,5 +765,6 @@ def test_every_kubernetes_file_is_used_by_an_overlay_or_checked_here() -> None:
     for overlay in OVERLAYS:
         kustomization_files(KUBE / "overlays" / overlay, used)
     used.add(KUBE / "prometheus-adapter" / "values.yaml")  # test_autoscaling_... reads it
+    kustomization_files(INGRESS_NGINX, used)  # optional: test_ingress_... add it to gpu
     present = {p.resolve() for p in KUBE.rglob("*") if p.is_file()}
     assert present == used, f"unused or unchecked: {sorted(map(str, present ^ used))}"

@@ -1,4 +1,4 @@
-"""Audio tokens to SNAC frames (ORPHEUS.md): code 0 valid, invalid tokens drop only their
+"""Audio tokens to SNAC frames (docs/orpheus.md): code 0 valid, invalid tokens drop only their
 frame, positions never shift, frames span engine steps, many streams per call."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Orpheus prompt ids, exactly as ORPHEUS.md lists them."""
+"""Orpheus prompt ids, exactly as docs/orpheus.md lists them."""
 
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from common.llm_config import LLMConfig
 from llm_worker import tokens as T
 from llm_worker.model_info import ModelInfo
+from llm_worker.output_head import TokenSpace
 from llm_worker.requests import BadRequest, length_cap
 from llm_worker.sampling.hooks import SamplingHooks
 from llm_worker.service import LLMService
@@ -45,11 +46,14 @@ PIECES = (
 
 
 def make(
-    sink: MemorySink | None = None, prompts: Any = None, **fields: Any
+    sink: MemorySink | None = None,
+    prompts: Any = None,
+    space: TokenSpace | None = None,
+    **fields: Any,
 ) -> tuple[LLMService, FakeEngine, MemorySink]:
     fields = {"model": "unused", "max_model_len": 2048, "max_chars_per_segment": 40, **fields}
     config = LLMConfig(**fields)
-    engine = FakeEngine()
+    engine = FakeEngine(space)
     sink = sink if sink is not None else MemorySink()
     svc = LLMService(config, engine, sink, prompts or FakePrompts(), INFO)
     return svc, engine, sink
@@ -101,6 +105,29 @@ async def finish(svc: LLMService, eng: FakeEngine, sid: int, f: np.ndarray, reas
 
 
 # -- steps, records and their order ---------------------------------------------------------
+
+
+async def test_the_audio_head_engine_ids_are_converted_at_the_boundary() -> None:
+    """With the audio output head the engine sees rotated ids: the prompt goes in rotated,
+    the stop id is the engine's end-of-speech, and sampled ids come out as the same frames."""
+    space = TokenSpace.audio(T.VOCAB_SIZE)
+    svc, eng, sink = make(space=space)
+    await svc.handle(LlmSubmit(1, "Hello there.", "tara"))
+    req = eng.requests[0]
+    back = np.asarray(req.prompt, dtype=np.int64)
+    assert spoken(space.from_engine_(back).tolist()) == "tara: Hello there."
+    assert req.prompt[-1] == space.start_of_speech == 1
+    assert req.params.stop_token_ids == [space.end_of_speech] == [2]
+
+    f = frames(3, 7)
+    engine_ids = space.to_engine(audio(f))
+    assert max(engine_ids) < space.width, "every audio id is a column of the audio head"
+    eng.emit("1-0", [*engine_ids, space.end_of_speech], "stop")
+    await svc.pump()
+    got = received(sink.records)
+    assert np.array_equal(got[1].frames, f)
+    end = got[1].end
+    assert end is not None and (end.reason, end.frames, end.tokens) == ("stop", 3, 21)
 
 
 async def test_a_step_is_one_record_per_stream_in_one_publish_and_end_follows_codes() -> None:

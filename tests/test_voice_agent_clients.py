@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from gateway_harness import running_gateway, wait_until
 
+from bench.doubles.synthetic_backend import synthetic_pcm
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(90)
@@ -49,19 +50,53 @@ async def test_livekit_baseten_orpheus(layout: InstanceLayout) -> None:
     assert [sub.text for sub in h.backend.submitted()] == ["Hello there.", "How are you?"]
 
 
-async def test_livekit_baseten_qwen3_speaks_vllm_omni(layout: InstanceLayout) -> None:
+async def test_livekit_baseten_orpheus_http(layout: InstanceLayout) -> None:
+    """The plugin's HTTP mode (``tts.synthesize()``, an http(s) endpoint), its defaults: the
+    key as ``Api-Key``, ``{prompt, voice, temperature, language}``, headerless 24 kHz PCM."""
+    baseten = pytest.importorskip("livekit.plugins.baseten")
+    async with running_gateway(layout, api_keys=["bk"]) as h, aiohttp.ClientSession() as s:
+        url = h.url + "/v1/baseten/orpheus/predict"
+        tts = baseten.TTS(model="orpheus", api_key="bk", model_endpoint=url, http_session=s)
+        text = "Hello there. How are you?"
+        pcm = bytearray()
+        rate = 0
+        async with tts.synthesize(text) as stream:
+            async for ev in stream:
+                pcm += bytes(ev.frame.data)
+                rate = ev.frame.sample_rate
+        await tts.aclose()
+    assert rate == SR
+    frames = range(len(text))
+    want = b"".join(synthetic_pcm(i * 2048, 2048).tobytes() for i in frames)
+    # LiveKit's emitter ends the segment with at most 10 ms of silence.
+    assert pcm[: len(want)] == want
+    assert len(pcm) - len(want) <= SR // 100 * 2 and not any(pcm[len(want) :])
+    [sub] = h.backend.submitted()
+    assert (sub.text, sub.voice) == (text, "tara")
+    assert sub.sampling.temperature == 0.6
+    assert h.metric("orpheus_gateway_requests_total", {"api": "baseten", "outcome": "ok"}) == 1
+
+
+@pytest.mark.parametrize("word_timestamps", [False, True])  # the plugin's default, then on
+async def test_livekit_baseten_qwen3_speaks_vllm_omni(
+    layout: InstanceLayout, word_timestamps: bool
+) -> None:
     baseten = pytest.importorskip("livekit.plugins.baseten")
     async with running_gateway(layout, api_keys=["key"]) as h, aiohttp.ClientSession() as s:
         url = h.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
         tts = baseten.TTS(model="qwen3-tts", api_key="key", model_endpoint=url, voice="leo",
-                          word_timestamps=True, http_session=s)  # fmt: skip
-        pcm, rate, _ = await livekit_stream(tts, ["Two turns ", "on one socket."])
+                          word_timestamps=word_timestamps, http_session=s)  # fmt: skip
+        # The plugin leaves split_granularity to vLLM-Omni's default ("none"): each flush is
+        # one unit to it, spoken here sentence by sentence.
+        pcm, rate, _ = await livekit_stream(tts, ["Two turns. ", "On one socket."])
         pcm2, _, _ = await livekit_stream(tts, ["Second turn."])
         await tts.aclose()
     assert rate == SR
-    assert len(pcm) == len("Two turns on one socket.") * 2048 * 2
+    assert len(pcm) == len("Two turns.On one socket.") * 2048 * 2
     assert len(pcm2) == len("Second turn.") * 2048 * 2
     assert {sub.voice for sub in h.backend.submitted()} == {"leo"}
+    assert [sub.text for sub in h.backend.submitted()] == [
+        "Two turns.", "On one socket.", "Second turn."]  # fmt: skip
 
 
 @pytest.mark.parametrize("encoding", ["pcm_24000", "pcm_16000", "mp3_44100_128"])

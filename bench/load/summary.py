@@ -23,7 +23,7 @@ MAX_ERROR_KINDS = 5
 
 
 class Slo(msgspec.Struct, frozen=True, kw_only=True):
-    """The targets a stream must meet to count as good (see shared/BENCH.md)."""
+    """The targets a stream must meet to count as good (docs/benchmarks.md, *What it measures*)."""
 
     rtf: float = 1.0
     """p99 RTF must be below this."""

@@ -13,13 +13,16 @@ after start-of-speech) must lie in slot ``s = p mod 7``'s range
 
 Step 3 writes each logit once (a fill) instead of building a ``[batch, vocab]`` mask.
 Values already at -inf stay there (min_tokens masks end-of-speech before this runs).
+
+Column numbers are engine ids (:class:`llm_worker.output_head.TokenSpace`): with the audio
+output head the audio block starts at column 10 and end-of-speech is column 2.
 """
 
 from __future__ import annotations
 
 import torch
 
-from llm_worker import tokens as T
+from llm_worker.output_head import TokenSpace
 from shm.records import CODEBOOK_SIZE
 
 NEG_INF = float("-inf")
@@ -28,7 +31,9 @@ NEG_INF = float("-inf")
 class AudioSlotMask:
     """Scratch buffers for up to ``max_rows`` logits rows, allocated once."""
 
-    def __init__(self, max_rows: int, device: torch.device) -> None:
+    def __init__(self, max_rows: int, device: torch.device, space: TokenSpace) -> None:
+        self._audio_base = space.audio_token_base
+        self._eos = space.end_of_speech
         self._offsets = torch.arange(CODEBOOK_SIZE, dtype=torch.int64, device=device)
         self._index = torch.empty((max_rows, CODEBOOK_SIZE), dtype=torch.int64, device=device)
         self._window = torch.empty((max_rows, CODEBOOK_SIZE), dtype=torch.float32, device=device)
@@ -57,10 +62,10 @@ class AudioSlotMask:
         """
         rows = logits.shape[0]
         start = torch.mul(slot, CODEBOOK_SIZE, out=self._start[:rows])
-        start.add_(T.AUDIO_TOKEN_BASE)
+        start.add_(self._audio_base)
         index = torch.add(start.unsqueeze(1), self._offsets, out=self._index[:rows])
         window = torch.gather(logits, 1, index, out=self._window[:rows])
-        eos = logits[:, T.END_OF_SPEECH].clone()
+        eos = logits[:, self._eos].clone()
         eos_allowed = torch.where(eos_stops & (slot == 0), eos, NEG_INF)
 
         invalid = None
@@ -72,10 +77,10 @@ class AudioSlotMask:
 
         if constrained is None:
             logits.fill_(NEG_INF)
-            logits[:, T.END_OF_SPEECH] = eos_allowed
+            logits[:, self._eos] = eos_allowed
         else:
             logits.masked_fill_(constrained.unsqueeze(1), NEG_INF)
-            logits[:, T.END_OF_SPEECH] = torch.where(constrained, eos_allowed, eos)
+            logits[:, self._eos] = torch.where(constrained, eos_allowed, eos)
         # Unconstrained rows get their own window back: a no-op for them.
         logits.scatter_(1, index, window)
         return invalid

@@ -30,7 +30,7 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 
-from llm_worker import tokens as T
+from llm_worker.output_head import TokenSpace, engine_token_space
 from llm_worker.sampling.args import RequestArgs
 from llm_worker.sampling.audio_mask import AudioSlotMask
 from llm_worker.sampling.counters import SINK, DeviceTally
@@ -44,10 +44,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def end_of_speech_stops(params: SamplingParams) -> bool:
+def end_of_speech_stops(params: SamplingParams, space: TokenSpace) -> bool:
     """Whether sampling end-of-speech ends this request (so it may be allowed at all)."""
-    return T.END_OF_SPEECH in (params.stop_token_ids or ()) or (
-        params.eos_token_id == T.END_OF_SPEECH and not params.ignore_eos
+    eos = space.end_of_speech
+    return eos in (params.stop_token_ids or ()) or (
+        params.eos_token_id == eos and not params.ignore_eos
     )
 
 
@@ -88,7 +89,8 @@ class AudioTokenConstraint(LogitsProcessor):
             self.eos_stops.np, self.counter.np, self.ingested, self.sampled, self.counted_last
         )
         self.slot = Staged(n, torch.int64, self.device)
-        self.mask = AudioSlotMask(n, self.device)
+        self.space = engine_token_space(vllm_config)
+        self.mask = AudioSlotMask(n, self.device, self.space)
         self.tally = DeviceTally(self.device)
         self._lens = np.zeros(n, dtype=np.int64)
         self._any = False
@@ -122,13 +124,13 @@ class AudioTokenConstraint(LogitsProcessor):
             self.eos_stops.np[row] = False
             self.counter.np[row] = SINK
             return False
-        if not prompt or prompt[-1] != T.START_OF_SPEECH:
+        if not prompt or prompt[-1] != self.space.start_of_speech:
             # Raising here would fail the whole engine step: leave this request alone.
             log.error("constrained request's prompt does not end with start-of-speech: ignored")
             self.eos_stops.np[row] = False
             self.counter.np[row] = SINK
             return False
-        self.eos_stops.np[row] = end_of_speech_stops(params)
+        self.eos_stops.np[row] = end_of_speech_stops(params, self.space)
         self.counter.np[row] = counter_index(args, self.tally)
         return True
 

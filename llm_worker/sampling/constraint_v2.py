@@ -25,6 +25,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
     LogitsProcRequestState,
 )
 
+from llm_worker.output_head import engine_token_space
 from llm_worker.sampling.args import RequestArgs
 from llm_worker.sampling.audio_mask import AudioSlotMask
 from llm_worker.sampling.constraint import counter_index, end_of_speech_stops
@@ -48,7 +49,8 @@ class AudioTokenConstraintV2(LogitsProcessor):
         self.constrained = torch.zeros(n, dtype=torch.bool, device=device)
         self.eos_stops = torch.zeros(n, dtype=torch.bool, device=device)
         self.counter = torch.zeros(n, dtype=torch.int64, device=device)
-        self.mask = AudioSlotMask(rows, device)
+        self.space = engine_token_space(vllm_config)
+        self.mask = AudioSlotMask(rows, device, self.space)
         self.tally = DeviceTally(torch.device(device))
 
     @classmethod
@@ -61,7 +63,7 @@ class AudioTokenConstraintV2(LogitsProcessor):
         self.constrained_np[req_idx] = on
         # Python scalars written into device tensors become fill kernels: no copy, no sync.
         self.constrained[req_idx] = on
-        self.eos_stops[req_idx] = on and end_of_speech_stops(sampling_params)
+        self.eos_stops[req_idx] = on and end_of_speech_stops(sampling_params, self.space)
         self.counter[req_idx] = counter_index(args, self.tally) if on and args else SINK
         return on
 

@@ -20,6 +20,11 @@ Columns past a row's history hold the row's first prompt token, a token the row 
 already seen, so the padding is harmless too. Rows the penalty does not apply to get a
 penalty of 1.0, an exact no-op.
 
+With the audio output head (:mod:`llm_worker.output_head`) the logits are narrower than
+the vocabulary: prompt ids past their width (text) can never be sampled and have no column
+to penalise, so they are written into the history as the prompt's first id inside the
+width (an id the row has seen, like the padding).
+
 Requests opt in through ``extra_args`` (:mod:`llm_worker.sampling.args`) and run with
 vLLM's own ``repetition_penalty=1.0``, so vLLM skips its list path.
 """
@@ -34,6 +39,7 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 
+from llm_worker.output_head import engine_token_space
 from llm_worker.sampling.args import RequestArgs
 from llm_worker.sampling.rows import RowTracker
 from llm_worker.sampling.staging import Staged
@@ -53,6 +59,8 @@ class TensorRepetitionPenalty(LogitsProcessor):
         n = vllm_config.scheduler_config.max_num_seqs
         m = vllm_config.model_config.max_model_len
         self.device = torch.device(device)
+        self.width = engine_token_space(vllm_config).width
+        """Logits columns: prompt ids at or past it have no logit (the audio head)."""
         # The CUDA kernel divides positive logits; the CPU path multiplies by 1/penalty.
         self._divide = self.device.type == "cuda"
         self.rows = RowTracker(n)
@@ -109,7 +117,8 @@ class TensorRepetitionPenalty(LogitsProcessor):
             # Raising here would fail the whole engine step: leave this request alone.
             log.error("tensor repetition penalty needs the prompt's token ids: not applied")
             args = None
-        if args is None or not args.penalised:
+        seen = self._seen_prompt(prompt) if args is not None and args.penalised else None
+        if args is None or not args.penalised or seen is None:
             self.penalty.np[row] = 1.0
             self.recip.np[row] = 1.0
             return False
@@ -117,8 +126,8 @@ class TensorRepetitionPenalty(LogitsProcessor):
         self.penalty.np[row] = p
         self.recip.np[row] = np.float32(1.0) / p
         n_out = _resolved(out)
-        tokens = np.full(self.history.shape[1], prompt[0], dtype=np.int64)
-        tokens[: len(prompt)] = prompt
+        tokens = np.full(self.history.shape[1], seen[0], dtype=np.int64)
+        tokens[: len(prompt)] = seen
         tokens[len(prompt) : len(prompt) + n_out] = out[:n_out]
         # One row upload per (re)join, not per step; on CUDA a pageable copy that holds
         # the host until staged, acceptable at join time.
@@ -127,6 +136,20 @@ class TensorRepetitionPenalty(LogitsProcessor):
         self.seq_len[row] = len(prompt) + n_out
         self.ingested[row] = n_out
         return True
+
+    def _seen_prompt(self, prompt: list[int]) -> np.ndarray | None:
+        """The prompt as history columns: ids without a logit become the first id with one
+        (None, logged, if none has one: the penalty is then not applied)."""
+        ids = np.asarray(prompt, dtype=np.int64)
+        outside = ids >= self.width
+        if not outside.any():
+            return ids
+        inside = ids[~outside]
+        if len(inside) == 0:
+            log.error("tensor repetition penalty: no prompt id within the logits: not applied")
+            return None
+        ids[outside] = inside[0]
+        return ids
 
     # -- every step ----------------------------------------------------------------------
 

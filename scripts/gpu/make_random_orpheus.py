@@ -69,7 +69,7 @@ ORPHEUS_3B: dict[str, Any] = {
     "max_position_embeddings": 131072,
     "torch_dtype": "bfloat16",
 }
-"""canopylabs/orpheus-3b-0.1-ft (ORPHEUS.md): a Llama-3.2-3B fine-tune."""
+"""canopylabs/orpheus-3b-0.1-ft (docs/orpheus.md): a Llama-3.2-3B fine-tune."""
 
 SHAPE_KEYS = (
     "hidden_size",

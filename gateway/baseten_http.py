@@ -1,0 +1,80 @@
+"""Baseten's Orpheus HTTP mode at ``POST /v1/baseten/orpheus/predict``.
+
+What LiveKit's Baseten plugin sends with ``model="orpheus"`` and an ``https://`` (here
+``http://``) endpoint (``tts.synthesize()``), and what Baseten's Orpheus truss answers
+(Baseten's endpoints end in ``/predict``)::
+
+    POST /v1/baseten/orpheus/predict
+    Authorization: Api-Key KEY
+    {"prompt": "Hello there.", "voice": "tara", "temperature": 0.6, "language": "en"}
+
+    200, then headerless int16 LE mono 24 kHz PCM, streamed as it is made
+
+The plugin reads the whole body within 30 s (its ``ClientTimeout(total=30)``): a text whose
+audio takes longer to make is cut off on its side. The body is spoken as one request, as
+``POST /v1/audio/speech`` speaks its ``input`` (the llm_worker cuts long text into
+sentences), and answered the same way (``gateway.speech_http.respond``): the status is
+decided by what comes first, an error is OpenAI-shaped JSON with its status (the plugin
+raises ``APIStatusError`` on it), a client that leaves cancels the stream into vLLM.
+``language`` is accepted and not used (the voice belongs to a checkpoint, and the checkpoint
+to a language); ``max_tokens`` is an upper bound the server's own length cap already
+enforces (as on Baseten's WebSocket); other fields are ignored.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from aiohttp import web
+
+from gateway.schemas import bad_request, build_params
+from gateway.service import Gateway
+from gateway.speech_http import Handler, read_body, respond
+from shm.messages import SamplingOverrides
+
+PATH = "/v1/baseten/orpheus/predict"
+API = "baseten"
+
+
+class PredictRequest(msgspec.Struct, kw_only=True):
+    """The body; the values are checked by ``build_params``."""
+
+    prompt: str
+    voice: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    max_tokens: int | None = None
+    language: str | None = None
+
+
+_decoder = msgspec.json.Decoder(PredictRequest)
+
+
+def predict_handler(gateway: Gateway) -> Handler:
+    g = gateway.config.gateway
+
+    async def predict(request: web.Request) -> web.StreamResponse:
+        started_at = gateway.loop.time()
+        body = await read_body(request, g.max_body_bytes)
+        try:
+            req = _decoder.decode(body)
+        except msgspec.ValidationError as e:
+            raise bad_request(str(e)) from None
+        except msgspec.DecodeError as e:
+            raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from None
+        params = build_params(
+            gateway.voices,
+            gateway.limits,
+            text=req.prompt,
+            voice=req.voice or None,
+            max_chars=g.max_input_chars,
+            text_param="prompt",
+            sampling=SamplingOverrides(
+                temperature=req.temperature,
+                top_p=req.top_p,
+                repetition_penalty=req.repetition_penalty,
+            ),
+        )
+        return await respond(request, gateway, params, API, started_at)
+
+    return predict
