@@ -9,7 +9,7 @@
 #   2     .whl/part-2   part .whl/part-2      stage one part (+ install what became complete)
 #   3     .whl/part-3   last .whl/part-3      install vLLM; verify imports + FlashAttention 3
 #   4     -             engine full-head,audio-head   bench engine t(N), N = 64..384
-#   5     -             engine kv-fp8,top-p-off       the same for two more variants
+#   5     -             engine kv-fp8,top-p-off 256,384   two more variants at the high levels
 #   6     -             confirm               the server: a warm-up level, then the levels the
 #                                             sweep predicts (published, real-time capacity);
 #                                             CONFIRM_HOP2=1: again with codec.first_hop_frames=2
@@ -383,21 +383,28 @@ EOF
 
 # The engine alone (orpheus-serve bench engine): t(N) per variant, one vLLM start each, with
 # the engine core's CPU and the GPU's busy fraction per level. No server may hold the GPU.
+# Each level warms up for ENGINE_WARMUP steps (480) before its ENGINE_STEPS (300) measured
+# ones: with the bench's staggered starts, the measured window's mean context is then 93 % of
+# the steady state's (a whole generation of warm-up, 840 steps, would cost 46 % more time).
 stage_engine() {
   local variants=${1:-full-head,audio-head}
+  # ENGINE_STREAMS_FORCE: every sweep at these levels (the CPU rehearsal's tiny sizes)
+  local streams=${ENGINE_STREAMS_FORCE:-${2:-${ENGINE_STREAMS:-64,96,128,160,192,224,256,320,384}}}
   local tag=${variants//,/_}
-  if ! "${OS[@]}" bench engine --help >/dev/null 2>&1; then
+  local help
+  if ! help=$("${OS[@]}" bench engine --help 2>&1); then
     log "ERROR: this tree has no \`orpheus-serve bench engine\`: engine sweep ($variants) not run"
     return 1
   fi
+  local warm=()
+  [[ $help == *--warmup-steps* ]] && warm=(--warmup-steps "${ENGINE_WARMUP:-480}")
   stage_stop
-  log "engine sweep: $variants, streams ${ENGINE_STREAMS:-64,96,128,160,192,224,256,320,384}, ${ENGINE_STEPS:-300} steps"
+  log "engine sweep: $variants, streams $streams, ${ENGINE_STEPS:-300} steps after ${warm[1]:-the default} warm-up steps"
   start_samplers "engine_$tag"
   # shellcheck disable=SC2086
   run_for 600 25 "${OS[@]}" bench engine --model "$MODEL" --device "$DEVICE" \
-    --streams "${ENGINE_STREAMS:-64,96,128,160,192,224,256,320,384}" \
-    --steps "${ENGINE_STEPS:-300}" --variants "$variants" ${ENGINE_EXTRA:-} \
-    --json "$OUT/h100_engine_$tag.json" --png "$OUT/h100_engine_$tag.png" \
+    --streams "$streams" --steps "${ENGINE_STEPS:-300}" --variants "$variants" "${warm[@]}" \
+    ${ENGINE_EXTRA:-} --json "$OUT/h100_engine_$tag.json" --png "$OUT/h100_engine_$tag.png" \
     2>&1 | tee "$WORK/engine_$tag.log" | tail -30
   local rc=${PIPESTATUS[0]}
   stop_samplers "engine_$tag" >/dev/null
@@ -529,8 +536,8 @@ case $cmd in
       log "install or verify failed: see above (and $OUT/h100_install.json)"
     fi
     finish call_last ;;
-  engine)  # calls 4, 5: the engine sweep of the variants named (comma list)
-    stage_engine "${1:-full-head,audio-head}"
+  engine)  # calls 4, 5: the engine sweep of the variants named (comma list) [at these streams]
+    stage_engine "${1:-full-head,audio-head}" "${2:-}"
     finish "call_engine_$(echo "${1:-full-head,audio-head}" | tr ',' '_')" ;;
   confirm) # call 6: the server at the sweep's predicted capacities
     stage_confirm bf16
