@@ -176,3 +176,10 @@ def test_recompute_reads_a_stored_result(
 def test_no_server_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--url", "http://127.0.0.1:9", "--no-progress"]) == 1
     assert "no server ready" in capsys.readouterr().err
+
+
+def test_a_negative_warmup_level_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--search", "--warmup-level", "-1", "--no-progress"])
+    assert exc.value.code == 2
+    assert "--warmup-level: must be 0 or more" in capsys.readouterr().err

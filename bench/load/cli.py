@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_search_arguments(p, "bracketing search for the capacity under each criterion")
     p.add_argument(
         "--warmup-level",
-        type=int,
+        type=parse_count,
         default=None,
         metavar="N",
         help="before the first measured level, a closed-loop level of N streams whose results "
@@ -216,13 +216,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected an integer: {text!r}") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
 def warmup_concurrency(args: argparse.Namespace) -> int:
     """The warm-up level's streams: --warmup-level, else with --search the search's start."""
     if args.warmup_level is not None:
-        if args.warmup_level < 0:
-            raise argparse.ArgumentTypeError("--warmup-level must be >= 0")
-        return args.warmup_level
-    return args.search_start if args.search else 0
+        return int(args.warmup_level)
+    return int(args.search_start) if args.search else 0
 
 
 async def _run(
@@ -296,14 +304,9 @@ def main_recompute(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.recompute is not None:
         return main_recompute(args)
-    try:
-        warmup_concurrency(args)
-    except argparse.ArgumentTypeError as exc:
-        parser.error(str(exc))
     if args.concurrency is None and args.open_rate is None and not args.search:
         args.concurrency = [1, 8, 32]
     out = report_console()
