@@ -166,6 +166,15 @@ if out.get("vllm") and "vllm" not in " ".join(bad):
                 bad.append("FlashAttention 3 is not available")
     except Exception as e:  # noqa: BLE001
         out["vllm_platform_error"] = f"{type(e).__name__}: {e}"
+# The audio-only output head's model class reaches vLLM's engine processes through the
+# project wheel's vllm.general_plugins entry point: a wheel built before it existed would
+# start the server without it (prepare_wheels.sh must run again after pyproject.toml changes).
+if os.path.exists("llm_worker/vllm_plugin.py"):
+    plugins = [e.name for e in md.entry_points(group="vllm.general_plugins")]
+    out["vllm_plugins"] = plugins
+    if "orpheus_serve" not in plugins:
+        bad.append("the installed orpheus-serve wheel has no vllm.general_plugins entry point "
+                   "(a stale wheel: run scripts/gpu/prepare_wheels.sh again)")
 out["import_s"] = round(time.time() - t0, 1)
 out["import_failures"] = bad
 if out.get("vllm") and not os.environ.get("VERIFY_NO_VLLM"):

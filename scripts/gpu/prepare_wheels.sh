@@ -99,9 +99,12 @@ done
 echo "== building this project's wheel (orpheus-serve, --no-deps)"
 rm -f "$DL"/orpheus_serve-*.whl
 had_build=0; [[ -e build ]] && had_build=1
+had_egg=0; [[ -e orpheus_serve.egg-info ]] && had_egg=1
 "$PYTHON" -m pip wheel -q --no-deps --no-build-isolation -w "$DL" . 2>&1 \
   | grep -v "^WARNING: Location" | grep -iv "deprecat\|license\|^ *$\|^ *!!\|\*\*\*\|packaging.python.org\|corresp(" || true
 (( had_build )) || rm -rf build   # setuptools' in-tree build dir, ignored but clutter
+# ... and its egg-info, which would stand first on PYTHONPATH with this build's entry points
+(( had_egg )) || rm -rf orpheus_serve.egg-info
 ls "$DL"/orpheus_serve-*.whl >/dev/null
 
 echo "== checking requirements: every carried wheel's needs are carried or on the device"

@@ -47,10 +47,14 @@ declare -A RESULT
 t0=$SECONDS
 
 step_wheels() {
-  if [[ -f .whl/MANIFEST.json && -z ${REFRESH_WHEELS:-} ]]; then
-    echo "wheels: .whl/ already laid out (REFRESH_WHEELS=1 to redo)"
+  # Laid out and newer than what goes into them: kept. The project wheel carries the package
+  # metadata and entry points (the vLLM plugin): a pyproject.toml change needs a new one.
+  if [[ -f .whl/MANIFEST.json && -z ${REFRESH_WHEELS:-} && .whl/MANIFEST.json -nt pyproject.toml \
+        && .whl/MANIFEST.json -nt scripts/gpu/wheels.txt \
+        && .whl/MANIFEST.json -nt scripts/gpu/prepare_wheels.sh ]]; then
+    echo "wheels: .whl/ already laid out and up to date (REFRESH_WHEELS=1 to redo)"
   else
-    bash scripts/gpu/prepare_wheels.sh
+    KEEP_DOWNLOADS=1 bash scripts/gpu/prepare_wheels.sh
   fi
 }
 
@@ -78,6 +82,9 @@ step_device() {
     rm -rf "$stage" "$wheels"
     touch "$VENV/.installed"
   fi
+  # The project wheel of this layout (its metadata and entry points change with pyproject.toml)
+  "$VENV/bin/python" -m pip install -q --no-deps --force-reinstall --disable-pip-version-check \
+    .whl/download/orpheus_serve-*.whl || return 1
   "$VENV/bin/python" - <<'EOF' || return 1
 import importlib.metadata as md
 print("device-like env:", {d: md.version(d) for d in ("torch", "vllm", "transformers", "snac", "msgspec")})
@@ -129,6 +136,12 @@ step_calls() {
     ENGINE_STEPS=${REHEARSE_ENGINE_STEPS:-16} ENGINE_WARMUP=16 ENGINE_EXTRA="--tokens 48" CONFIRM_LEVELS=${REHEARSE_CONFIRM_LEVELS:-"4 2"} \
     GPU_DRY_PYTHON=$PWD/$VENV/bin/python VERIFY_NO_CUDA=1 \
     GIT_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo rehearsal)
+  # As on the device, the project wheel provides the package metadata and entry points (the
+  # vLLM plugin) while the working tree provides the code: installed beside the interpreter,
+  # on PYTHONPATH after the tree (a shared environment's own install may predate them).
+  "$py025" -m pip install -q --no-deps --no-index --disable-pip-version-check \
+    --target "$home/project-site" .whl/download/orpheus_serve-*.whl || return 1
+  local -x PYTHONPATH=$home/project-site
   local rc=0 n carry args minutes go expect t
   local shm_before
   shm_before=$(ls /dev/shm 2>/dev/null)
