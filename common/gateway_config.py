@@ -33,7 +33,48 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     start message) within this time."""
     ws_text_idle_timeout_s: float = 120.0
     """A vLLM-Omni or Baseten WebSocket is closed when nothing is being spoken and no message
-    arrives for this long (ElevenLabs sockets: their ``inactivity_timeout``)."""
+    arrives for this long, an utterance open or not (ElevenLabs sockets: their
+    ``inactivity_timeout``)."""
+    header_timeout_s: float = 10.0
+    """A new connection that has not sent a whole request header this long after connecting
+    is answered 408 and closed (slow or stalled clients; 0: no limit)."""
+    keepalive_timeout_s: float = 75.0
+    """An idle kept-alive connection is closed after this long; it also bounds the header of
+    each later request on the connection (longer than a load balancer's idle timeout, e.g.
+    60 s, so that the balancer closes first)."""
+    body_timeout_s: float = 60.0
+    """A request's whole body must arrive this long after its header, else 408 and the
+    connection is closed (0: no limit)."""
+    max_connections: int = 8192
+    """Client connections per gateway process (HTTP and WebSocket, idle ones included),
+    lowered to the open-file limit less 256; a connection past it is answered 503 and closed
+    (a WARNING at most every 10 s)."""
+    ws_max_queued_chars: int = 16384
+    """Text one WebSocket connection may have waiting to be spoken (received, not yet
+    started); a text message past it is refused with ``input_queue_full`` (Baseten: closed
+    with 1013) and not taken."""
+    ws_max_queued_sentences: int = 256
+    """Sentences (units) one WebSocket connection may have waiting to be spoken, as above."""
+    allowed_origins: list[str] = []
+    """Web origins (``https://app.example.com``) whose pages may call the server from a
+    browser, besides the server's own (the playground); ``"*"``: any. A request or
+    WebSocket upgrade with another ``Origin`` is refused (403 ``origin_not_allowed``);
+    clients that send no ``Origin`` (SDKs, agents) are not affected."""
+    allowed_hosts: list[str] = []
+    """Host names the server answers to while no API key is configured, besides IP
+    addresses, ``localhost`` and ``host``; ``"*"``: any. Another ``Host`` is refused (403
+    ``host_not_allowed``; ``/health`` and ``/ready`` excepted): DNS rebinding."""
+    metrics_require_key: bool = False
+    """Put ``GET /metrics`` behind the API keys (``api_keys`` or ``admin_keys``; Prometheus
+    sends one with its ``authorization`` setting). Off: it is open, like ``/health``."""
+    admin_keys: list[str] = []
+    """Keys for the admin calls (``/v1/admin/*``: loading and unloading LoRA adapters),
+    separate from ``api_keys``, which do not open them. None: the admin calls are off (403
+    ``admin_disabled``)."""
+    lora_dirs: list[str] = []
+    """Directories an adapter loaded through ``POST /v1/admin/lora`` must lie in (its path,
+    symbolic links resolved); another path is 400 ``lora_path_not_allowed``. None: no
+    adapter may be loaded at run time."""
     voice_aliases: dict[str, str] = msgspec.field(default_factory=lambda: dict(OPENAI_VOICES))
     served_model_names: list[str] = msgspec.field(
         default_factory=lambda: ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"]

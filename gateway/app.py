@@ -13,7 +13,9 @@ from aiohttp import web
 
 from gateway import baseten_http, baseten_ws, custom_voices, elevenlabs
 from gateway.auth import ApiKeys, http_middleware
+from gateway.browser_guard import BrowserGuard, add_cors_headers
 from gateway.errors import APIError
+from gateway.listener import body_deadline
 from gateway.omni_ws import OMNI_PATH, omni_handler
 from gateway.service import Gateway
 from gateway.speech_http import Handler, speech_handler
@@ -81,12 +83,19 @@ class ModelList(msgspec.Struct, frozen=True):
 
 def build_app(gateway: Gateway) -> web.Application:
     g = gateway.config.gateway
-    middlewares: list[Callable[..., Awaitable[web.StreamResponse]]] = [json_errors]
+    # The body deadline is outermost: it closes the connection of the 408 that json_errors
+    # renders from the read it failed.
+    middlewares: list[Callable[..., Awaitable[web.StreamResponse]]] = [
+        body_deadline(g.body_timeout_s, gateway.metrics),
+        json_errors,
+    ]
     keys = ApiKeys(g.api_keys)
-    if keys.required:
-        middlewares.append(http_middleware(keys))  # after json_errors, which renders its 401
+    # After json_errors, which renders their 401/403: browsers first, then keys.
+    middlewares.append(BrowserGuard(g, keys.required).middleware())
+    middlewares.append(http_middleware(keys, ApiKeys(g.admin_keys), metrics=g.metrics_require_key))
 
     app = web.Application(client_max_size=g.max_body_bytes, middlewares=middlewares)
+    app.on_response_prepare.append(add_cors_headers)
     models = ModelList(
         [ModelCard(gateway.config.llm.model), *(ModelCard(n) for n in g.served_model_names)]
     )

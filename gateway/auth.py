@@ -1,4 +1,5 @@
-"""API keys: the one check every front end makes (``gateway.api_keys``).
+"""API keys: the one check every front end makes (``gateway.api_keys``), and the admin keys
+of ``/v1/admin/*`` (``gateway.admin_keys``, which speech keys do not open).
 
 HTTP and the WebSocket upgrades (a middleware on ``/v1/*``) and ZeroMQ (``Speak.api_key``)
 compare the key a client presents with ``ApiKeys.allows``: in constant time (SHA-256 of
@@ -72,14 +73,33 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 
-def http_middleware(keys: ApiKeys) -> Middleware:
-    """The key check on ``/v1/*`` (other paths: health, readiness, metrics, the playground).
-    Its 401 is rendered by the JSON error middleware, which must come before it."""
+ADMIN_PREFIX = "/v1/admin/"
+ADMIN_KEY_HINT = "missing or invalid admin key (Authorization: Bearer ...; gateway.admin_keys)"
+
+
+def http_middleware(keys: ApiKeys, admin: ApiKeys, *, metrics: bool = False) -> Middleware:
+    """The key checks: ``/v1/admin/*`` takes an admin key (403 ``admin_disabled`` when none
+    is configured), the rest of ``/v1/*`` an API key when some are configured, and, with
+    ``metrics``, ``/metrics`` either. Other paths (health, readiness, the playground) are
+    open. Its 401/403 are rendered by the JSON error middleware, which must come before it."""
 
     @web.middleware
     async def require_key(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith("/v1/"):
+        path = request.path
+        if path.startswith(ADMIN_PREFIX):
+            if not admin.required:
+                raise APIError(
+                    403,
+                    "admin_disabled",
+                    "admin calls are off: set gateway.admin_keys (speech keys do not open them)",
+                )
+            admin.check(presented_key(request), ADMIN_KEY_HINT)
+        elif path.startswith("/v1/"):
             keys.check(presented_key(request), HTTP_KEY_HINT)
+        elif metrics and path == "/metrics":
+            key = presented_key(request)
+            if not (admin.required and admin.allows(key)):
+                keys.check(key, HTTP_KEY_HINT)
         return await handler(request)
 
     return require_key

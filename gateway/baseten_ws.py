@@ -33,7 +33,14 @@ from gateway.service import Gateway
 from gateway.speech_http import Handler
 from gateway.streams import StreamFailed
 from gateway.text_units import Unit, UnitSplitter
-from gateway.utterance import Lane, drain_while_open, serve_websocket, speak_unit
+from gateway.utterance import (
+    Lane,
+    QueueCap,
+    drain_while_open,
+    receive_unless_idle,
+    serve_websocket,
+    speak_unit,
+)
 from shm.messages import SamplingOverrides
 
 log = logging.getLogger(__name__)
@@ -124,7 +131,8 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
         return
     transport = request.transport
     on_abort = transport.abort if transport is not None else None
-    lane = Lane("baseten-socket")
+    cap = QueueCap(g.ws_max_queued_chars, g.ws_max_queued_sentences)
+    lane = Lane("baseten-socket", cap)
     failure: list[APIError] = []
 
     async def deliver(chunks: list[bytes], last: bool) -> int:
@@ -157,7 +165,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
     joiner = _TextJoiner()
     try:
         while not failure:
-            msg = await ws.receive(None if not lane.idle else g.ws_text_idle_timeout_s)
+            msg = await receive_unless_idle(ws, g.ws_text_idle_timeout_s, lambda: lane.quiet_since)
             if msg.type == WSMsgType.BINARY:
                 await _close(ws, APIError(400, "invalid_message", "send text, not binary"))
                 return
@@ -168,7 +176,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
             text = msg.data
             if text == END:
                 for unit in splitter.flush():
-                    lane.push(job(unit))
+                    lane.push(job(unit), len(unit.text))
                 if not await drain_while_open(ws, lane):
                     return  # the client closed before the end: cancelled
                 if not failure and not ws.closed:
@@ -179,9 +187,12 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
             except APIError as e:
                 await _close(ws, e)
                 return
+            if not cap.admits(len(splitter.pending), len(text) + 1):
+                await _close(ws, APIError(429, "input_queue_full", cap.refusal()))
+                return
             if text:
                 for unit in splitter.feed(joiner.join(text)):
-                    lane.push(job(unit))
+                    lane.push(job(unit), len(unit.text))
     except TimeoutError:
         await _close(ws, APIError(408, "timeout", "no text for too long"))
     finally:

@@ -4,10 +4,13 @@ and the LoRA admin calls ``POST /v1/admin/lora``, ``DELETE /v1/admin/lora/{name}
 A zero-shot voice is made here, in four steps:
 
 1. the multipart form is read (``name``, ``audio`` (or ``audio_sample``), ``transcript``,
-   optional ``description``) within ``voices.max_upload_bytes``;
+   optional ``description``) within ``voices.max_upload_bytes``, the audio spooled (in
+   memory up to ``SPOOL_MEMORY_BYTES``, then a temporary file); at most
+   ``voices.max_concurrent_uploads`` at once per gateway process (429 past it);
 2. the audio is decoded and resampled to 24 kHz mono float with PyAV (FFmpeg: any container
    and codec it reads), on a thread so that the event loop keeps streaming; its length
-   (``voices.min_seconds`` .. ``voices.max_seconds``), rate and level are checked;
+   (``voices.min_seconds`` .. ``voices.max_seconds``), rate and level are checked, and
+   whether its codes (one frame per 2048 samples) leave room in ``llm.max_model_len``;
 3. the codec worker encodes it with SNAC's encoder (``EncodeRequest`` over its ROUTER
    ``layout.encode``; the gateway never touches torch);
 4. the codes and the transcript are stored in the state directory (:mod:`shm.voices`),
@@ -22,7 +25,8 @@ import io
 import itertools
 import math
 import os
-from typing import Any
+import tempfile
+from typing import IO, Any
 
 import av
 import msgspec
@@ -68,6 +72,10 @@ MAX_CHANNELS = 8
 MAX_DESCRIPTION_CHARS = 500
 PROMPT_OVERHEAD_TOKENS = 16
 ADMIN_TIMEOUT_S = 120.0
+MAX_FIELD_BYTES = 64 * 1024
+"""Text fields longer than this are cut (their limits are far below: refused after)."""
+SPOOL_MEMORY_BYTES = 1 << 20
+"""An uploaded clip is held in memory up to this size, in a temporary file beyond."""
 _ids = itertools.count(1)
 
 
@@ -115,10 +123,11 @@ def _bad(code: str, message: str, param: str | None = None, status: int = 400) -
 # -- audio ---------------------------------------------------------------------------------------
 
 
-def decode_reference(data: bytes, cfg: VoicesConfig) -> np.ndarray:
-    """The clip as float32 mono 24 kHz, checked; APIError 400 for what cannot be a voice."""
+def decode_reference(data: bytes | IO[bytes], cfg: VoicesConfig) -> np.ndarray:
+    """The clip (its bytes or a file) as float32 mono 24 kHz, checked; APIError 400 for what
+    cannot be a voice."""
     try:
-        container = av.open(io.BytesIO(data), mode="r")
+        container = av.open(io.BytesIO(data) if isinstance(data, bytes) else data, mode="r")
     except (av.error.FFmpegError, ValueError, OSError, EOFError) as e:
         raise _bad(
             "invalid_audio", f"audio: not an audio file FFmpeg can read ({e})", "audio"
@@ -223,6 +232,8 @@ class CustomVoices:
         self.builtin = list(builtin)
         self.reserved = {v.lower() for v in builtin} | {a.lower() for a in aliases}
         self.ctx = zmq.asyncio.Context.instance()
+        self.uploads = 0
+        """``POST /v1/audio/voices`` calls in progress in this process."""
         self._config_loras = frozenset(
             n.strip().lower() for n in config.llm.lora_voices if ID_RE.match(n.strip().lower())
         )
@@ -313,7 +324,10 @@ class CustomVoices:
 # -- handlers ------------------------------------------------------------------------------------
 
 
-async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], bytes]:
+async def _read_form(
+    request: web.Request, max_bytes: int, audio: IO[bytes]
+) -> tuple[dict[str, str], bool]:
+    """The text fields; the audio part is written to ``audio``. True: there was one."""
     if request.content_length is not None and request.content_length > max_bytes:
         raise APIError(413, "request_too_large", f"the body is over {max_bytes} bytes")
     if not request.content_type.startswith("multipart/form-data"):
@@ -323,28 +337,50 @@ async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, st
         )
     reader = await request.multipart()
     fields: dict[str, str] = {}
-    audio: bytes | None = None
+    has_audio = False
     total = 0
     while (part := await reader.next()) is not None:
         if not isinstance(part, BodyPartReader):
             raise _bad("invalid_request", "nested multipart bodies are not accepted")
         name = part.name or ""
+        is_audio = name in ("audio", "audio_sample", "file")
+        if is_audio:
+            audio.seek(0)
+            audio.truncate()
         buf = bytearray()
         while chunk := await part.read_chunk(64 * 1024):
             total += len(chunk)
             if total > max_bytes:
                 raise APIError(413, "request_too_large", f"the body is over {max_bytes} bytes")
-            buf += chunk
-        if name in ("audio", "audio_sample", "file"):
-            audio = bytes(buf)
-        elif name in ("name", "transcript", "description"):
+            if is_audio:
+                audio.write(chunk)
+                has_audio = True
+            elif len(buf) <= MAX_FIELD_BYTES:
+                buf += chunk
+        if is_audio:
+            continue
+        if name in ("name", "transcript", "description"):
             try:
                 fields[name] = buf.decode("utf-8")
             except UnicodeDecodeError:
                 raise _bad("invalid_request", f"{name}: not UTF-8 text", name) from None
-    if audio is None or not audio:
+    if not has_audio:
         raise _bad("missing_audio", "audio: the reference clip (a file field) is missing", "audio")
-    return fields, audio
+    audio.seek(0)
+    return fields, has_audio
+
+
+def _check_context(voices: CustomVoices, frames: int, seconds: float, transcript: str) -> None:
+    llm = voices.config.llm
+    need = frames * 7 + len(transcript.encode()) + PROMPT_OVERHEAD_TOKENS + llm.min_max_tokens
+    if need > llm.max_model_len:
+        raise _bad(
+            "audio_too_long",
+            f"audio: {seconds:.1f} s of reference ({frames * 7} tokens) leaves too "
+            f"little room for speech within llm.max_model_len {llm.max_model_len}; "
+            "send a shorter clip",
+            "audio",
+        )
 
 
 def create_handler(
@@ -359,80 +395,86 @@ def create_handler(
                 "(config.json 'orpheus.zero_shot'): custom voices from reference audio "
                 "are not available with it",
             )
-        fields, audio = await _read_form(request, cfg.max_upload_bytes)
-        name = fields.get("name", "").strip()
-        if not name:
-            raise _bad("missing_name", "name: required", "name")
+        if voices.uploads >= cfg.max_concurrent_uploads:
+            raise APIError(
+                429,
+                "too_many_uploads",
+                f"{cfg.max_concurrent_uploads} voice uploads are in progress on this gateway "
+                "process (voices.max_concurrent_uploads); retry shortly",
+                retry_after_s=voices.config.gateway.retry_after_s,
+            )
+        voices.uploads += 1
         try:
-            vid = voice_id(name)
-        except ValueError as e:
-            raise _bad("invalid_name", f"name: {e}", "name") from None
-        transcript = " ".join(fields.get("transcript", "").split())
-        if not transcript:
-            raise _bad(
-                "empty_transcript",
-                "transcript: required, the words spoken in the clip",
-                "transcript",
-            )
-        if len(transcript) > cfg.max_transcript_chars or "\x00" in transcript:
-            raise _bad(
-                "invalid_transcript",
-                f"transcript: at most {cfg.max_transcript_chars} characters, no NUL",
-                "transcript",
-            )
-        description = fields.get("description", "").strip()
-        if len(description) > MAX_DESCRIPTION_CHARS:
-            raise _bad(
-                "invalid_description",
-                f"description: at most {MAX_DESCRIPTION_CHARS} characters",
-                "description",
-            )
-        if vid in voices.reserved or any(v.id == vid for v in voices.lora_listing()):
-            raise _bad("voice_exists", f"name: {vid!r} is taken", "name", status=409)
-        if voices.store.stat_key(vid) is not None:
-            raise _bad("voice_exists", f"name: a custom voice {vid!r} exists", "name", status=409)
-        loop = asyncio.get_running_loop()
-        pcm = await loop.run_in_executor(None, decode_reference, audio, cfg)
-        seconds = len(pcm) / SAMPLE_RATE
-        frames = await voices.encode(pcm)
-        llm = voices.config.llm
-        need = (
-            len(frames) * 7 + len(transcript.encode()) + PROMPT_OVERHEAD_TOKENS + llm.min_max_tokens
-        )
-        if need > llm.max_model_len:
-            raise _bad(
-                "audio_too_long",
-                f"audio: {seconds:.1f} s of reference ({len(frames) * 7} tokens) leaves too "
-                f"little room for speech within llm.max_model_len {llm.max_model_len}; "
-                "send a shorter clip",
-                "audio",
-            )
-        record = new_record(vid, name, transcript, description, frames, seconds)
-        try:
-            await loop.run_in_executor(None, voices.store.create, record, cfg.max_voices)
-        except VoiceExists:
-            raise _bad(
-                "voice_exists", f"name: a custom voice {vid!r} exists", "name", 409
-            ) from None
-        except TooManyVoices:
-            raise _bad(
-                "too_many_voices",
-                f"the server holds its limit of {cfg.max_voices} custom voices; delete one first",
-                status=409,
-            ) from None
-        body = CreatedVoice(
-            id=vid,
-            name=name,
-            description=description,
-            created_at=record.created_at,
-            duration_s=record.duration_s,
-            frames=record.frames,
-        )
-        return web.Response(
-            body=msgspec.json.encode(body), status=201, content_type="application/json"
-        )
+            with tempfile.SpooledTemporaryFile(SPOOL_MEMORY_BYTES) as audio:
+                return await _create(request, voices, audio)
+        finally:
+            voices.uploads -= 1
 
     return handler
+
+
+async def _create(request: web.Request, voices: CustomVoices, audio: IO[bytes]) -> web.Response:
+    cfg = voices.cfg
+    fields, _ = await _read_form(request, cfg.max_upload_bytes, audio)
+    name = fields.get("name", "").strip()
+    if not name:
+        raise _bad("missing_name", "name: required", "name")
+    try:
+        vid = voice_id(name)
+    except ValueError as e:
+        raise _bad("invalid_name", f"name: {e}", "name") from None
+    transcript = " ".join(fields.get("transcript", "").split())
+    if not transcript:
+        raise _bad(
+            "empty_transcript",
+            "transcript: required, the words spoken in the clip",
+            "transcript",
+        )
+    if len(transcript) > cfg.max_transcript_chars or "\x00" in transcript:
+        raise _bad(
+            "invalid_transcript",
+            f"transcript: at most {cfg.max_transcript_chars} characters, no NUL",
+            "transcript",
+        )
+    description = fields.get("description", "").strip()
+    if len(description) > MAX_DESCRIPTION_CHARS:
+        raise _bad(
+            "invalid_description",
+            f"description: at most {MAX_DESCRIPTION_CHARS} characters",
+            "description",
+        )
+    if vid in voices.reserved or any(v.id == vid for v in voices.lora_listing()):
+        raise _bad("voice_exists", f"name: {vid!r} is taken", "name", status=409)
+    if voices.store.stat_key(vid) is not None:
+        raise _bad("voice_exists", f"name: a custom voice {vid!r} exists", "name", status=409)
+    loop = asyncio.get_running_loop()
+    pcm = await loop.run_in_executor(None, decode_reference, audio, cfg)
+    seconds = len(pcm) / SAMPLE_RATE
+    # Its length is known from the sample count (one frame per 2048 samples, the last
+    # padded): a clip too long for the context is refused before it is encoded.
+    _check_context(voices, math.ceil(len(pcm) / SAMPLES_PER_FRAME), seconds, transcript)
+    frames = await voices.encode(pcm)
+    _check_context(voices, len(frames), seconds, transcript)
+    record = new_record(vid, name, transcript, description, frames, seconds)
+    try:
+        await loop.run_in_executor(None, voices.store.create, record, cfg.max_voices)
+    except VoiceExists:
+        raise _bad("voice_exists", f"name: a custom voice {vid!r} exists", "name", 409) from None
+    except TooManyVoices:
+        raise _bad(
+            "too_many_voices",
+            f"the server holds its limit of {cfg.max_voices} custom voices; delete one first",
+            status=409,
+        ) from None
+    body = CreatedVoice(
+        id=vid,
+        name=name,
+        description=description,
+        created_at=record.created_at,
+        duration_s=record.duration_s,
+        frames=record.frames,
+    )
+    return web.Response(body=msgspec.json.encode(body), status=201, content_type="application/json")
 
 
 def delete_handler(voices: CustomVoices) -> Any:
@@ -462,12 +504,30 @@ class LoraLoadBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def _admin_allowed(voices: CustomVoices) -> None:
-    if not voices.config.gateway.api_keys:
+    """The admin key itself is checked by the key middleware (``gateway.auth``)."""
+    if not voices.config.gateway.admin_keys:
         raise APIError(
             403,
             "admin_disabled",
-            "admin calls need API keys: set gateway.api_keys (the key middleware checks them)",
+            "admin calls are off: set gateway.admin_keys (speech keys do not open them)",
         )
+
+
+def confined_lora_path(path: str, dirs: list[str]) -> str:
+    """``path`` with symbolic links and ``..`` resolved, if it lies in one of ``dirs``;
+    APIError 400 ``lora_path_not_allowed`` if not (a Hugging Face name included)."""
+    if dirs and os.path.isabs(os.path.expanduser(path)):
+        real = os.path.realpath(os.path.expanduser(path))
+        for d in dirs:
+            root = os.path.realpath(os.path.expanduser(d))
+            if os.path.commonpath([real, root]) == root:
+                return real
+    where = ", ".join(dirs) if dirs else "none configured"
+    raise _bad(
+        "lora_path_not_allowed",
+        f"path: adapters are loaded only from gateway.lora_dirs ({where}); got {path!r}",
+        "path",
+    )
 
 
 def _admin_response(reply: AdminReply) -> web.Response:
@@ -492,7 +552,8 @@ def lora_load_handler(voices: CustomVoices) -> Any:
             raise _bad("invalid_name", f"name: {e}", "name") from None
         if name in voices.reserved or voices.store.stat_key(name) is not None:
             raise _bad("voice_exists", f"name: {name!r} is taken", "name", status=409)
-        reply = await voices.admin(LoraLoad(next(_ids), name, body.path, body.speaker))
+        path = confined_lora_path(body.path, voices.config.gateway.lora_dirs)
+        reply = await voices.admin(LoraLoad(next(_ids), name, path, body.speaker))
         return _admin_response(reply)
 
     return handler

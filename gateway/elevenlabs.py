@@ -41,6 +41,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import time
 from typing import Any
 
 import msgspec
@@ -55,7 +56,14 @@ from gateway.service import Gateway
 from gateway.speech_http import Handler, read_body
 from gateway.streams import StreamFailed
 from gateway.text_units import Unit, UnitSplitter
-from gateway.utterance import Lane, pcm_ms, serve_websocket, speak_unit
+from gateway.utterance import (
+    Lane,
+    QueueCap,
+    pcm_ms,
+    receive_unless_idle,
+    serve_websocket,
+    speak_unit,
+)
 from shm.messages import SamplingOverrides
 
 log = logging.getLogger(__name__)
@@ -151,10 +159,10 @@ _decoder = msgspec.json.Decoder(ClientMessage)
 
 
 class _Context:
-    def __init__(self, cid: str, params: SpeechParams) -> None:
+    def __init__(self, cid: str, params: SpeechParams, cap: QueueCap) -> None:
         self.id = cid
         self.splitter = UnitSplitter("sentence", UNIT_MAX_CHARS)
-        self.lane = Lane(f"elevenlabs-context-{cid}")
+        self.lane = Lane(f"elevenlabs-context-{cid}", cap)
         self.params = params
         """The context's template: the socket's, with its own ``voice_settings.speed``."""
         self.encoder: AudioEncoder | None = None
@@ -176,6 +184,11 @@ class _Socket:
         self.fmt = fmt
         self.on_abort = on_abort
         self.contexts: dict[str, _Context] = {}
+        g = gateway.config.gateway
+        self.cap = QueueCap(g.ws_max_queued_chars, g.ws_max_queued_sentences)
+        """Shared by the socket's contexts."""
+        self.finished_at = float("-inf")
+        """When a context last finished (``time.monotonic()``)."""
 
     async def send(self, msg: msgspec.Struct) -> None:
         if not self.ws.closed:
@@ -185,9 +198,15 @@ class _Socket:
         with contextlib.suppress(ConnectionError):
             await self.send(ErrorMessage(err.code, err.message, err.status, cid))
 
-    @property
-    def busy(self) -> bool:
-        return any(not c.lane.idle for c in self.contexts.values())
+    def quiet_since(self) -> float | None:
+        """None while a context speaks, else when the last one stopped."""
+        since = self.finished_at
+        for c in self.contexts.values():
+            q = c.lane.quiet_since
+            if q is None:
+                return None
+            since = max(since, q)
+        return since
 
     # -- messages ----------------------------------------------------------------------------
     async def handle(self, msg: ClientMessage) -> bool:
@@ -235,7 +254,7 @@ class _Socket:
                 except APIError as e:
                     await self.error(e, cid)
                     return True
-            ctx = self.contexts[cid] = _Context(cid, params)
+            ctx = self.contexts[cid] = _Context(cid, params, self.cap)
         if ctx.closing:
             await self.error(
                 APIError(400, "context_closed", f"context {cid!r} is closing: no more text"), cid
@@ -243,16 +262,22 @@ class _Socket:
             return True
         if ctx.failed:
             return True  # its error was sent; the client closes it
+        if text and not self.cap.admits(self._buffered(), len(text)):
+            await self.error(APIError(429, "input_queue_full", self.cap.refusal()), cid)
+            return True
         units = ctx.splitter.feed(text) if text else []
         if msg.flush:
             units += ctx.splitter.flush()
         for unit in units:
-            ctx.lane.push(self._unit_job(ctx, unit))
+            ctx.lane.push(self._unit_job(ctx, unit), len(unit.text))
         if msg.flush and not text.strip():
             ctx.after_flush = True
         elif text:
             ctx.after_flush = False
         return True
+
+    def _buffered(self) -> int:
+        return sum(len(c.splitter.pending) for c in self.contexts.values())
 
     async def close_context(self, ctx: _Context) -> None:
         if ctx.closing or not ctx.after_flush or ctx.failed:
@@ -260,7 +285,7 @@ class _Socket:
             return
         ctx.closing = True
         for unit in ctx.splitter.flush():
-            ctx.lane.push(self._unit_job(ctx, unit))
+            ctx.lane.push(self._unit_job(ctx, unit), len(unit.text))
 
         async def final() -> None:
             if ctx.encoder is not None and not ctx.failed:
@@ -279,6 +304,7 @@ class _Socket:
     async def _finish(self, ctx: _Context) -> None:
         if self.contexts.get(ctx.id) is ctx:
             del self.contexts[ctx.id]
+            self.finished_at = time.monotonic()
             if ctx.encoder is not None:
                 ctx.encoder.close()
             with contextlib.suppress(ConnectionError):
@@ -336,7 +362,7 @@ async def _serve_ws(
     try:
         while True:
             try:
-                msg = await ws.receive(None if sock.busy else inactivity_s)
+                msg = await receive_unless_idle(ws, inactivity_s, sock.quiet_since)
             except TimeoutError:
                 await sock.error(
                     APIError(

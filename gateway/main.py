@@ -17,13 +17,13 @@ import signal
 import socket
 
 import uvloop
-from aiohttp import web
 from prometheus_client import REGISTRY
 
 from common.config import ServeConfig
 from common.link import WorkerLink
 from gateway import malformed_http
 from gateway.app import build_app
+from gateway.listener import app_runner, listen
 from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
 from gateway.zmq_protocol import endpoint_for
@@ -94,17 +94,14 @@ async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None
     g = config.gateway
     gateway = Gateway(config, layout, index, GatewayMetrics(REGISTRY))
     await gateway.start()
-    runner = web.AppRunner(
+    runner = app_runner(
         build_app(gateway),
-        handle_signals=False,
-        handler_cancellation=True,  # a client that disconnects cancels its handler
+        g,
         access_log=logging.getLogger("gateway.access") if g.access_log else None,
         **malformed_http.server_options(g),
     )
     await runner.setup()
-    sock = reuseport_socket(g.host, g.port)
-    site = web.SockSite(runner, sock)
-    await site.start()
+    listener = await listen(runner, reuseport_socket(g.host, g.port), g, gateway.metrics)
     zmq_front: ZmqFrontend | None = None
     zmq_task: asyncio.Task[None] | None = None
     if g.zmq_endpoint:
@@ -144,6 +141,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None
             zmq_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await zmq_task
+        listener.close()
         await gateway.close()
         await runner.cleanup()
         link.close()

@@ -105,6 +105,19 @@ class GatewayMetrics:
             "Control messages that could not be queued to the llm_worker",
             registry=registry,
         )
+        self.connections_refused = Counter(
+            "orpheus_gateway_connections_refused",
+            "Connections refused (503) at the process's gateway.max_connections",
+            registry=registry,
+        )
+        self.request_timeouts = Counter(
+            "orpheus_gateway_request_timeouts",
+            "Requests answered 408 because their header or body did not arrive in time",
+            ["phase"],
+            registry=registry,
+        )
+        self.header_timeouts = self.request_timeouts.labels("header")
+        self.body_timeouts = self.request_timeouts.labels("body")
         # Pre-bound children: the per-chunk path does no label lookups.
         self.bytes_sent_by_api = {api: self.bytes_sent.labels(api) for api in APIS}
         self.ttfb_by_api = {api: self.ttfb.labels(api) for api in APIS}

@@ -105,6 +105,12 @@ class OmniUnits:
     def granularity(self) -> Granularity:
         return self._granularity
 
+    @property
+    def pending_chars(self) -> int:
+        """Text received and not yet in a spoken unit (what a queue cap counts besides the
+        queued units)."""
+        return len(self._buf) - self._fed + len(self._spoken.pending)
+
     def feed(self, text: str) -> list[Event]:
         self._buf += text
         return self._take(flush=False)

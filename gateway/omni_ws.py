@@ -49,7 +49,15 @@ from gateway.service import Gateway
 from gateway.speech_http import Handler
 from gateway.streams import StreamFailed
 from gateway.text_units import Unit
-from gateway.utterance import Lane, drain_while_open, pcm_ms, serve_websocket, speak_unit
+from gateway.utterance import (
+    Lane,
+    QueueCap,
+    drain_while_open,
+    pcm_ms,
+    receive_unless_idle,
+    serve_websocket,
+    speak_unit,
+)
 from shm.messages import SamplingOverrides
 
 log = logging.getLogger(__name__)
@@ -145,7 +153,9 @@ class _Session:
         self.ws = ws
         self.gateway = gateway
         self.on_abort = on_abort
-        self.lane = Lane("omni-session")
+        g = gateway.config.gateway
+        self.cap = QueueCap(g.ws_max_queued_chars, g.ws_max_queued_sentences)
+        self.lane = Lane("omni-session", self.cap)
         self.config: SessionConfig | None = None
         self.params: SpeechParams | None = None
         """The session's template: voice, format, speed, sampling (``build_params``)."""
@@ -246,7 +256,7 @@ class _Session:
                 assert cfg is not None and params is not None
                 shown = self.shown = _Shown(self.utterance, ev.shown, cfg, params)
             if isinstance(ev, Speak):
-                self.lane.push(self._speak_job(ev.unit, shown))
+                self.lane.push(self._speak_job(ev.unit, shown), len(ev.unit.text))
             else:
                 shown.text = ev.text
                 self.shown = None
@@ -442,14 +452,13 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
     s = _Session(ws, gateway, transport.abort if transport is not None else None)
     try:
         while True:
-            if s.config is None:
-                timeout: float | None = g.ws_start_timeout_s
-            elif s.lane.idle and not s.utterance_open:
-                timeout = g.ws_text_idle_timeout_s
-            else:
-                timeout = None
             try:
-                msg = await ws.receive(timeout)
+                if s.config is None:
+                    msg = await ws.receive(g.ws_start_timeout_s)
+                else:  # an open utterance does not hold the socket: only activity does
+                    msg = await receive_unless_idle(
+                        ws, g.ws_text_idle_timeout_s, lambda: s.lane.quiet_since
+                    )
             except TimeoutError:
                 await s.error(
                     "Timeout waiting for session.config"
@@ -490,6 +499,9 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
                     check_text(text, None, param="text", allow_empty=True)
                 except APIError as e:
                     await s.error(e.message, e.code)
+                    continue
+                if text and not s.cap.admits(s.units.pending_chars, len(text)):
+                    await s.error(s.cap.refusal(), "input_queue_full")
                     continue
                 if text:
                     s.utterance_open = True

@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
 import msgspec
-from aiohttp import web
+from aiohttp import WSMessage, web
 
 from gateway.schemas import SpeechParams
 from gateway.service import Gateway
@@ -70,30 +71,69 @@ async def speak_unit(
         return stream.end, session
 
 
+class QueueCap:
+    """What one connection may have waiting to be spoken (``gateway.ws_max_queued_chars``
+    and ``gateway.ws_max_queued_sentences``): the text of the units queued on its lanes,
+    not yet started, plus the text not yet cut into a unit. A protocol asks ``admits``
+    before it takes a text message and refuses the message (a protocol error) if not."""
+
+    def __init__(self, max_chars: int, max_units: int) -> None:
+        self.max_chars = max_chars
+        self.max_units = max_units
+        self.chars = 0
+        self.units = 0
+
+    def admits(self, buffered_chars: int, new_chars: int) -> bool:
+        return (
+            self.chars + buffered_chars + new_chars <= self.max_chars
+            and self.units < self.max_units
+        )
+
+    def refusal(self) -> str:
+        return (
+            f"too much text waiting to be spoken on this connection (at most "
+            f"{self.max_chars} characters and {self.max_units} sentences); this message was "
+            "not taken: send it again once audio has been delivered"
+        )
+
+
 class Lane:
     """Runs queued jobs one at a time, in order. Its task lives only while there are jobs
-    (a finished ElevenLabs context leaves nothing behind)."""
+    (a finished ElevenLabs context leaves nothing behind). A job pushed with ``chars`` is a
+    unit of text: it counts against ``cap`` until it starts or is dropped."""
 
-    def __init__(self, name: str) -> None:
-        self._jobs: deque[Callable[[], Awaitable[None]]] = deque()
+    def __init__(self, name: str, cap: QueueCap | None = None) -> None:
+        self._jobs: deque[tuple[Callable[[], Awaitable[None]], int]] = deque()
+        self._cap = cap
         self._task: asyncio.Task[None] | None = None
         self._name = name
         self.busy = False
         """A job is running."""
+        self.idle_since = time.monotonic()
+        """When the lane last ran out of jobs (``time.monotonic()``)."""
 
     @property
     def idle(self) -> bool:
         return not self.busy and not self._jobs
 
-    def push(self, job: Callable[[], Awaitable[None]]) -> None:
-        self._jobs.append(job)
+    @property
+    def quiet_since(self) -> float | None:
+        """None while the lane has work, else when it last ran out of it."""
+        return self.idle_since if self.idle else None
+
+    def push(self, job: Callable[[], Awaitable[None]], chars: int = 0) -> None:
+        if chars and self._cap is not None:
+            self._cap.chars += chars
+            self._cap.units += 1
+        self._jobs.append((job, chars))
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=self._name)
 
     async def _run(self) -> None:
         try:
             while self._jobs:
-                job = self._jobs.popleft()
+                job, chars = self._jobs.popleft()
+                self._release(chars)
                 self.busy = True
                 try:
                     await job()
@@ -106,8 +146,14 @@ class Lane:
                 finally:
                     self.busy = False
         finally:
+            self.idle_since = time.monotonic()
             if self._task is asyncio.current_task():
                 self._task = None
+
+    def _release(self, chars: int) -> None:
+        if chars and self._cap is not None:
+            self._cap.chars -= chars
+            self._cap.units -= 1
 
     async def drained(self) -> None:
         """Wait until every job pushed so far has run."""
@@ -122,7 +168,9 @@ class Lane:
 
     async def cancel(self) -> None:
         """Drop the queued jobs and cancel the running one (its stream is cancelled upstream)."""
-        self._jobs.clear()
+        while self._jobs:
+            self._release(self._jobs.popleft()[1])
+        self.idle_since = time.monotonic()
         task, self._task = self._task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -147,6 +195,30 @@ async def drain_while_open(ws: web.WebSocketResponse, lane: Lane) -> bool:
         return True
     await lane.cancel()
     return False
+
+
+async def receive_unless_idle(
+    ws: web.WebSocketResponse, timeout_s: float, quiet_since: Callable[[], float | None]
+) -> WSMessage:
+    """The next message from ``ws``; ``TimeoutError`` once the connection has been idle for
+    ``timeout_s``: no message from the client (any message counts, keepalives included) and
+    nothing being spoken (``quiet_since()``: None while audio is being made, else when that
+    last stopped, ``time.monotonic()``), whether or not an utterance is open."""
+    start = time.monotonic()
+    poll = max(timeout_s / 4, 0.05)
+    while True:
+        quiet = quiet_since()
+        now = time.monotonic()
+        if quiet is None:
+            wait = poll  # speaking: look again soon after it stops
+        else:
+            wait = max(start, quiet) + timeout_s - now
+            if wait <= 0:
+                raise TimeoutError
+        try:
+            return await ws.receive(wait)
+        except TimeoutError:
+            continue
 
 
 WS_HEARTBEAT_S = 30.0

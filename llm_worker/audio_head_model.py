@@ -18,12 +18,15 @@ head is tied to the embedding in Orpheus; an untied head is rotated too), so
 
 The projection lives in ``audio_logits``/``audio_head``, not in ``logits_processor``/
 ``lm_head``: vLLM's LoRA manager wraps those two for adapters that target the LM head, and
-such adapters are refused at load with the audio head (:mod:`llm_worker.lora`).
+such adapters are refused at load with the audio head (:mod:`llm_worker.lora`). Nor is it
+a draft model for speculative decoding (vLLM's local-argmax path reads ``lm_head``): the
+server runs none.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -57,8 +60,8 @@ class HeadRows(nn.Module):
 
 
 class OrpheusAudioHeadForCausalLM(LlamaForCausalLM):
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs: Any) -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
         config = vllm_config.model_config.hf_config
         tp = vllm_config.parallel_config.tensor_parallel_size
         pp = vllm_config.parallel_config.pipeline_parallel_size
@@ -82,16 +85,13 @@ class OrpheusAudioHeadForCausalLM(LlamaForCausalLM):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.audio_logits(self.audio_head, hidden_states)
 
-    def compute_logits_local(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.audio_logits(self.audio_head, hidden_states, skip_gather=True)
-
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         loaded = super().load_weights(weights)
-        self.rotate_rows_()
+        self._rotate_rows()
         return loaded
 
     @torch.no_grad()
-    def rotate_rows_(self) -> None:
+    def _rotate_rows(self) -> None:
         """Rotate the vocabulary rows to engine order (in place; once, at load time)."""
         vocab, shift = self.space.vocab, self.space.offset
         heads = [self.model.embed_tokens.weight]

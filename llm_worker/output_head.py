@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,11 @@ AUDIO_HEAD_ARCHITECTURE = "OrpheusAudioHeadForCausalLM"
 """The model class of the audio head, registered with vLLM by :mod:`llm_worker.vllm_plugin`."""
 BASE_ARCHITECTURE = "LlamaForCausalLM"
 """The architecture the audio head subclasses: Orpheus checkpoints declare it."""
+PLUGIN_GROUP = "vllm.general_plugins"
+PLUGIN_NAME = "orpheus_serve"
+"""The entry point (pyproject.toml) that registers the model class; what ``VLLM_PLUGINS``
+must name when an operator sets it."""
+PLUGIN_TARGET = "llm_worker.vllm_plugin:register"
 HEAD_CHOICES = ("auto", "audio", "full")
 FIRST_EMITTABLE = T.CUSTOM_TOKEN_BASE
 """The first id Orpheus can emit; the audio head keeps every id from here to the end."""
@@ -221,6 +227,21 @@ def _unsupported(
             "vLLM's V1 repetition penalty counts prompt ids over the logits' width: "
             "set llm.tensor_penalties = true"
         )
+    return plugin_problem()
+
+
+def plugin_problem() -> str | None:
+    """Why vLLM would not know the audio head's model class (None: it will)."""
+    from importlib.metadata import entry_points
+
+    if not any(ep.value == PLUGIN_TARGET for ep in entry_points(group=PLUGIN_GROUP)):
+        return (
+            f"this package's {PLUGIN_GROUP} entry point is not installed "
+            "(pip install the project, e.g. `make install`)"
+        )
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if allowed is not None and PLUGIN_NAME not in [p.strip() for p in allowed.split(",")]:
+        return f"VLLM_PLUGINS={allowed!r} does not name {PLUGIN_NAME}"
     return None
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from llm_worker.output_head import AUDIO_HEAD_ARCHITECTURE
 
-PLUGIN_NAME = "orpheus_serve"
-"""The entry point's name (what ``VLLM_PLUGINS`` lists)."""
 MODEL_CLASS = "llm_worker.audio_head_model:OrpheusAudioHeadForCausalLM"
 
 

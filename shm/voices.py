@@ -48,6 +48,10 @@ class VoicesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     tokens, which must fit in ``llm.max_model_len`` with room for speech."""
     max_upload_bytes: int = 16 << 20
     """Largest ``POST /v1/audio/voices`` body (the audio file and the form fields)."""
+    max_concurrent_uploads: int = 2
+    """``POST /v1/audio/voices`` calls one gateway process serves at once; one more is
+    answered 429 ``too_many_uploads`` at once, before its body is read. The audio is spooled
+    (to a temporary file past 1 MiB), never held whole in memory twice."""
     silence_dbfs: float = -50.0
     """A clip whose RMS level is below this (dB full scale) is refused as silent."""
     max_transcript_chars: int = 1000

@@ -53,7 +53,10 @@ def body_limits() -> dict[str, int]:
 
     cfg = prod_config()
     gateway = SimpleNamespace(  # what build_app reads to lay out its routes
-        config=ServeConfig(), custom_voices=None, voices=SimpleNamespace(listing=None)
+        config=ServeConfig(),
+        custom_voices=None,
+        voices=SimpleNamespace(listing=None),
+        metrics=None,
     )
     app = build_app(gateway)  # type: ignore[arg-type]
     posts = {r.resource.canonical for r in app.router.routes() if r.method == "POST"}

@@ -21,6 +21,7 @@ from common.config import ServeConfig
 from common.gateway_config import GatewayConfig
 from gateway import malformed_http
 from gateway.app import build_app
+from gateway.listener import ConnectionGuard, Listener, app_runner, listen
 from gateway.main import reuseport_socket
 from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
@@ -40,6 +41,7 @@ class Harness:
     config: ServeConfig
     layout: InstanceLayout
     port: int
+    guard: ConnectionGuard
 
     @property
     def url(self) -> str:
@@ -81,6 +83,7 @@ async def running_gateway(
         config = msgspec.structs.replace(config, **serve)
     gw = Gateway(config, layout, 0, GatewayMetrics(CollectorRegistry()))
     runner: web.AppRunner | None = None
+    listener: Listener | None = None
     zmq_front: ZmqFrontend | None = None
     zmq_task: asyncio.Task[None] | None = None
     try:
@@ -88,24 +91,23 @@ async def running_gateway(
         if config.gateway.zmq_endpoint:
             zmq_front = ZmqFrontend(gw, config.gateway.zmq_endpoint)
             zmq_task = asyncio.create_task(zmq_front.run())
-        runner = web.AppRunner(
-            build_app(gw),
-            handler_cancellation=True,
-            access_log=None,
-            **malformed_http.server_options(config.gateway),
+        runner = app_runner(
+            build_app(gw), config.gateway, **malformed_http.server_options(config.gateway)
         )
         await runner.setup()
         sock = reuseport_socket("127.0.0.1", 0)
         port = sock.getsockname()[1]
-        await web.SockSite(runner, sock).start()
+        listener = await listen(runner, sock, config.gateway, gw.metrics)
         if be.status is not None and be.status.llm_ready:
             await wait_until(lambda: gw.readiness().ready, what="gateway ready")
-        yield Harness(gw, be, config, layout, port)
+        yield Harness(gw, be, config, layout, port, listener.guard)
     finally:
         if zmq_front is not None and zmq_task is not None:
             await zmq_front.close()
             zmq_task.cancel()
             await asyncio.gather(zmq_task, return_exceptions=True)
+        if listener is not None:
+            listener.close()
         if runner is not None:
             await runner.cleanup()
         await gw.close()

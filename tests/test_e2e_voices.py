@@ -23,6 +23,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+ADMIN_KEY = "admin-key"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 FRAMES = 6
 
 
@@ -44,7 +46,8 @@ def _config(tmp: Path, model: Path, state: Path) -> Path:
     cfg = tmp / "voices.toml"
     cfg.write_text(
         f'[voices]\nstate_dir = "{state}"\n\n'
-        f'[gateway]\napi_keys = ["{KEY}"]\n\n'
+        f'[gateway]\napi_keys = ["{KEY}"]\nadmin_keys = ["{ADMIN_KEY}"]\n'
+        f'lora_dirs = ["{model / "lora"}"]\n\n'
         f"[llm]\nmax_loras = 2\nmax_lora_rank = 8\n\n"
         f'[llm.lora_voices.ava]\npath = "{model / "lora" / "ava"}"\n'
     )
@@ -189,15 +192,25 @@ def test_lora_admin_load_and_unload(server: Server, model: Path) -> None:
         body = {"name": "ben", "path": str(model / "lora" / "ben")}
         async with aiohttp.ClientSession() as s:
             async with s.post(f"{server.url}/v1/admin/lora", json=body) as r:
-                assert r.status == 401, "behind the API key"
+                assert r.status == 401, "behind the admin key"
         async with aiohttp.ClientSession(headers=AUTH) as s:
+            async with s.post(f"{server.url}/v1/admin/lora", json=body) as r:
+                assert r.status == 401, "a speech key does not open the admin calls"
+        async with aiohttp.ClientSession(headers=ADMIN) as s:
             async with s.post(f"{server.url}/v1/admin/lora", json={**body, "name": "tara"}) as r:
                 assert r.status == 409
+            missing = str(model / "lora" / "nonexistent")
             async with s.post(
-                f"{server.url}/v1/admin/lora", json={**body, "name": "bad", "path": "/nonexistent"}
+                f"{server.url}/v1/admin/lora", json={**body, "name": "bad", "path": missing}
             ) as r:
                 err = await r.json()
                 assert r.status == 400 and err["error"]["code"] == "lora_load_failed", err
+            outside = str(model / "lora" / ".." / "..")
+            async with s.post(
+                f"{server.url}/v1/admin/lora", json={**body, "name": "bad", "path": outside}
+            ) as r:
+                err = await r.json()
+                assert r.status == 400 and err["error"]["code"] == "lora_path_not_allowed", err
             async with s.post(f"{server.url}/v1/admin/lora", json=body) as r:
                 assert r.status == 200, await r.text()
             for name in ("ben", "cat"):
@@ -211,7 +224,7 @@ def test_lora_admin_load_and_unload(server: Server, model: Path) -> None:
         ava = await _speak(server.url, "ava", seed=9)
         assert ben[0] == 200 and ava[0] == 200
         assert _max_abs_diff(ben[1], ava[1]) > 1 << 10, "each LoRA voice has its own adapter"
-        async with aiohttp.ClientSession(headers=AUTH) as s:
+        async with aiohttp.ClientSession(headers=ADMIN) as s:
             async with s.delete(f"{server.url}/v1/admin/lora/ben") as r:
                 assert r.status == 200
             async with s.delete(f"{server.url}/v1/admin/lora/ava") as r:

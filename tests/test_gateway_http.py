@@ -407,7 +407,7 @@ async def test_slow_client_is_dropped_without_growing_memory(layout: InstanceLay
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(("127.0.0.1", h.port))
         sock.sendall(
-            b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(req)}\r\n\r\n".encode()
             + req
         )
@@ -439,7 +439,7 @@ async def test_stalled_client_is_dropped_by_the_watchdog(layout: InstanceLayout)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(("127.0.0.1", h.port))
         sock.sendall(
-            b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: "
+            b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
             + f"{len(req)}\r\n\r\n".encode()
             + req
         )

@@ -46,7 +46,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def _routes_only_gateway() -> Gateway:
     """What ``build_app`` reads of a gateway to lay out its routes (no process behind it)."""
     return SimpleNamespace(  # type: ignore[return-value]
-        config=ServeConfig(), custom_voices=None, voices=SimpleNamespace(listing=None)
+        config=ServeConfig(),
+        custom_voices=None,
+        voices=SimpleNamespace(listing=None),
+        metrics=None,
     )
 
 

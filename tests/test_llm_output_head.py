@@ -87,6 +87,25 @@ def test_auto_falls_back_with_the_reason_and_audio_refuses(tmp_path: Path) -> No
         choose_output_head("tiny", model, v1_runner=False, tensor_penalty=False)
 
 
+def test_without_the_plugin_auto_takes_the_full_head_and_audio_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM knows the model class only through the entry point (every process it starts
+    loads it): not installed, or filtered out by VLLM_PLUGINS, is found before the engine."""
+    model = checkpoint(tmp_path)
+    monkeypatch.setenv("VLLM_PLUGINS", "some_other_plugin")
+    choice = choose_output_head("auto", model, v1_runner=False, tensor_penalty=False)
+    assert choice.space.kind is HeadKind.FULL and "VLLM_PLUGINS" in choice.reason
+    with pytest.raises(ValueError, match="does not name orpheus_serve"):
+        choose_output_head("audio", model, v1_runner=False, tensor_penalty=False)
+    monkeypatch.setenv("VLLM_PLUGINS", "some_other_plugin, orpheus_serve")
+    assert choose_output_head("audio", model, v1_runner=False, tensor_penalty=False)
+    monkeypatch.delenv("VLLM_PLUGINS")
+    monkeypatch.setattr("importlib.metadata.entry_points", lambda group: [])
+    choice = choose_output_head("auto", model, v1_runner=False, tensor_penalty=False)
+    assert choice.space.kind is HeadKind.FULL and "entry point is not installed" in choice.reason
+
+
 def test_a_checkpoint_without_audio_ids_is_refused_in_one_line(tmp_path: Path) -> None:
     model = checkpoint(tmp_path, vocab_size=128_256)
     for setting in ("auto", "audio", "full"):

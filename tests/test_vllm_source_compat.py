@@ -193,6 +193,7 @@ SUBCLASSES = [
     ("llm_worker/sampling/constraint_v2.py", "AudioTokenConstraintV2"),
     ("bench/load/baseline/constraint.py", "AudioSlotConstraint"),
     ("llm_worker/engine.py", "StepHook"),
+    ("llm_worker/audio_head_model.py", "OrpheusAudioHeadForCausalLM"),
 ]
 
 
@@ -620,6 +621,8 @@ def test_ast_reader_agrees_with_import() -> None:
         for name, method in b.methods.items():
             if name.startswith("_") and not name.startswith("__"):
                 continue  # private validators: pydantic makes some classmethods
+            if name == "__new__":
+                continue  # implicitly a staticmethod: import sees ``cls``, the AST cannot
             theirs = a.methods.get(name)
             if theirs is not None and theirs != method:
                 problems.append(f"{cls}.{name}: import {theirs}, ast {method}")

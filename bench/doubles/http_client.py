@@ -206,7 +206,8 @@ async def run_level(spec: LevelSpec) -> LevelResult:
     totals = _Totals(spec)
     body = spec.body
     request = (
-        b"POST /v1/audio/speech HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+        b"POST /v1/audio/speech HTTP/1.1\r\n"
+        + f"Host: 127.0.0.1:{spec.port}\r\nContent-Type: application/json\r\n".encode()
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
