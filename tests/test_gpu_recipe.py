@@ -373,10 +373,17 @@ def test_the_sweep_predicts_the_confirmation_levels(tmp_path: Path) -> None:
 def test_check_out_names_what_the_device_would_not_return(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    good = {"machine": {"gpu": "H100"}, "versions": {"git_commit": "abc"}}
+    good = {"benchmark": "engine", "machine": {"gpu": "H100"}, "versions": {"git_commit": "a"},
+            "variants": [{"variant": "audio-head", "status": "ok"}],
+            "levels": [{"variant": "audio-head", "streams": 64, "step_ms_p50": 8.0}]}  # fmt: skip
     (out / "h100_engine_a.json").write_text(json.dumps(good))
     assert tools.check_out(out, ["h100_engine_a.json"]) == []
-    empty = {"machine": {}, "versions": {}, "levels": [{"requests": 0}]}
+    skipped = dict(good, variants=[{"variant": "kv-fp8", "status": "skipped"}], levels=[])
+    (out / "h100_engine_b.json").write_text(json.dumps(skipped))
+    assert tools.check_out(out, []) == ["h100_engine_b.json: no variant measured"]
+    (out / "h100_engine_b.json").unlink()
+    empty = {"schema": "orpheus-serve/bench-load/1", "machine": {}, "versions": {},
+             "levels": [{"requests": 0}]}  # fmt: skip
     (out / "h100_confirm_bf16.json").write_text(json.dumps(empty))
     (out / "bad name.txt").write_text("x")
     for i in range(7):

@@ -529,9 +529,13 @@ def check_out(out: Path, expect: list[str], max_files: int = 8) -> list[str]:
             if not (v.get("git_commit") or data.get("git_commit")):
                 problems.append(f"{rel}: no commit")
             levels = data.get("levels")
-            if isinstance(levels, list) and levels:
-                if not any(isinstance(lv, dict) and lv.get("requests") for lv in levels):
+            if str(data.get("schema", "")).startswith("orpheus-serve/bench-load/"):
+                if not any(isinstance(lv, dict) and lv.get("requests") for lv in levels or []):
                     problems.append(f"{rel}: no level measured a request")
+            if data.get("benchmark") == "engine":
+                ran = [v for v in data.get("variants") or [] if v.get("status") == "ok"]
+                if not ran or not levels:
+                    problems.append(f"{rel}: no variant measured")
     if total > 64 * MIB:
         problems.append(f"{total / MIB:.1f} MiB in all > 64 MiB")
     names = {p.name for p in files}

@@ -139,7 +139,7 @@ step_calls() {
   # As on the device, the project wheel provides the package metadata and entry points (the
   # vLLM plugin) while the working tree provides the code: installed beside the interpreter,
   # on PYTHONPATH after the tree (a shared environment's own install may predate them).
-  "$py025" -m pip install -q --no-deps --no-index --disable-pip-version-check \
+  "$py025" -m pip install -q --no-deps --no-index --upgrade --disable-pip-version-check \
     --target "$home/project-site" .whl/download/orpheus_serve-*.whl || return 1
   local -x PYTHONPATH=$home/project-site
   local rc=0 n carry args minutes go expect t

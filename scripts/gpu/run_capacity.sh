@@ -398,6 +398,8 @@ stage_engine() {
   fi
   local warm=()
   [[ $help == *--warmup-steps* ]] && warm=(--warmup-steps "${ENGINE_WARMUP:-480}")
+  # The lever variants (top-p-off, kv-fp8, ...) on the head the server serves on a GPU
+  [[ $help == *--lever-head* ]] && warm+=(--lever-head "${ENGINE_LEVER_HEAD:-audio}")
   stage_stop
   log "engine sweep: $variants, streams $streams, ${ENGINE_STEPS:-300} steps after ${warm[1]:-the default} warm-up steps"
   start_samplers "engine_$tag"
