@@ -14,7 +14,7 @@ CHECKOV_VERSION := 3.3.30
 VENV025 := .venv-vllm025
 STAMP025 := $(VENV025)/.installed
 VLLM025_TESTS := tests/test_llm_sampling_runner.py tests/test_llm_sampling_plan.py \
-  tests/test_llm_output_head.py tests/test_llm_output_head_engine.py \
+  tests/test_llm_output_head.py tests/test_llm_output_head_engine.py tests/test_llm_warmup.py \
   tests/test_vllm_source_compat.py \
   tests/test_llm_sampling_processors.py tests/test_llm_sampling_engine.py \
   tests/test_llm_worker_process.py tests/test_llm_service.py tests/test_llm_output.py \

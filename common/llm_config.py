@@ -70,6 +70,11 @@ class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     enable_prefix_caching: bool = True
     """vLLM's prefix cache: a custom voice's reference turn (hundreds to thousands of tokens)
     is computed once and reused by every request with the voice. Off only to measure it."""
+    engine_stats: bool = True
+    """vLLM's own statistics: the ``vllm:*`` Prometheus metrics (KV cache use, queue lengths,
+    preemptions: the alerts in deploy/prometheus use them) and its periodic stats log line.
+    False drops the engine core's and the output processor's per-request statistics work on
+    every step and those metrics (docs/performance.md, "Leaner host work per step")."""
     lora_voices: dict[str, LoraVoice] = {}
     """LoRA voices: voice name -> adapter. A request for one runs with its adapter (vLLM
     multi-LoRA); the base model's voices are unaffected."""

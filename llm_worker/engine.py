@@ -13,10 +13,15 @@
   ``generation_config="vllm"`` still reads the checkpoint's ``eos_token_id``, 128009, a text
   id, and adds it to every request's stop ids and min_tokens mask: a stray stop on the full
   head, an index past the logits' width on the audio head.)
-- The engine's Prometheus stat logger stays on (``vllm:*`` metrics); the worker's
-  :class:`StepHook`, registered as one more stat logger, is called once per engine step
-  after every request's output of that step has been delivered, which is when the service
-  maps and publishes the step's tokens.
+- The worker learns that an engine step's outputs are all delivered (when the service maps
+  and publishes the step's tokens) in one of two ways, by ``llm.engine_stats``:
+  on (vLLM's stats and its ``vllm:*`` Prometheus metrics kept), :class:`StepHook` is one
+  more stat logger, whose ``record`` vLLM's output handler calls once per step after it
+  delivered the step's outputs; off (``disable_log_stats``: no per-request, per-step
+  statistics in the engine core or the output processor, no ``vllm:*`` metrics; a custom
+  stat logger would turn them back on), :class:`OutputLoopHook` is called each time the
+  output handler asks the engine core for the next step's outputs, which it does right
+  after delivering the previous step's, at the same point of its loop.
 
 :class:`GenerationEngine` is what the service (:mod:`llm_worker.service`) talks to: it owns
 the ``AsyncLLM`` and offers ``add`` (prompt token ids in, the request's output collector
@@ -29,8 +34,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from vllm import SamplingParams
@@ -152,7 +158,7 @@ def engine_args(
         generation_config=GENERATION_CONFIG,
         **({"hf_overrides": o} if head is not None and (o := head.hf_overrides()) else {}),
         logits_processors=logits_processors or None,
-        disable_log_stats=False,
+        disable_log_stats=not config.engine_stats,
         # Multi-LoRA for LoRA voices; prefix caching (vLLM's default) keeps custom voices'
         # reference prefixes, and is stated here because custom voices depend on it.
         enable_prefix_caching=config.enable_prefix_caching,
@@ -208,6 +214,35 @@ class StepHook(StatLoggerBase):
         pass
 
 
+class OutputLoopHook:
+    """With vLLM's stats off: "this engine step's outputs are all delivered", from the output
+    handler's loop.
+
+    ``AsyncLLM``'s output handler is one loop: ``await engine_core.get_output_async()`` (one
+    step's ``EngineCoreOutputs``), hand every output to its request's collector (in chunks,
+    yielding between them), record stats, and back to the top. Wrapping the client's
+    ``get_output_async`` calls ``on_step`` at the top of each pass, i.e. after the previous
+    step was delivered, the moment :class:`StepHook` is called with stats on. Installed
+    before the first request (the loop starts with it) and on the instance only;
+    tests/test_vllm_source_compat.py checks the loop in every supported vLLM.
+    """
+
+    __slots__ = ("_fetch", "_on_step")
+
+    def __init__(self, fetch: Callable[[], Awaitable[Any]], on_step: Callable[[], None]) -> None:
+        self._fetch = fetch
+        self._on_step = on_step
+
+    @classmethod
+    def install(cls, llm: AsyncLLM, on_step: Callable[[], None]) -> None:
+        client = llm.engine_core
+        client.get_output_async = cls(client.get_output_async, on_step)  # type: ignore[method-assign]
+
+    async def __call__(self) -> Any:
+        self._on_step()
+        return await self._fetch()
+
+
 def start_engine(
     config: LLMConfig,
     device: str,
@@ -220,6 +255,10 @@ def start_engine(
     check_device(device)
     prepare_engine_environment()
     args = engine_args(config, device, logits_processors, profiler, head)
+    if not config.engine_stats:
+        llm = AsyncLLM.from_engine_args(args)
+        OutputLoopHook.install(llm, on_step)
+        return llm
 
     def hook(vllm_config: VllmConfig, engine_index: int) -> StepHook:
         return StepHook(vllm_config, engine_index, on_step=on_step)

@@ -1,7 +1,8 @@
 """The llm_worker process: control messages in, code frames out.
 
 ``run(config, layout)``: loads the tokenizer, the model's voices and the vLLM engine,
-runs one warm-up generation, tells the orchestrator it is ready, then serves until
+runs the warm-up batch (:mod:`llm_worker.warmup`: every batch size up to 72 rows, above
+vLLM's sampler thresholds), tells the orchestrator it is ready, then serves until
 SIGTERM/SIGINT:
 
 - PULL ``layout.control`` (bound here): ``LlmSubmit`` / ``LlmAppendText`` / ``LlmCancel`` from the
@@ -32,9 +33,6 @@ import uvloop
 import zmq
 import zmq.asyncio
 from prometheus_client import multiprocess
-from vllm import SamplingParams
-from vllm.inputs.engine import tokens_input
-from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from common.config import ServeConfig
@@ -52,6 +50,7 @@ from llm_worker.profiling import engine_profiler_config, profile_on_trigger
 from llm_worker.prompt import PromptBuilder
 from llm_worker.sampling_setup import SamplingSetup, setup_sampling
 from llm_worker.service import LLMService
+from llm_worker.warmup import warm_up
 from shm.layout import InstanceLayout
 from shm.messages import (
     AdminReply,
@@ -59,7 +58,6 @@ from shm.messages import (
     control_encoder,
     llm_control_decoder,
 )
-from shm.records import FRAME_CODES
 from shm.ring import RingWriter
 from shm.voices import LoraRegistry, VoiceStore
 
@@ -68,7 +66,6 @@ log = logging.getLogger(__name__)
 ROLE = "llm"
 ENGINE_STATS_S = 10.0
 STATS_POLL_S = 1.0
-WARMUP_TOKENS = 4 * FRAME_CODES
 ENGINE_SHUTDOWN_S = 2.0
 
 
@@ -82,30 +79,6 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
         # exit takes seconds on a busy host (and the orchestrator's stop timeout counts them):
         # move it out of the collector's reach.
         gc.freeze()
-
-
-async def warm_up(
-    engine: AsyncLLM, prompts: PromptBuilder, voice: str, sampling: SamplingSetup
-) -> float:
-    """One short generation through the real path (processors and output head included);
-    returns seconds."""
-    space = sampling.head.space
-    t0 = time.monotonic()
-    params = SamplingParams(
-        temperature=0.6,
-        top_p=0.8,
-        max_tokens=WARMUP_TOKENS,
-        min_tokens=WARMUP_TOKENS,
-        stop_token_ids=[space.end_of_speech],
-        seed=0,
-        detokenize=False,
-        output_kind=RequestOutputKind.DELTA,
-        **(sampling.hooks.kwargs(1.1, None) or {"repetition_penalty": 1.1}),
-    )
-    prompt = tokens_input(space.to_engine(prompts.build(voice, "Warming up.")))
-    async for _ in engine.generate(prompt, params, "warmup"):
-        pass
-    return time.monotonic() - t0
 
 
 async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
@@ -152,7 +125,8 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
         log.info("engine: %s", engine_info.describe())
         log.info("sampling: %s", sampling.description)
         log.info("output head: %s", sampling.head.describe())
-        warm_s = await warm_up(engine, prompts, cfg.default_voice, sampling)
+        warm = await warm_up(engine, prompts, cfg, sampling)
+        log.info("engine %s", warm.describe())
         if stop.is_set():
             log.info("llm worker stopped during start-up")
             return
@@ -170,8 +144,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
         service = LLMService(cfg, generation, sink, prompts, info, sampling.hooks, custom, loras)
         generation.on_step(service.on_step)
         detail = (
-            f"{engine_info.describe()}; warm-up {warm_s:.1f}s; "
-            f"ready in {time.monotonic() - t0:.1f}s"
+            f"{engine_info.describe()}; {warm.describe()}; ready in {time.monotonic() - t0:.1f}s"
         )
         link.ready(detail)
         log.info("llm worker ready: %s", detail)

@@ -17,6 +17,7 @@ BENCHES = {
     "codec": "bench.codec",
     "penalties": "bench.penalties",
     "codes": "bench.codes",
+    "engine": "bench.engine",
     "gateway": "bench.gateway",
     "protocols": "bench.protocols",
     "load": "bench.load.cli",

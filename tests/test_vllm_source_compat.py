@@ -361,7 +361,6 @@ CONSTRUCTORS = [
     ("llm_worker/engine.py", "AsyncEngineArgs", "vllm.engine.arg_utils", "AsyncEngineArgs"),
     ("llm_worker/profiling.py", "ProfilerConfig", "vllm.config", "ProfilerConfig"),
     ("llm_worker/requests.py", "SamplingParams", "vllm", "SamplingParams"),
-    ("llm_worker/main.py", "SamplingParams", "vllm", "SamplingParams"),
     ("bench/load/baseline/engine.py", "SamplingParams", "vllm", "SamplingParams"),
     ("bench/penalties.py", "SamplingParams", "vllm", "SamplingParams"),
 ]
@@ -415,6 +414,7 @@ def test_sampling_params_fields(source: VllmSource) -> None:
 
 ENGINE_USERS = (
     "llm_worker/main.py",
+    "llm_worker/warmup.py",
     "llm_worker/profiling.py",
     "llm_worker/engine.py",
     "bench/load/baseline/server.py",
@@ -637,3 +637,29 @@ def test_ast_reader_agrees_with_import() -> None:
     for i in (i for f in project_python_files() for i in project(f).vllm_imports()):
         if i.name is not None and inst.has_module(i.module):
             assert tree.has_name(i.module, i.name) == inst.has_name(i.module, i.name), i
+
+
+def test_output_handler_fetches_each_step_at_the_top_of_its_loop(source: VllmSource) -> None:
+    """``llm.engine_stats = false``: :class:`llm_worker.engine.OutputLoopHook` wraps the
+    engine-core client's ``get_output_async`` (on the instance). That signals "the previous
+    step is delivered" only if AsyncLLM's output handler looks the method up on each pass of
+    one loop, first thing, and hands out the step's outputs (``process_outputs``) after it."""
+    cls = source.class_def("vllm.v1.engine.async_llm", "AsyncLLM")
+    handler = next(
+        n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "_run_output_handler"
+    )
+    loops = [
+        n
+        for n in ast.walk(handler)
+        if isinstance(n, ast.While) and isinstance(n.test, ast.Constant) and n.test.value is True
+    ]
+    assert len(loops) == 1, f"{source.label}: the output handler has {len(loops)} loops"
+    first = loops[0].body[0]
+    assert isinstance(first, ast.Assign) and isinstance(first.value, ast.Await), (
+        f"{source.label}: the loop starts with {ast.unparse(first)}"
+    )
+    assert ast.unparse(first.value.value) == "engine_core.get_output_async()", (
+        f"{source.label}: the loop starts with {ast.unparse(first)}"
+    )
+    rest = "\n".join(ast.unparse(s) for s in loops[0].body[1:])
+    assert "process_outputs(" in rest, f"{source.label}: no process_outputs in the loop"
