@@ -243,6 +243,7 @@ def _device_packages() -> set[str]:
 
 IMPORT_TO_DIST = {
     "zmq": "pyzmq",
+    "pynvml": "nvidia-ml-py",
     "yaml": "pyyaml",
     "PIL": "pillow",
     "cv2": "opencv-python-headless",
