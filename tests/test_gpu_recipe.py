@@ -243,6 +243,7 @@ def _device_packages() -> set[str]:
 
 IMPORT_TO_DIST = {
     "zmq": "pyzmq",
+    "pynvml": "nvidia-ml-py",
     "yaml": "pyyaml",
     "PIL": "pillow",
     "cv2": "opencv-python-headless",
@@ -314,13 +315,182 @@ def test_trace_summary_arithmetic(tmp_path: Path) -> None:
 
 
 def test_capacity_is_read_from_the_search_report() -> None:
-    report = {"search": {"capacities": [
+    old = {"search": {"capacities": [
         {"ttfb_budget_s": 1.0, "concurrency": 320},
         {"ttfb_budget_s": 0.5, "concurrency": 256},
     ]}}  # fmt: skip
-    assert tools.capacity_of(report, 1.0) == 320
-    assert tools.capacity_of(report, 0.5) == 256
+    assert tools.capacity_of(old, 1.0) == 320
+    assert tools.capacity_of(old, 0.5) == 256
     assert tools.capacity_of({}, 1.0) is None
+    new = {"capacities": [
+        {"criterion": "published", "concurrency": 96},
+        {"criterion": "real-time", "concurrency": 78},
+        {"criterion": "interactive", "concurrency": 64},
+    ]}  # fmt: skip
+    assert tools.capacity_of(new) == 78  # real-time, the default
+    assert tools.capacity_of(new, criterion="published") == 96
+    assert tools.capacity_of(new, criterion="interactive") == 64
+    committed = json.loads((REPO / "docs/results/h100_capacity_v2.json").read_text())
+    assert tools.capacity_of(committed, criterion="published") == 96
+    assert tools.capacity_of(committed) == 78
+
+
+def _engine(variant: str, steps: dict[int, tuple[float, float]]) -> list[dict]:
+    return [
+        {"variant": variant, "streams": n, "step_ms_p50": p50, "step_ms_p99": p99}
+        for n, (p50, p99) in steps.items()
+    ]
+
+
+def test_the_sweep_predicts_the_confirmation_levels(tmp_path: Path) -> None:
+    """Published where t(N)'s p50 reaches 11.5 ms, real-time where its p99 does, linear
+    between the levels, rounded down to a multiple of 8; the audio head is what the server
+    runs (llm.output_head auto on a GPU)."""
+    levels = _engine("full-head", {64: (9.0, 10.0), 128: (14.0, 16.0)}) + _engine(
+        "audio-head", {128: (8.0, 9.0), 256: (10.0, 11.0), 384: (13.0, 15.0)}
+    )
+    p = tools.predict({"levels": levels})
+    # p50 crosses 11.5 between 256 (10) and 384 (13): 256 + 128 * 1.5 / 3 = 320
+    # p99 crosses between 256 (11) and 384 (15): 256 + 128 * 0.5 / 4 = 272
+    assert (p["variant"], p["published"], p["real-time"]) == ("audio-head", 320, 272)
+    full = tools.predict({"levels": levels}, variant="full-head")
+    # p50: 64 + 64 * 2.5 / 5 = 96; p99: 64 + 64 * 1.5 / 6 = 80
+    assert (full["published"], full["real-time"]) == (96, 80)
+    # already over the line at the smallest level: proportional below it
+    slow = tools.predict({"levels": _engine("audio-head", {64: (23.0, 23.0)})})
+    assert slow["published"] == 32
+    # under the line everywhere: the last slope, at most twice the largest level
+    fast = tools.predict({"levels": _engine("audio-head", {64: (2.0, 2.0), 128: (3.0, 3.0)})})
+    assert fast["published"] == 256
+    f = tmp_path / "e.json"
+    f.write_text(json.dumps({"levels": levels}))
+    out = subprocess.run([sys.executable, str(GPU / "gpu_tools.py"), "predict", str(f)],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert out.stdout.split() == ["320", "272"]
+    with pytest.raises(ValueError, match="no levels of variant"):
+        tools.predict({"levels": levels}, variant="kv-fp8")
+
+
+def test_check_out_names_what_the_device_would_not_return(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    good = {"benchmark": "engine", "machine": {"gpu": "H100"}, "versions": {"git_commit": "a"},
+            "variants": [{"variant": "audio-head", "status": "ok"}],
+            "levels": [{"variant": "audio-head", "streams": 64, "step_ms_p50": 8.0}]}  # fmt: skip
+    (out / "h100_engine_a.json").write_text(json.dumps(good))
+    assert tools.check_out(out, ["h100_engine_a.json"]) == []
+    skipped = dict(good, variants=[{"variant": "kv-fp8", "status": "skipped"}], levels=[])
+    (out / "h100_engine_b.json").write_text(json.dumps(skipped))
+    assert tools.check_out(out, []) == ["h100_engine_b.json: no variant measured"]
+    (out / "h100_engine_b.json").unlink()
+    empty = {"schema": "orpheus-serve/bench-load/1", "machine": {}, "versions": {},
+             "levels": [{"requests": 0}]}  # fmt: skip
+    (out / "h100_confirm_bf16.json").write_text(json.dumps(empty))
+    (out / "bad name.txt").write_text("x")
+    for i in range(7):
+        (out / f"x{i}.txt").write_text("x")
+    problems = tools.check_out(out, ["h100_engine_a.json", "h100_missing.json"])
+    assert "10 files under $OUT; 8 come back" in problems
+    assert "h100_confirm_bf16.json: no commit" in problems
+    assert "h100_confirm_bf16.json: no level measured a request" in problems
+    assert "bad name.txt: a name outside [A-Za-z0-9._-]" in problems
+    assert "h100_missing.json: missing" in problems
+
+
+def test_stamp_fills_machine_versions_and_commit_from_the_facts() -> None:
+    facts = {"machine": {"gpu": "NVIDIA H100 80GB HBM3"}, "versions": {"vllm": "0.25.1"}}
+    bare: dict = {"levels": []}
+    assert tools.stamp(bare, "abc123", facts)
+    assert bare["machine"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert bare["versions"]["vllm"] == "0.25.1" and bare["versions"]["git_commit"] == "abc123"
+    own = {"machine": {"gpu": "x"}, "versions": {"git_commit": "def"}}
+    assert not tools.stamp(own, "abc123", facts)  # its own machine and commit stay
+    assert own["machine"] == {"gpu": "x"} and own["versions"]["git_commit"] == "def"
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def _plan() -> list[dict]:
+    rows = []
+    for line in (GPU / "plan.tsv").read_text().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        call, carry, args, minutes, go, expect = line.split("\t")
+        rows.append({"call": int(call), "carry": carry, "args": args, "minutes": float(minutes),
+                     "go": int(go), "expect": expect.split()})  # fmt: skip
+    return rows
+
+
+def test_the_plan_fits_fifteen_minutes_and_docs_state_it() -> None:
+    plan = _plan()
+    assert [r["call"] for r in plan] == list(range(1, len(plan) + 1))
+    setup = [r for r in plan if r["args"].split()[0] in ("first", "part", "last")]
+    assert sum(r["minutes"] for r in setup) < 3.0  # setup under 3 minutes
+    assert sum(r["minutes"] for r in plan) < 13.0  # the whole plan, machine start included
+    # every go/no-go threshold covers at least the call itself
+    for r in plan:
+        assert r["go"] >= r["minutes"] * 60, r
+    # the carries are the parts prepare_wheels.sh lays out, one a call, each carried once
+    carries = [r["carry"] for r in plan if r["carry"] != "-"]
+    assert carries == [f".whl/part-{i}" for i in range(1, len(carries) + 1)]
+    doc = (REPO / "docs/gpu.md").read_text()
+    table = doc[doc.index("## The 15-minute plan") :]
+    for r in plan:
+        row = next(line for line in table.splitlines() if line.startswith(f"| {r['call']} |"))
+        assert f"`{r['args']}`" in row and f"{r['minutes']:g}" in row and str(r["go"]) in row
+    recipe = (GPU / "run_capacity.sh").read_text()
+    for r in plan:  # each call is a case of the recipe
+        assert re.search(rf"^  {r['args'].split()[0]}\)", recipe, re.M), r["args"]
+    assert "scripts/gpu/plan.tsv" in (GPU / "rehearse.sh").read_text()
+
+
+def _bash_function(name: str) -> str:
+    """The text of a function of run_capacity.sh, from its name to its closing brace."""
+    recipe = (GPU / "run_capacity.sh").read_text()
+    start = recipe.index(f"{name}() {{")
+    return recipe[start : recipe.index("\n}\n", start) + 3]
+
+
+def test_engine_stage_calls_bench_engine_with_the_plan_interface() -> None:
+    stage = _bash_function("stage_engine")
+    for flag in ("bench engine", "--model", "--device", "--streams", "--steps", "--variants",
+                 "--json", "--png"):  # fmt: skip
+        assert flag in stage
+    assert "64,96,128,160,192,224,256,320,384" in stage and "ENGINE_STEPS:-300" in stage
+
+
+def _run_recipe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "GPU_HOME": str(tmp_path / "gpu"), "OUT": str(tmp_path / "out"),
+            "MODEL": str(tmp_path / "model"), "PYTHON": sys.executable, **env}  # fmt: skip
+    return subprocess.run(["bash", str(GPU / "run_capacity.sh"), *args], capture_output=True,
+                          text=True, env=full, timeout=120)  # fmt: skip
+
+
+def test_codec_benchmark_is_opt_in(tmp_path: Path) -> None:
+    """CODEC_STREAMS="" skips the codec benchmark (it used to run the default levels), and
+    call 1 runs it only when CODEC_STREAMS names levels."""
+    p = _run_recipe(tmp_path, "codec", CODEC_STREAMS="")
+    assert "codec benchmark skipped (CODEC_STREAMS is empty)" in p.stdout
+    assert "bench codec" not in p.stdout + p.stderr
+    recipe = (GPU / "run_capacity.sh").read_text()
+    first = recipe[recipe.index("  first)") : recipe.index(";;", recipe.index("  first)"))]
+    assert "[[ -n ${CODEC_STREAMS:-} ]] && stage_codec" in first
+    assert "MODEL_CHECK" in _bash_function("stage_model")
+
+
+def test_confirm_levels_come_from_the_sweep(tmp_path: Path) -> None:
+    state = tmp_path / "gpu" / "state"
+    state.mkdir(parents=True)
+    levels = _engine("audio-head", {128: (8.0, 9.0), 256: (10.0, 11.0), 384: (13.0, 15.0)})
+    (state / "engine_full-head_audio-head.json").write_text(json.dumps({"levels": levels}))
+    fn = _bash_function("confirm_levels")
+    script = f"PY={sys.executable}; TOOLS={GPU / 'gpu_tools.py'}; STATE={state}\n{fn}confirm_levels"
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["320", "272"]
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True,
+                         env={**os.environ, "CONFIRM_LEVELS": "200,180"})  # fmt: skip
+    assert out.stdout.split() == ["200", "180"]
 
 
 def test_fixed_length_is_ten_seconds_of_audio() -> None:
@@ -341,7 +511,8 @@ def test_run_capacity_without_a_call_prints_its_plan(tmp_path: Path) -> None:
     p = subprocess.run(["bash", str(GPU / "run_capacity.sh")], capture_output=True, text=True,
                        env=env, timeout=60)  # fmt: skip
     assert p.returncode == 2
-    assert "capacity bf16" in p.stdout and "part .whl/part-K" in p.stdout
+    for call in _plan():
+        assert call["args"] in p.stdout, call["args"]
 
 
 def test_speaks_codes_model_emits_valid_codes_unconstrained(tmp_path: Path) -> None:
@@ -395,12 +566,15 @@ def test_prepare_wheels_slims_vllm_but_keeps_what_hopper_loads() -> None:
 
 def test_device_verify_runs_the_start_up_preflight() -> None:
     """verify once passed while the server could not start: it must build what start-up
-    builds (scripts/gpu/preflight.py), and the recipe must not serve when it fails."""
+    builds (scripts/gpu/preflight.py). Call 3 keeps the imports and FlashAttention 3 and
+    starts no server (the rehearsal runs the rest of the preflight on a CPU)."""
     verify = (GPU / "device_install.sh").read_text()
-    assert "scripts/gpu/preflight.py" in verify
+    assert "scripts/gpu/preflight.py" in verify and "PREFLIGHT_ONLY" in verify
+    assert 'bad.append("FlashAttention 3 is not available")' in verify
     recipe = (GPU / "run_capacity.sh").read_text()
-    last = recipe[recipe.index("  last)") :]
-    assert last.index("verify") < last.index("stage_serve")
+    last = recipe[recipe.index("  last)") : recipe.index(";;", recipe.index("  last)"))]
+    assert "verify" in last and "PREFLIGHT_ONLY=${PREFLIGHT_ONLY-imports}" in last
+    assert "stage_serve" not in last and "stage_single" not in last
     pf = (GPU / "preflight.py").read_text()
     for check in ("check_sampling", "check_sampler", "check_staging", "check_codec_compile"):
         assert f"def {check}" in pf

@@ -136,17 +136,50 @@ def test_search_finds_the_admission_limit(tmp_path: Path) -> None:
         argv = [
             "--url", server.url, "--search", "--search-start", "1", "--search-max", "8",
             "--search-resolution", "0", "--duration", "1.5", "--warmup", "0",
+            "--warmup-level", "3", "--warmup-level-duration", "0.5",
             "--json", str(out_json), "--no-progress",
         ]  # fmt: skip
         assert main(argv) == 0
-    search = json.loads(out_json.read_text())["search"]
-    main_cap, strict = search["capacities"]
-    assert main_cap["concurrency"] == 2 and main_cap["first_failure"] == 3
-    assert any("failed requests" in r for r in main_cap["bounded_by"])
-    assert strict["ttfb_budget_s"] == 0.5 and strict["concurrency"] == 2
+    report = json.loads(out_json.read_text())
+    search = report["search"]
     assert search["probes"] == [1, 2, 4, 3]
+    assert report["capacities"] == search["capacities"]
+    caps = {c["criterion"]: c for c in report["capacities"]}
+    assert list(caps) == ["published", "real-time", "interactive"]
+    for cap in caps.values():
+        assert cap["concurrency"] == 2 and cap["first_failure"] == 3
+        assert any("failed requests" in r for r in cap["bounded_by"])
+    # the warm-up level ran first, at 3 streams, is marked as such, and is in no level list
+    # and no capacity (3 fails; a capacity counting the warm-up level could say 3)
+    warm = report["warmup_level"]
+    assert warm["concurrency"] == 3 and warm["requests"] > 0
+    assert report["config"]["warmup_level"] == 3
+    assert [lv["concurrency"] for lv in report["levels"]] == [1, 2, 4, 3]
+
+
+def test_recompute_reads_a_stored_result(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = Path(__file__).resolve().parent.parent / "docs/results/h100_capacity_v1.json"
+    out_json, out_png = tmp_path / "v1.json", tmp_path / "v1.png"
+    assert main(["--recompute", str(src), "--json", str(out_json), "--plot", str(out_png)]) == 0
+    data = json.loads(out_json.read_text())
+    caps = [(c["criterion"], c["concurrency"], c["first_failure"]) for c in data["capacities"]]
+    # 192, the start level, stalled: no request finished in it, a failure under all three
+    assert caps == [("published", 96, 192), ("real-time", 45, 48), ("interactive", 45, 48)]
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "capacity, published" in capsys.readouterr().out
+    assert main(["--recompute", str(tmp_path / "missing.json")]) == 1
+    assert "cannot read" in capsys.readouterr().err
 
 
 def test_no_server_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--url", "http://127.0.0.1:9", "--no-progress"]) == 1
     assert "no server ready" in capsys.readouterr().err
+
+
+def test_a_negative_warmup_level_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--search", "--warmup-level", "-1", "--no-progress"])
+    assert exc.value.code == 2
+    assert "--warmup-level: must be 0 or more" in capsys.readouterr().err

@@ -5,6 +5,7 @@ Examples::
     orpheus-serve bench load --concurrency 1,8,32 --json runs/load.json --plot runs/load.png
     orpheus-serve bench load --open-rate 0.5,1,2 --duration 120
     orpheus-serve bench load --search --fixed-tokens 840 --json runs/capacity.json
+    orpheus-serve bench load --recompute docs/results/h100_capacity_v2.json --json OUT.json
 
 See docs/benchmarks.md for what each number means and how levels are trimmed.
 """
@@ -21,7 +22,9 @@ import msgspec
 from rich.console import Console
 
 from bench.environment import machine, versions
+from bench.load.criteria import capacities_of, closed_levels
 from bench.load.plot import plot_levels
+from bench.load.recompute import RecomputeError, recompute
 from bench.load.report import LoadReport, print_report
 from bench.load.runner import LevelPlan
 from bench.load.search import SearchResult
@@ -31,6 +34,7 @@ from bench.load.session import (
     SearchSpec,
     Target,
     run_levels,
+    run_warmup_level,
     search_capacity,
 )
 from bench.load.summary import LevelResult, Slo
@@ -108,6 +112,7 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S,...",
         help="further TTFB budgets reported alongside (0.5)",
     )
+    _seconds(s, "--interactive-ttfb", 0.5, "p99 TTFB budget of the interactive criterion (0.5)")
     _seconds(
         s, "--jitter-buffer", 0.1, "player's buffer before playback starts, for underruns (0.1)"
     )
@@ -154,6 +159,7 @@ def slo_from_args(args: argparse.Namespace) -> Slo:
         ttfb_s=args.ttfb_budget,
         ttfb_report_s=tuple(sorted({args.ttfb_budget, *args.ttfb_report})),
         jitter_buffer_s=args.jitter_buffer,
+        interactive_ttfb_s=args.interactive_ttfb,
     )
 
 
@@ -184,28 +190,69 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="R,...",
         help="open-loop levels: Poisson arrivals per second",
     )
-    add_search_arguments(p, "bracketing search for the capacity (closed loop)")
+    add_search_arguments(p, "bracketing search for the capacity under each criterion")
+    p.add_argument(
+        "--warmup-level",
+        type=parse_count,
+        default=None,
+        metavar="N",
+        help="before the first measured level, a closed-loop level of N streams whose results "
+        "are discarded (kept in the JSON as warmup_level, in no capacity). Default with "
+        "--search: the search's start; 0: none",
+    )
+    _seconds(
+        p, "--warmup-level-duration", None, "the warm-up level's --duration (default: --duration)"
+    )  # fmt: skip
+    p.add_argument(
+        "--recompute",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="measure nothing: read a stored bench load JSON and recompute its capacities "
+        "under the three criteria from its levels (write them with --json, --plot)",
+    )
     add_output_arguments(p)
     add_workload_arguments(p)
     return p
 
 
+def parse_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected an integer: {text!r}") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
+def warmup_concurrency(args: argparse.Namespace) -> int:
+    """The warm-up level's streams: --warmup-level, else with --search the search's start."""
+    if args.warmup_level is not None:
+        return int(args.warmup_level)
+    return int(args.search_start) if args.search else 0
+
+
 async def _run(
     args: argparse.Namespace, corpus: Corpus, console: Console | None
-) -> tuple[list[LevelResult], SearchResult | None]:
+) -> tuple[LevelResult | None, list[LevelResult], SearchResult | None]:
     target = Target(
         url=args.url, zmq=args.zmq, api_key=args.api_key, read_timeout_s=args.read_timeout
     )
     plan, slo = plan_from_args(args), slo_from_args(args)
+    warmup = None
+    if n := warmup_concurrency(args):
+        duration = args.warmup_level_duration or plan.duration_s
+        warmup = await run_warmup_level(target, n, plan, duration, corpus, slo, console)
     specs = [LevelSpec("closed", c) for c in args.concurrency or []]
     specs += [LevelSpec("open", r) for r in args.open_rate or []]
     levels = await run_levels(target, specs, plan, corpus, slo, console) if specs else []
     if not args.search:
-        return levels, None
+        return warmup, levels, None
     probed, found = await search_capacity(
         target, search_spec(args), plan, corpus, slo, console, known=levels
     )
-    return levels + probed, found
+    return warmup, levels + probed, found
 
 
 def search_spec(args: argparse.Namespace) -> SearchSpec:
@@ -229,8 +276,37 @@ def report_console() -> Console:
     return console if console.is_terminal else Console(width=200)
 
 
+def write_plot(report: LoadReport, path: Path) -> None:
+    plot_levels(
+        {"server": report.levels},
+        report.slo,
+        path,
+        title=f"load: {report.target}",
+        capacities=report.capacities,
+    )
+
+
+def main_recompute(args: argparse.Namespace) -> int:
+    out = report_console()
+    try:
+        report, data = recompute(args.recompute)
+    except RecomputeError as exc:
+        print(f"orpheus-serve bench load: {exc}", file=sys.stderr)
+        return 1
+    print_report(out, report)
+    if args.json is not None:
+        write_json(data, args.json)
+        out.print(f"wrote {args.json}")
+    if args.plot is not None and report.levels:
+        write_plot(report, args.plot)
+        out.print(f"wrote {args.plot}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.recompute is not None:
+        return main_recompute(args)
     if args.concurrency is None and args.open_rate is None and not args.search:
         args.concurrency = [1, 8, 32]
     out = report_console()
@@ -238,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus = load_corpus()
     env_machine, env_versions = machine(), versions()
     try:
-        levels, found = event_loop_runner()(_run(args, corpus, progress_console))
+        warmup, levels, found = event_loop_runner()(_run(args, corpus, progress_console))
     except NotReady as exc:
         print(f"orpheus-serve bench load: {exc}", file=sys.stderr)
         return 1
@@ -259,21 +335,23 @@ def main(argv: list[str] | None = None) -> int:
                 "search_start": args.search_start,
                 "search_max": args.search_max,
                 "search_resolution": args.search_resolution,
+                "warmup_level": warmup.concurrency if warmup is not None else 0,
+                "warmup_level_duration_s": args.warmup_level_duration or plan.duration_s,
             },
         ),
         corpus=corpus.describe(plan.long_fraction),
         slo=slo,
         levels=levels,
         search=found,
+        capacities=capacities_of(levels, slo) if closed_levels(levels) else [],
+        warmup_level=warmup,
     )
     print_report(out, report)
     if args.json is not None:
         write_json(report, args.json)
         out.print(f"wrote {args.json}")
     if args.plot is not None and levels:
-        capacity = found.capacities[0].concurrency if found is not None else None
-        plot_levels({"server": levels}, slo, args.plot, title=f"load: {report.target}",
-                    capacity=capacity)  # fmt: skip
+        write_plot(report, args.plot)
         out.print(f"wrote {args.plot}")
     return 0
 

@@ -9,6 +9,7 @@ from typing import Literal
 import msgspec
 from rich.table import Table
 
+from bench.load.criteria import by_criterion
 from bench.load.report import LoadHeader, fmt
 from bench.load.search import SearchResult
 from bench.load.summary import LevelResult, Slo
@@ -115,7 +116,7 @@ def compare_capacity(runs: list[VariantRun], slo: Slo) -> CapacityComparison:
 
     def capacity(run: VariantRun) -> int:
         if run.search is not None:
-            return run.search.capacities[0].concurrency
+            return by_criterion(run.search.capacities, "real-time").concurrency
         return _level_capacity(run.levels, slo.ttfb_s)
 
     searched = all(r.search is not None for r in runs)

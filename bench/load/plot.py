@@ -6,7 +6,11 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.load.criteria import Capacity
 from bench.load.summary import LevelResult, Slo
+
+CAPACITY_STYLE = {"published": ("tab:green", ":"), "real-time": ("green", "-"),
+                  "interactive": ("darkgreen", "--")}  # fmt: skip
 
 
 def _x(level: LevelResult) -> float:
@@ -19,7 +23,7 @@ def plot_levels(
     path: Path,
     *,
     title: str,
-    capacity: int | None = None,
+    capacities: Sequence[Capacity] = (),
 ) -> None:
     """One curve set per named series (e.g. "orpheus-serve", "baseline").
 
@@ -48,7 +52,9 @@ def plot_levels(
             xs = [_x(lv) for lv in pts]
             color = f"C{si}"
             prefix = f"{name} " if len(series) > 1 else ""
-            for q, style, marker in (("p50", ":", "o"), ("p90", "--", "s"), ("p99", "-", "^")):
+            ttfb_lines = (("mean", "-.", "x"), ("p50", ":", "o"), ("p90", "--", "s"),
+                          ("p99", "-", "^"))  # fmt: skip
+            for q, style, marker in ttfb_lines:
                 ax_ttfb.plot(
                     xs,
                     [getattr(lv.ttfb_s, q) * 1000 for lv in pts],
@@ -111,9 +117,17 @@ def plot_levels(
             ticks = sorted(set(xs_all))
             ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
             ax.grid(True, alpha=0.3)
+            if mode == "closed":
+                for cap in capacities:
+                    if cap.concurrency <= 0:
+                        continue
+                    color, style = CAPACITY_STYLE[cap.criterion]
+                    ax.axvline(
+                        cap.concurrency, color=color, ls=style, alpha=0.7, lw=1.2,
+                        label=f"{cap.criterion}: {'>= ' if cap.at_least else ''}"
+                        f"{cap.concurrency}",
+                    )  # fmt: skip
             ax.legend(fontsize=8)
-            if capacity and mode == "closed":
-                ax.axvline(capacity, color="green", alpha=0.6, lw=1)
         ax_ttfb.set_ylim(bottom=0)
         if any(
             not math.isnan(lv.rtf.p99) and lv.rtf.p99 > 20 * slo.rtf

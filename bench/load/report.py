@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.environment import Machine, Versions
+from bench.load.criteria import Capacity, all_criteria, passes
 from bench.load.search import SearchResult
 from bench.load.summary import LevelResult, Slo, budget_key
 from bench.report import table
@@ -34,7 +35,13 @@ class LoadReport(LoadHeader, kw_only=True):
     target: str
     """What was measured: the URL or ZeroMQ endpoint, and the server's name."""
     levels: list[LevelResult]
+    """The measured levels (the warm-up level is not one of them)."""
     search: SearchResult | None = None
+    capacities: list[Capacity] = []
+    """Under each criterion (published, real-time, interactive), over ``levels``: the largest
+    measured passing level (bench.load.criteria)."""
+    warmup_level: LevelResult | None = None
+    """The level run before the first measured one, discarded: no capacity counts it."""
 
 
 def _ms(x: float) -> str:
@@ -46,10 +53,15 @@ def fmt(x: float | None, digits: int = 2) -> str:
     return "-" if x is None or math.isnan(x) else f"{x:.{digits}f}"
 
 
-def _level_row(r: LevelResult, budget: str) -> tuple[str, ...]:
+def _verdicts(r: LevelResult, slo: Slo) -> str:
+    return "/".join("[green]yes[/]" if passes(r, c) else "[red]no[/]" for c in all_criteria(slo))
+
+
+def _level_row(r: LevelResult, slo: Slo, *, warmup: bool = False) -> tuple[str, ...]:
     t = r.ttfb_s
+    budget = budget_key(slo.ttfb_s)
     return (
-        r.label,
+        f"warm-up {r.label} (discarded)" if warmup else r.label,
         f"{r.ok}/{r.requests}",
         f"{r.short}/{r.long}",
         fmt(r.load_held, 1),
@@ -60,11 +72,13 @@ def _level_row(r: LevelResult, budget: str) -> tuple[str, ...]:
         fmt(r.tokens_per_s, 0),
         fmt(r.audio_s_per_s),
         fmt(r.goodput_per_s.get(budget, math.nan)),
-        "[green]yes" if r.passes.get(budget, False) else "[red]no",
+        "-" if warmup else _verdicts(r, slo),
     )
 
 
-def levels_table(title: str, levels: list[LevelResult], slo: Slo) -> Table:
+def levels_table(
+    title: str, levels: list[LevelResult], slo: Slo, warmup_level: LevelResult | None = None
+) -> Table:
     budget = budget_key(slo.ttfb_s)
     columns = (
         "load",
@@ -78,14 +92,34 @@ def levels_table(title: str, levels: list[LevelResult], slo: Slo) -> Table:
         "tokens/s",
         "audio s/s",
         f"goodput/s @{budget} ms",
-        "pass",
+        "pass pub/rt/int",
     )
-    rows = [_level_row(r, budget) for r in levels]
+    rows: list[tuple[str, ...] | None] = []
+    if warmup_level is not None:
+        rows += [_level_row(warmup_level, slo, warmup=True), None]
+    rows += [_level_row(r, slo) for r in levels]
     return table(title, columns, rows, title_justify="left")
 
 
+def capacity_line(cap: Capacity) -> str:
+    """One capacity in words: its figure, its criterion and what bounded it."""
+    text = (
+        f"capacity, {cap.criterion} ({cap.definition}): "
+        f"[bold]{'>= ' if cap.at_least else ''}{cap.concurrency}[/bold] streams"
+    )
+    if cap.first_failure is not None:
+        text += f"; bounded at c={cap.first_failure} by {'; '.join(cap.bounded_by)}"
+    else:
+        text += "; no measured level above it failed"
+    if cap.failing_below:
+        text += f" (but failed at {', '.join(f'c={c}' for c in cap.failing_below)})"
+    return text
+
+
 def print_report(console: Console, report: LoadReport) -> None:
-    console.print(levels_table(f"load: {report.target}", report.levels, report.slo))
+    console.print(
+        levels_table(f"load: {report.target}", report.levels, report.slo, report.warmup_level)
+    )
     mix = report.corpus
     console.print(
         f"corpus: {mix['short_texts']} short ({mix['short_words']} words) and "
@@ -94,11 +128,6 @@ def print_report(console: Console, report: LoadReport) -> None:
         f"{report.slo.jitter_buffer_s * 1000:.0f} ms"
     )
     if report.search is not None:
-        for cap in report.search.capacities:
-            bound = f"; bounded at c={cap.first_failure} by {'; '.join(cap.bounded_by)}"
-            console.print(
-                f"capacity (p99 TTFB < {cap.ttfb_budget_s * 1000:.0f} ms, p99 RTF < "
-                f"{report.slo.rtf:g}, no underrun): "
-                f"[bold]{'>= ' if cap.at_least else ''}{cap.concurrency}[/bold] streams"
-                + (bound if cap.first_failure is not None else "")
-            )
+        console.print(f"search probed, in order: {', '.join(map(str, report.search.probes))}")
+    for cap in report.capacities:
+        console.print(capacity_line(cap))

@@ -121,6 +121,27 @@ async def run_levels(
     return results
 
 
+async def run_warmup_level(
+    target: Target,
+    concurrency: int,
+    plan: LevelPlan,
+    duration_s: float,
+    corpus: Corpus,
+    slo: Slo,
+    console: Console | None,
+) -> LevelResult:
+    """A closed-loop level run before the first measured one and discarded, so that no
+    start-up effect (a kernel compiled on its first batch, a cache filled, a stall) lands in
+    a measured level. It lasts ``duration_s`` (plus its drain) instead of the plan's."""
+    if console is not None:
+        console.print(f"warm-up level c={concurrency} ({duration_s:g} s): results discarded")
+    warm = msgspec.structs.replace(plan, duration_s=duration_s)
+    (result,) = await run_levels(
+        target, [LevelSpec("closed", concurrency)], warm, corpus, slo, console
+    )
+    return result
+
+
 class SearchSpec(msgspec.Struct, frozen=True, kw_only=True):
     start: int = 8
     maximum: int = 1024

@@ -32,6 +32,8 @@ class Slo(msgspec.Struct, frozen=True, kw_only=True):
     ttfb_report_s: tuple[float, ...] = (0.5, 1.0)
     """Further TTFB budgets whose goodput and capacity are reported too."""
     jitter_buffer_s: float = 0.1
+    interactive_ttfb_s: float = 0.5
+    """p99 TTFB budget of the interactive criterion (bench.load.criteria)."""
 
     def stream_is_good(self, m: StreamMetrics, ttfb_budget_s: float | None = None) -> bool:
         budget = self.ttfb_s if ttfb_budget_s is None else ttfb_budget_s

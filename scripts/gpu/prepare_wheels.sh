@@ -80,13 +80,16 @@ echo "== slimming vLLM: optional native modules that the H100 path never loads"
 # FlashAttention 2 (Hopper runs FlashAttention 3; flash_attn_interface imports FA2 in a
 # try), the MoE kernels (platforms/cuda.py imports them under suppress(ImportError); Llama
 # is dense), the Rust front end (only with VLLM_RUST_FRONTEND_PATH) and DeepGEMM's builds
-# for other CPythons. device_install.sh verify checks that FA3 still loads.
+# for other CPythons, and the Blackwell-only (SM100) sparse attention sources that only the
+# MiniMax-M3 model files import (3.8 MiB: with it, the parts no longer fit three calls).
+# device_install.sh verify checks that FA3 still loads.
 for w in "$DL"/vllm-*.whl; do
   "$PYTHON" "$HELPER" slim "$w" \
     --drop 'vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so' \
     --drop 'vllm/_moe_C_stable_libtorch.abi3.so' \
     --drop 'vllm/vllm-rs' \
-    --drop 'vllm/third_party/deep_gemm/_C.cpython-31[0134]-x86_64-linux-gnu.so'
+    --drop 'vllm/third_party/deep_gemm/_C.cpython-31[0134]-x86_64-linux-gnu.so' \
+    --drop 'vllm/third_party/fmha_sm100/*'
 done
 for w in "$DL"/xgrammar-*.whl; do
   # Only the Python extension is loaded; the static library is for C++ builds against it.
@@ -96,9 +99,12 @@ done
 echo "== building this project's wheel (orpheus-serve, --no-deps)"
 rm -f "$DL"/orpheus_serve-*.whl
 had_build=0; [[ -e build ]] && had_build=1
+had_egg=0; [[ -e orpheus_serve.egg-info ]] && had_egg=1
 "$PYTHON" -m pip wheel -q --no-deps --no-build-isolation -w "$DL" . 2>&1 \
   | grep -v "^WARNING: Location" | grep -iv "deprecat\|license\|^ *$\|^ *!!\|\*\*\*\|packaging.python.org\|corresp(" || true
 (( had_build )) || rm -rf build   # setuptools' in-tree build dir, ignored but clutter
+# ... and its egg-info, which would stand first on PYTHONPATH with this build's entry points
+(( had_egg )) || rm -rf orpheus_serve.egg-info
 ls "$DL"/orpheus_serve-*.whl >/dev/null
 
 echo "== checking requirements: every carried wheel's needs are carried or on the device"

