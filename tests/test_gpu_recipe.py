@@ -253,8 +253,8 @@ IMPORT_TO_DIST = {
     "dateutil": "python-dateutil",
 }
 RUNTIME_PACKAGES = (
-    "orpheus_serve", "bench", "orchestrator", "llm_worker", "codec_worker", "gateway", "common",
-    "shm",
+    "orpheus_serve", "bench", "orchestrator", "orpheus_client", "llm_worker", "codec_worker",
+    "gateway", "common", "shm",
 )  # fmt: skip
 
 
