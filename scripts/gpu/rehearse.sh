@@ -25,7 +25,7 @@
 #           shape and batch bucket (CPU), with the compile time reported
 #   e2e     (opt-in) the llm worker, sampling and e2e tests on vLLM 0.25.1 (VENV025)
 #
-# VENV025 (default .venv-vllm025; /work/main/.venv-vllm025 style paths are used as they are,
+# VENV025 (default .venv-vllm025; an absolute path to an existing environment is used as it is,
 # never built here). Exit status 0 only if every step passed; one line per step at the end.
 # Results go to runs/rehearsal/ (ignored by git).
 set -uo pipefail
