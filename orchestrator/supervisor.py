@@ -170,6 +170,8 @@ class Supervisor:
             watched = time.monotonic()
             self._housekeeping(now)
             self._note_stall(now, watched)
+            if self.stopping:  # a signal during this pass: start and announce nothing more
+                break
             warm = all(c.ready for c in self.workers)
             if warm and not any(g.proc for g in self.gateways):
                 for g in self.gateways:

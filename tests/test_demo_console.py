@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,7 @@ VLLM_INFO = re.compile(
     r"(\((MainProcess|EngineCore\S*|Worker\S*) pid=\d+\) INFO| INFO \[llm:\d+(/\S+)?\] vllm\.)"
 )
 VLLM_WARNING = re.compile(r"(\(\S+ pid=\d+\) WARNING|WARNING \[llm:\d+(/\S+)?\] vllm\.)")
+READY = "orchestrator.supervisor: ready in "
 PHASES = (
     "orchestrator: config loaded (",
     "orchestrator.supervisor: shared memory: 2 segments created in",
@@ -44,7 +46,7 @@ PHASES = (
     "orchestrator.supervisor: codec ready (pid",
     "orchestrator.supervisor: llm ready (pid",
     "orchestrator.supervisor: started gateway-0 (pid",
-    "orchestrator.supervisor: ready in ",
+    READY,
     "orchestrator.supervisor: received SIGTERM: draining and stopping",
     "orchestrator.supervisor: stopped; instance orpheus-",
 )
@@ -139,6 +141,11 @@ def test_serve_logs_one_line_per_phase_and_only_the_libraries_warnings(
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
         srv = start_server(tiny_model, log=log)
+    # The gateway answers /ready a moment before the supervisor hears of it and logs its
+    # "ready in" line: the phases are one start and one stop, so stop after that line.
+    deadline = time.monotonic() + 30
+    while READY not in log_path.read_text(errors="replace") and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert stop_server(srv) == 0
     text = log_path.read_text(errors="replace")
     lines = text.splitlines()
