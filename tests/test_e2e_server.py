@@ -23,9 +23,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 @pytest.fixture(scope="module")
 def server(tiny_model: Path) -> Iterator[Server]:
-    # The full head: with the audio head the CPU engine outruns the CPU codec on 2 cores
-    # (docs/performance.md) and a long request's first audio comes when it has ended, leaving
-    # the disconnect test nothing to cancel. The audio head has its own e2e module.
+    # The full head: with the audio head a long request's first audio can come only when its
+    # generation has ended on 2 cores (the codec shares a core with vLLM's bound worker:
+    # docs/performance.md), leaving the disconnect test nothing to cancel. The audio head
+    # has its own e2e module.
     srv = start_server(tiny_model, "--set", "llm.output_head=full", zmq=True)
     yield srv
     assert stop_server(srv) == 0, "SIGTERM stops the server cleanly"
