@@ -32,3 +32,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """How long the workers may take to become warm before the orchestrator gives up."""
     heartbeat_timeout_s: float = 30.0
     """A ready worker silent this long is deemed hung: killed and restarted."""
+    cpu_affinity: Literal["auto", "off"] = "auto"
+    """With ``device = "cpu"``: ``auto`` pins the llm worker and its vLLM processes to the
+    first three quarters of the cores (``VLLM_CPU_OMP_THREADS_BIND`` for vLLM's threads) and
+    the codec and the gateways to the rest, so that a codec window never waits behind vLLM's
+    busy processes (common/cpu_plan.py). Nothing is done on CUDA, with one core, or when
+    ``VLLM_CPU_OMP_THREADS_BIND`` is set."""

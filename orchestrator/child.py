@@ -26,6 +26,7 @@ import sys
 import msgspec
 
 from common.config import ServeConfig
+from common.cpu_plan import apply_cpu_plan, cpu_plan
 from orchestrator import proctree
 from orchestrator.failures import EXIT_PERMANENT, Failure, classify
 from orchestrator.logs import protect_stdio, quiet_teardown, setup_logging
@@ -117,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     protect_stdio()  # a full log disk must not kill the worker (tqdm, print)
     setup_logging(spec.config.log_format, spec.config.log_level)
     quiet_teardown(spec.config.log_level)  # first atexit handler: runs after the others
+    plan = cpu_plan(spec.config.device, spec.config.cpu_affinity, os.sched_getaffinity(0))
+    if plan is not None:
+        apply_cpu_plan(plan, role)  # before the role imports torch or vLLM
     try:
         from setproctitle import setproctitle
 

@@ -30,6 +30,7 @@ import msgspec
 import zmq
 
 from common.config import ServeConfig
+from common.cpu_plan import cpu_plan
 from orchestrator import proctree
 from orchestrator.child import SPEC_ENV, ChildSpec
 from orchestrator.failures import EXIT_PERMANENT, Failure
@@ -129,6 +130,9 @@ class Supervisor:
         remove_stale_instances(self.config.shm.run_dir)
         create_instance(self.layout, self.config.shm)
         log.info("%s", describe_segments(self.layout))
+        plan = cpu_plan(self.config.device, self.config.cpu_affinity, os.sched_getaffinity(0))
+        if plan is not None:
+            log.info("cores: %s", plan.describe())
         os.makedirs(self.metrics_dir, exist_ok=True)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -16,21 +18,47 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from e2e_harness import BYTES_PER_FRAME, Server, start_server, stop_server
+from e2e_harness import BYTES_PER_FRAME, Server, child_pid, start_server, stop_server
+
+from common.cpu_plan import cpu_plan
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model: Path) -> Iterator[Server]:
-    # The full head: with the audio head a long request's first audio can come only when its
-    # generation has ended on 2 cores (the codec shares a core with vLLM's bound worker:
-    # docs/performance.md), leaving the disconnect test nothing to cancel. The audio head
-    # has its own e2e module.
-    srv = start_server(tiny_model, "--set", "llm.output_head=full", zmq=True)
+    srv = start_server(tiny_model, zmq=True)
     yield srv
     assert stop_server(srv) == 0, "SIGTERM stops the server cleanly"
     assert srv.segments_left() == [], "shared-memory segments left behind"
+
+
+def test_the_processes_keep_to_their_cores(server: Server) -> None:
+    """On CPU the llm worker and vLLM's processes share no core with the codec and the
+    gateway (common/cpu_plan.py): a codec on vLLM's cores waited for whole generations."""
+    plan = cpu_plan("cpu", "auto", os.sched_getaffinity(0))
+    if plan is None:
+        pytest.skip("one core or VLLM_CPU_OMP_THREADS_BIND set: nothing is split")
+    orch = server.proc.pid
+    llm = child_pid(orch, "llm")
+    vllm = [int(p) for p in subprocess.run(
+        ["pgrep", "-f", "VLLM::"], capture_output=True, text=True, check=False
+    ).stdout.split() if _descends(int(p), llm)]  # fmt: skip
+    assert len(vllm) >= 2, "the engine core and the worker"
+    for pid in (llm, *vllm):
+        assert os.sched_getaffinity(pid) == set(plan.engine)
+    for role in ("codec", "gateway"):
+        assert os.sched_getaffinity(child_pid(orch, role)) == set(plan.others)
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+    return False
 
 
 async def _speech(

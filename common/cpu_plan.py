@@ -1,0 +1,78 @@
+"""Which cores the processes run on when the model runs on CPU (``device = "cpu"``).
+
+vLLM's CPU processes keep their cores busy while a request runs: the worker computes, the
+engine core polls it. A codec worker the kernel placed on one of those cores waited there:
+on the development machine (2 cores) its first window waited for the whole generation,
+10-14 s. So on CPU the orchestrator's children split the cores: the llm worker and the vLLM
+processes it starts (engine core, worker, whose OpenMP threads are bound there by
+``VLLM_CPU_OMP_THREADS_BIND``) get the first ones, the codec and the gateways the rest. First
+audio then came at 0.16-0.18 s, and the generation itself was no slower
+(docs/performance.md). vLLM means its CPU deployments this way: it reserves cores for "the
+rest". With the GPU there is nothing to split.
+
+Each child computes the same plan from the same inputs (the configuration and the cores the
+orchestrator may use, which it inherits), so no process tells another.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+VLLM_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+class CpuPlan(NamedTuple):
+    engine: tuple[int, ...]
+    """Cores of the llm worker and its vLLM processes (the worker's OpenMP threads)."""
+    others: tuple[int, ...]
+    """Cores of the codec worker and the gateways."""
+
+    def describe(self) -> str:
+        return (
+            f"the llm worker and vLLM on cores {_ranges(self.engine)}, the codec and the "
+            f"gateways on {_ranges(self.others)} "
+            f'({VLLM_BIND_ENV}; cpu_affinity = "off" to leave it)'
+        )
+
+
+def cpu_plan(
+    device: str,
+    setting: str,
+    cores: set[int] | frozenset[int],
+    environ: dict[str, str] | os._Environ[str] = os.environ,
+) -> CpuPlan | None:
+    """The split, or None where there is none to make: not on CPU, ``cpu_affinity = "off"``,
+    a single core, or a binding the operator set in ``VLLM_CPU_OMP_THREADS_BIND``.
+
+    The last quarter of the cores (at least one) is kept for the others."""
+    if device != "cpu" or setting != "auto" or len(cores) < 2 or VLLM_BIND_ENV in environ:
+        return None
+    ordered = sorted(cores)
+    kept = max(1, len(ordered) // 4)
+    return CpuPlan(engine=tuple(ordered[:-kept]), others=tuple(ordered[-kept:]))
+
+
+def apply_cpu_plan(plan: CpuPlan, role: str) -> None:
+    """In a child, before it imports torch (whose thread count follows the cores it may
+    use): each pins itself to its part, and the llm worker hands vLLM its binding (the
+    engine core and the worker inherit the pinning)."""
+    if role == "llm":
+        os.environ[VLLM_BIND_ENV] = ",".join(map(str, plan.engine))
+        os.sched_setaffinity(0, plan.engine)
+    else:
+        os.sched_setaffinity(0, plan.others)
+
+
+def _ranges(cores: tuple[int, ...]) -> str:
+    """``0-3,6`` for (0, 1, 2, 3, 6)."""
+    parts: list[str] = []
+    start = prev = cores[0]
+    for c in (*cores[1:], None):
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if c is not None:
+            start = prev = c
+    return ",".join(parts)
