@@ -79,7 +79,7 @@ def main() -> int:
     ttfb = f"{speech.ttfb_s * 1000:.0f} ms" if speech.ttfb_s is not None else "n/a"
     con.line(
         f"result: {OUTPUT}: {speech.audio_s:.2f} s of audio; time to first audio {ttfb}; "
-        f"real-time factor {speech.rtf:.2f} (CPU, tiny model: not real time)"
+        f"real-time factor {speech.rtf:.2f} (time to generate over audio time; CPU, tiny model)"
     )
     con.line(
         "NOTE: the tiny model and SNAC have random weights, so demo.wav is noise, not speech. "

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_harness import EXE, start_server, stop_server
+from e2e_harness import EXE, Server, start_server, stop_server
 
 from orchestrator import proctree
 from orchestrator.failures import EXIT_PERMANENT
@@ -37,7 +37,6 @@ VLLM_INFO = re.compile(
     r"(\((MainProcess|EngineCore\S*|Worker\S*) pid=\d+\) INFO| INFO \[llm:\d+(/\S+)?\] vllm\.)"
 )
 VLLM_WARNING = re.compile(r"(\(\S+ pid=\d+\) WARNING|WARNING \[llm:\d+(/\S+)?\] vllm\.)")
-READY = "orchestrator.supervisor: ready in "
 PHASES = (
     "orchestrator: config loaded (",
     "orchestrator.supervisor: shared memory: 2 segments created in",
@@ -46,7 +45,7 @@ PHASES = (
     "orchestrator.supervisor: codec ready (pid",
     "orchestrator.supervisor: llm ready (pid",
     "orchestrator.supervisor: started gateway-0 (pid",
-    READY,
+    "orchestrator.supervisor: ready in ",
     "orchestrator.supervisor: received SIGTERM: draining and stopping",
     "orchestrator.supervisor: stopped; instance orpheus-",
 )
@@ -62,6 +61,16 @@ def _in_order(text: str, needles: tuple[str, ...]) -> list[str]:
         else:
             at = i + len(n)
     return missing
+
+
+def _stop_after_ready_line(srv: Server, log_path: Path) -> int:
+    """Stop the server once its log has the supervisor's "ready in" line (the gateway answers
+    /ready a moment before the supervisor hears of it, and a stop signal ends the pass it
+    lands in): the phases then read one start, then one stop. Returns the exit code."""
+    deadline = time.monotonic() + 30  # past it, stop anyway: the phase check says what is missing
+    while "ready in " not in log_path.read_text(errors="replace") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return stop_server(srv)
 
 
 def _left_behind(log: str) -> tuple[list[int], list[str]]:
@@ -141,12 +150,7 @@ def test_serve_logs_one_line_per_phase_and_only_the_libraries_warnings(
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
         srv = start_server(tiny_model, log=log)
-    # The gateway answers /ready a moment before the supervisor hears of it and logs its
-    # "ready in" line: the phases are one start and one stop, so stop after that line.
-    deadline = time.monotonic() + 30
-    while READY not in log_path.read_text(errors="replace") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert stop_server(srv) == 0
+    assert _stop_after_ready_line(srv, log_path) == 0
     text = log_path.read_text(errors="replace")
     lines = text.splitlines()
     print(f"\nserve at INFO, start and stop: {len(lines)} lines")
@@ -178,7 +182,7 @@ def test_serve_json_logs_are_json_lines_vllm_included(tiny_model: Path, tmp_path
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
         srv = start_server(tiny_model, "--set", "log_format=json", log=log)
-    assert stop_server(srv) == 0
+    assert _stop_after_ready_line(srv, log_path) == 0
     records, other = [], []
     for ln in log_path.read_text(errors="replace").splitlines():
         try:
