@@ -27,7 +27,16 @@ class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     """Tokenizer name or path when it is not stored with the model."""
     max_model_len: int = 4096
     """Always set: the checkpoint declares 131k and vLLM would reserve KV cache for it."""
+    engines: int = 1
+    """vLLM engines (each its own llm worker process, engine core, control socket and code
+    ring) sharing the device; 1..8. A stream is placed on one engine when it is admitted and
+    stays there. The host work of one engine core caps the streams one engine can step in
+    real time (docs/performance.md, "Several engines on one GPU"); on CUDA, run the engines
+    under MPS (deploy/README.md, "CUDA MPS"). ``gpu_memory_utilization`` and
+    ``kv_cache_memory_bytes`` are then split evenly between the engines, and each engine's
+    ``max_num_seqs`` is its share of the streams."""
     max_num_seqs: int = 384
+    """Most streams one engine steps at once (vLLM ``max_num_seqs``)."""
     gpu_memory_utilization: float = 0.85
     kv_cache_memory_bytes: int | None = None
     """Explicit KV cache size. None: from gpu_memory_utilization on CUDA; on CPU (where that

@@ -19,6 +19,7 @@ import msgspec
 
 from common.config import ServeConfig
 from common.limits import MAX_TOKENS_MIN, sampling_problem
+from shm.layout import MAX_ENGINES
 from shm.voices import ID_RE as VOICE_ID_RE
 
 ENV_PREFIX = "ORPHEUS_"
@@ -182,6 +183,8 @@ def validate(cfg: ServeConfig) -> None:
         problems.append("llm.max_model_len must be >= 256")
     if llm.max_num_seqs < 1:
         problems.append("llm.max_num_seqs must be >= 1")
+    if not 1 <= llm.engines <= MAX_ENGINES:
+        problems.append(f"llm.engines must be in 1..{MAX_ENGINES}")
     if llm.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"):
         problems.append(f"llm.kv_cache_dtype {llm.kv_cache_dtype!r} is not auto|fp8|bfloat16")
     if llm.model_runner not in ("auto", "v1", "v2"):

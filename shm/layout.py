@@ -8,6 +8,9 @@ import os
 import msgspec
 
 SEGMENT_PREFIX = "orpheus-"
+MAX_ENGINES = 8
+"""Most vLLM engines one instance runs (``llm.engines``): the admission segment keeps a
+count per engine for each gateway (``shm.admission``)."""
 
 
 class RingEndpoints(msgspec.Struct, frozen=True):
