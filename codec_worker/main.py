@@ -1,9 +1,10 @@
 """The codec_worker process: code ring in, PCM rings out.
 
-``run(config, layout)`` loads SNAC, compiles and warms the decoder, attaches to the code ring
-(consumer) and to every gateway's PCM ring (producer), tells the orchestrator it is ready,
-then serves until SIGTERM/SIGINT: poll the code ring, apply its records, finish the batch in
-flight, dispatch the next, sleep on the ring's doorbell when there is nothing to do.
+``run(config, layout)`` loads SNAC, compiles and warms the decoder, attaches to every engine's
+code ring (consumer) and to every gateway's PCM ring (producer), tells the orchestrator it is
+ready, then serves until SIGTERM/SIGINT: poll the code rings, apply their records, finish the
+batch in flight, dispatch the next (one decode batch across the streams of every engine),
+sleep on all the rings' doorbells when there is nothing to do.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from common.config import ServeConfig
 from common.link import WorkerLink
 from common.profiling import ProfileTrigger
 from shm.layout import InstanceLayout
-from shm.ring import RingReader, RingWriter
+from shm.ring import ReaderGroup, RingReader, RingWriter
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +74,15 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
     # Custom voices: reference clips are encoded on a thread of this process (encoder.py).
     encoder = EncodeServer(VoiceEncoder(snac.to(config.device), config.device), layout.encode)
     encoder.start()
-    reader = RingReader(
-        layout.code_ring, spin_us=config.shm.spin_us, recheck_ms=config.shm.recheck_ms
-    )
+    readers = [
+        RingReader(
+            layout.engine_code_ring(e),
+            spin_us=config.shm.spin_us,
+            recheck_ms=config.shm.recheck_ms,
+        )
+        for e in range(layout.engines)
+    ]
+    rings = ReaderGroup(readers)
     writers = [
         RingWriter(layout.pcm_ring(i), recheck_ms=config.shm.recheck_ms)
         for i in range(layout.gateways)
@@ -96,36 +103,39 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
     log.info("codec worker ready: %s", detail)
     try:
         while not stop.is_set():
-            records = reader.poll()
-            if records:
-                service.ingest(records)
-                reader.release()
+            for engine, reader in enumerate(readers):
+                records = reader.poll()
+                if records:
+                    service.ingest(records, engine)
+                    reader.release()
             service.pump()
             now = time.monotonic()
             if link.beat_if_due(len(service.streams), now):
-                _observe_rings(reader, sink, layout)
+                _observe_rings(readers, sink)
                 if profiler is not None:
                     profiler.check_trigger()
             if profiler is not None and now >= profiler.until:
                 profiler.finish()
-            if service.busy or reader.has_data():
+            if service.busy or rings.has_data():
                 continue
             sleep = min(service.next_wakeup_s(now), link.seconds_to_beat(now), MAX_SLEEP_S)
             if sleep > 0:
-                reader.wait(sleep)
+                rings.wait(sleep)
         service.drain()
     finally:
         if profiler is not None:
             profiler.finish()
         encoder.stop()
         link.close()
-        reader.close()
+        for reader in readers:
+            reader.close()
         for w in writers:
             w.close()
         log.info("codec worker stopped")
 
 
-def _observe_rings(reader: RingReader, sink: RingSink, layout: InstanceLayout) -> None:
-    metrics.RING_OCCUPANCY.labels("codes").set(reader.used_bytes() / reader.capacity)
+def _observe_rings(readers: list[RingReader], sink: RingSink) -> None:
+    for e, reader in enumerate(readers):
+        metrics.RING_OCCUPANCY.labels(f"codes-{e}").set(reader.used_bytes() / reader.capacity)
     for i, occupancy in enumerate(sink.occupancy()):
         metrics.RING_OCCUPANCY.labels(f"pcm-{i}").set(occupancy)

@@ -35,6 +35,8 @@ class StreamState:
     gateway: int
     seed: int
     created: float
+    source: int = 0
+    """The code ring (engine) the stream's codes come from."""
     frames: np.ndarray = field(default_factory=lambda: np.empty((64, FRAME_CODES), CODE_DTYPE))
     base: int = 0
     """Absolute index of ``frames[0]``; older frames were dropped once no window needs them."""

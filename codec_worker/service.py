@@ -9,6 +9,11 @@ batch in flight, writes its PCM and dispatches the next one. Per stream:
 - END(cancelled) drops the stream's pending windows (and the output of one in flight) and
   forwards END(cancelled) with no more audio.
 - ERROR is forwarded; the stream's state is dropped.
+- RESET (a restarted llm worker's first record on its ring) fails every stream whose codes
+  came from that ring: their worker died before it ended them.
+
+Records come from one code ring per vLLM engine (``ingest``'s ``source``); stream ids are
+unique across engines, so the streams of every engine share one decode batch.
 
 After a stream failed, its later records are dropped until the llm_worker's END or ERROR for
 it arrives. One stream's failure or stalled gateway never holds up the others.
@@ -84,20 +89,25 @@ class CodecService:
         """Batches and windows dispatched so far."""
 
     # -- input ---------------------------------------------------------------------------------
-    def ingest(self, records: Iterable[InputRecord]) -> None:
-        """Apply one poll's records (payload views are read before this returns)."""
+    def ingest(self, records: Iterable[InputRecord], source: int = 0) -> None:
+        """Apply one poll's records from code ring ``source`` (payload views are read before
+        this returns)."""
         now = self.clock()
         for r in records:
             if r.kind == RecordKind.CODES:
-                self._on_codes(r.stream_id, r.seq, r.payload, now)
+                self._on_codes(r.stream_id, r.seq, r.payload, now, source)
             elif r.kind == RecordKind.END:
                 self._on_end(r.stream_id, r.seq, r.payload, now)
             elif r.kind == RecordKind.ERROR:
                 self._on_error(r.stream_id, r.payload)
+            elif r.kind == RecordKind.RESET:
+                self._on_reset(source)
             else:
                 log.warning("ignoring a record of kind %d on the code ring", r.kind)
 
-    def _on_codes(self, sid: int, seq: int, payload: memoryview, now: float) -> None:
+    def _on_codes(
+        self, sid: int, seq: int, payload: memoryview, now: float, source: int = 0
+    ) -> None:
         s = self.streams.get(sid)
         if s is None:
             if sid in self._dead:
@@ -111,7 +121,7 @@ class CodecService:
             if seq != 0:
                 self._fail_unknown(sid, "sequence_gap", f"first codes record starts at frame {seq}")
                 return
-            s = StreamState(sid, gateway, decode_seed(self.cfg.noise_seed), now)
+            s = StreamState(sid, gateway, decode_seed(self.cfg.noise_seed), now, source)
             self.streams[sid] = s
         if s.end is not None:
             self._fail(s, "protocol", "codes after the stream's END")
@@ -164,6 +174,13 @@ class CodecService:
         if gateway < self.gateways:
             self.sink.put(gateway, RecordKind.ERROR, sid, s.chunks if s else 0, payload)
         metrics.STREAMS_FAILED.labels("upstream").inc()
+
+    def _on_reset(self, source: int) -> None:
+        lost = [s for s in self.streams.values() if s.source == source]
+        for s in lost:
+            self._fail(s, "worker_restarted", "the stream's llm worker died; retry it", status=503)
+        if lost:
+            log.warning("code ring %d restarted: failed %d streams it left", source, len(lost))
 
     # -- stream endings --------------------------------------------------------------------------
     def _put_end(self, gateway: int, sid: int, chunks: int, end: StreamEnd, frames: int) -> None:

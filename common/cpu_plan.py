@@ -10,6 +10,10 @@ audio then came at 0.16-0.18 s, and the generation itself was no slower
 (docs/performance.md). vLLM means its CPU deployments this way: it reserves cores for "the
 rest". With the GPU there is nothing to split.
 
+With several engines (``llm.engines``) the engine cores are split between them, each engine's
+worker and vLLM processes on its own part; where there are fewer engine cores than engines
+(the 2-core development machine), the engines share them.
+
 Each child computes the same plan from the same inputs (the configuration and the cores the
 orchestrator may use, which it inherits), so no process tells another.
 """
@@ -24,14 +28,31 @@ VLLM_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 class CpuPlan(NamedTuple):
     engine: tuple[int, ...]
-    """Cores of the llm worker and its vLLM processes (the worker's OpenMP threads)."""
+    """Cores of the llm workers and their vLLM processes (the workers' OpenMP threads)."""
     others: tuple[int, ...]
     """Cores of the codec worker and the gateways."""
+    engines: int = 1
+
+    def engine_cores(self, index: int) -> tuple[int, ...]:
+        """The cores of engine ``index``: its share of ``engine`` (all of them when there
+        are fewer cores than engines)."""
+        if len(self.engine) < self.engines:
+            return self.engine
+        per = len(self.engine) // self.engines
+        start = index * per
+        end = len(self.engine) if index == self.engines - 1 else start + per
+        return self.engine[start:end]
 
     def describe(self) -> str:
+        if self.engines > 1:
+            parts = ", ".join(
+                f"engine {e} on {_ranges(self.engine_cores(e))}" for e in range(self.engines)
+            )
+            who = f"the llm workers and vLLM ({parts})"
+        else:
+            who = f"the llm worker and vLLM on cores {_ranges(self.engine)}"
         return (
-            f"the llm worker and vLLM on cores {_ranges(self.engine)}, the codec and the "
-            f"gateways on {_ranges(self.others)} "
+            f"{who}, the codec and the gateways on {_ranges(self.others)} "
             f'({VLLM_BIND_ENV}; cpu_affinity = "off" to leave it)'
         )
 
@@ -41,6 +62,7 @@ def cpu_plan(
     setting: str,
     cores: set[int] | frozenset[int],
     environ: dict[str, str] | os._Environ[str] = os.environ,
+    engines: int = 1,
 ) -> CpuPlan | None:
     """The split, or None where there is none to make: not on CPU, ``cpu_affinity = "off"``,
     a single core, or a binding the operator set in ``VLLM_CPU_OMP_THREADS_BIND``.
@@ -50,16 +72,17 @@ def cpu_plan(
         return None
     ordered = sorted(cores)
     kept = max(1, len(ordered) // 4)
-    return CpuPlan(engine=tuple(ordered[:-kept]), others=tuple(ordered[-kept:]))
+    return CpuPlan(engine=tuple(ordered[:-kept]), others=tuple(ordered[-kept:]), engines=engines)
 
 
-def apply_cpu_plan(plan: CpuPlan, role: str) -> None:
+def apply_cpu_plan(plan: CpuPlan, role: str, index: int = 0) -> None:
     """In a child, before it imports torch (whose thread count follows the cores it may
-    use): each pins itself to its part, and the llm worker hands vLLM its binding (the
-    engine core and the worker inherit the pinning)."""
+    use): each pins itself to its part, and the llm worker of engine ``index`` hands vLLM its
+    binding (the engine core and the worker inherit the pinning)."""
     if role == "llm":
-        os.environ[VLLM_BIND_ENV] = ",".join(map(str, plan.engine))
-        os.sched_setaffinity(0, plan.engine)
+        cores = plan.engine_cores(index)
+        os.environ[VLLM_BIND_ENV] = ",".join(map(str, cores))
+        os.sched_setaffinity(0, cores)
     else:
         os.sched_setaffinity(0, plan.others)
 

@@ -36,7 +36,6 @@ class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ``kv_cache_memory_bytes`` are then split evenly between the engines, and each engine's
     ``max_num_seqs`` is its share of the streams."""
     max_num_seqs: int = 384
-    """Most streams one engine steps at once (vLLM ``max_num_seqs``)."""
     gpu_memory_utilization: float = 0.85
     kv_cache_memory_bytes: int | None = None
     """Explicit KV cache size. None: from gpu_memory_utilization on CUDA; on CPU (where that

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import NamedTuple
 
 import msgspec
 import zmq
@@ -16,19 +17,45 @@ from shm.messages import ClusterStatus, status_decoder
 log = logging.getLogger(__name__)
 
 
-def worker_lost(old: ClusterStatus | None, new: ClusterStatus) -> str | None:
-    """Why the streams in flight cannot complete any more, or None.
+class Lost(NamedTuple):
+    """What a status change took away: the streams in flight there cannot complete."""
+
+    engines: frozenset[int]
+    """Engines whose streams are lost (their worker restarted or died)."""
+    codec: bool
+    """The codec worker restarted or died: every stream is lost."""
+
+    def __bool__(self) -> bool:
+        return self.codec or bool(self.engines)
+
+    def describe(self) -> str:
+        if self.codec:
+            return "the codec_worker restarted"
+        names = ", ".join(str(e) for e in sorted(self.engines))
+        return f"the llm_worker of engine {names} restarted"
+
+
+NOTHING_LOST = Lost(frozenset(), False)
+
+
+def worker_lost(old: ClusterStatus | None, new: ClusterStatus) -> Lost:
+    """Which streams in flight cannot complete any more.
 
     A bumped generation means a worker restarted (its per-stream state is gone); a worker
-    that was ready and is not any more has died (the orchestrator restarts it later).
+    that was ready and is not any more has died (the orchestrator restarts it later). An
+    engine's loss ends only the streams placed on it; the codec's ends every stream.
     """
     if old is None:
-        return None
-    if new.llm_generation != old.llm_generation or (old.llm_ready and not new.llm_ready):
-        return "the llm_worker restarted"
-    if new.codec_generation != old.codec_generation or (old.codec_ready and not new.codec_ready):
-        return "the codec_worker restarted"
-    return None
+        return NOTHING_LOST
+    codec = new.codec_generation != old.codec_generation or (
+        old.codec_ready and not new.codec_ready
+    )
+    engines = frozenset(
+        e
+        for e, (was, now) in enumerate(zip(old.engines, new.engines, strict=False))
+        if now.generation != was.generation or (was.ready and not now.ready)
+    )
+    return Lost(engines, codec)
 
 
 class ClusterWatcher:

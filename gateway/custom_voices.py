@@ -23,9 +23,11 @@ from __future__ import annotations
 import asyncio
 import io
 import itertools
+import logging
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from typing import IO, Any
 
 import av
@@ -43,6 +45,7 @@ from shm.messages import (
     EncodeReply,
     EncodeRequest,
     LoraLoad,
+    LoraSync,
     LoraUnload,
     admin_reply_decoder,
     control_encoder,
@@ -62,6 +65,8 @@ from shm.voices import (
     voice_id,
     zero_shot_unsupported,
 )
+
+log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 24_000
 SAMPLES_PER_FRAME = 2048
@@ -217,9 +222,16 @@ class CustomVoices:
     """What the HTTP handlers need: the store, the clients to the workers, the names taken."""
 
     def __init__(
-        self, config: ServeConfig, layout: InstanceLayout, builtin: list[str], aliases: list[str]
+        self,
+        config: ServeConfig,
+        layout: InstanceLayout,
+        builtin: list[str],
+        aliases: list[str],
+        ready_engines: Callable[[], tuple[bool, ...]] | None = None,
     ) -> None:
         self.config = config
+        self.ready_engines = ready_engines or (lambda: (True,) * layout.engines)
+        """Which engines can take an admin request now (the gateway's cluster status)."""
         self.cfg = config.voices
         self.layout = layout
         self.store = VoiceStore(self.cfg.state_dir)
@@ -308,7 +320,24 @@ class CustomVoices:
         return np.frombuffer(reply.codes, dtype=CODE_DTYPE).reshape(-1, FRAME_CODES)
 
     async def admin(self, msg: LoraLoad | LoraUnload) -> AdminReply:
-        raw = await _call(self.ctx, self.layout.admin, msg, ADMIN_TIMEOUT_S)
+        """Load or unload a LoRA voice through one engine's worker (the first ready one), which
+        writes or removes its registry entry; then the other ready engines follow the
+        registry at once (``LoraSync``), so that the voice is usable on every engine, or on
+        none, when this answers. An engine that is down follows it when it starts."""
+        ready = [e for e, ok in enumerate(self.ready_engines()) if ok] or [0]
+        reply = await self._admin_call(ready[0], msg)
+        if reply.status == 200 and len(ready) > 1:
+            synced = await asyncio.gather(
+                *(self._admin_call(e, LoraSync(msg.request_id)) for e in ready[1:]),
+                return_exceptions=True,
+            )
+            for e, r in zip(ready[1:], synced, strict=True):
+                if isinstance(r, BaseException) or r.status != 200:
+                    log.warning("engine %d did not follow the LoRA change of %r: %s", e, msg, r)
+        return reply
+
+    async def _admin_call(self, engine: int, msg: LoraLoad | LoraUnload | LoraSync) -> AdminReply:
+        raw = await _call(self.ctx, self.layout.engine_admin(engine), msg, ADMIN_TIMEOUT_S)
         if raw is None:
             raise APIError(
                 503, "upstream_unavailable", "the llm worker did not answer the admin request"

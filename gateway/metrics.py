@@ -83,6 +83,13 @@ class GatewayMetrics:
             registry=registry,
             multiprocess_mode="livesum",
         )
+        self.engine_active = Gauge(
+            "orpheus_gateway_engine_active_streams",
+            "Streams admitted and not yet finished, by the vLLM engine they were placed on",
+            ["engine"],
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
         self.queued = Gauge(
             "orpheus_gateway_queued_streams",
             "Requests waiting for an admission slot",
@@ -143,6 +150,10 @@ class GatewayMetrics:
             for api in APIS
             for outcome in OUTCOMES
         }
+
+    def engine_gauges(self, engines: int) -> list[Gauge]:
+        """``engine_active`` bound to each engine (the admission path does no lookups)."""
+        return [self.engine_active.labels(str(e)) for e in range(engines)]
 
     def count_request(self, api: str, outcome: str) -> None:
         if outcome not in OUTCOMES:

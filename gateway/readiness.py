@@ -38,6 +38,7 @@ def refusal(status: ClusterStatus | None, draining: bool, retry_after_s: int) ->
     if draining or (status is not None and status.draining):
         return draining_error(retry_after_s)
     if status is None or not (status.llm_ready and status.codec_ready):
+        # With several engines one ready engine is enough: streams are placed on it.
         return APIError(
             503,
             "workers_not_ready",
@@ -60,7 +61,11 @@ def readiness(
         reasons.append("no status from the orchestrator yet")
     else:
         if not status.llm_ready:
-            reasons.append("llm_worker not ready")
+            reasons.append(
+                "llm_worker not ready"
+                if len(status.engines) == 1
+                else f"none of the {len(status.engines)} llm engines ready"
+            )
         if not status.codec_ready:
             reasons.append("codec_worker not ready")
         if status.draining:

@@ -8,8 +8,9 @@ request with it and drives the ``ActiveRequest`` it gets::
             await request.write(resp.write(data), len(data))
         request.complete()
 
-Entering admits the request (or raises ``APIError`` 429/503), allocates a stream id and
-sends ``LlmSubmit``; leaving frees the slot, cancels upstream work if the stream had not
+Entering admits the request (or raises ``APIError`` 429/503) and places it on an engine
+(``gateway.admission``), allocates a stream id and sends ``LlmSubmit`` to that engine, where
+its appends and its cancel go too; leaving frees the slot, cancels upstream work if the stream had not
 finished, records the outcome (``outcome_of``), the metrics and the stream's log line.
 
 The client-writer contract lives here and nowhere else: ``write`` marks a write to the
@@ -32,7 +33,7 @@ from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
 from gateway.schemas import SpeechParams, check_text
 from gateway.streams import PcmStream, StreamRegistry
-from gateway.upstream import ControlChannel, UpstreamUnavailable
+from gateway.upstream import Upstream, UpstreamUnavailable
 from shm.records import SAMPLE_RATE, StreamError
 
 stream_log = logging.getLogger("orpheus.streams")
@@ -186,15 +187,16 @@ class RequestTracker:
         config: GatewayConfig,
         admission: Admission,
         registry: StreamRegistry,
-        control: ControlChannel,
+        upstream: Upstream,
         metrics: GatewayMetrics,
     ) -> None:
         self.config = config
         self.admission = admission
         self.registry = registry
-        self.control = control
+        self.upstream = upstream
         self.metrics = metrics
         self.active: set[ActiveRequest] = set()
+        self._engine_active = metrics.engine_gauges(len(upstream.channels))
         self.loop: asyncio.AbstractEventLoop  # set by ``start``
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -219,14 +221,16 @@ class RequestTracker:
     async def admit(self, request: ActiveRequest) -> None:
         with self.metrics.queued.track_inprogress():
             try:
-                await self.admission.acquire()
+                engine = await self.admission.acquire()
             except APIError:
                 self.metrics.count_request(request.api, "rejected")
                 raise
         params = request.params
-        stream = self.registry.open(self.loop.time(), text_closed=not request.text_open)
+        stream = self.registry.open(
+            self.loop.time(), text_closed=not request.text_open, engine=engine
+        )
         try:
-            self.control.submit(
+            self.upstream.engine(engine).submit(
                 stream.stream_id,
                 params.text,
                 params.voice,
@@ -240,7 +244,7 @@ class RequestTracker:
                 cancel_upstream=False,
                 discard_pending=True,
             )
-            self.admission.release()
+            self.admission.release(engine)
             self.metrics.count_request(request.api, "upstream_error")
             raise APIError(
                 503, "upstream_unavailable", str(e), retry_after_s=self.config.retry_after_s
@@ -249,6 +253,7 @@ class RequestTracker:
         request.stream = stream
         self.active.add(request)
         self.metrics.active.inc()
+        self._engine_active[engine].inc()
 
     def finish(self, request: ActiveRequest, exc: BaseException | None) -> None:
         request.report_bytes()
@@ -267,6 +272,7 @@ class RequestTracker:
         # One line per stream at its end (JSON lines carry the fields as keys).
         fields = {
             "stream_id": f"{stream.stream_id:#x}", "api": str(request.api), "outcome": outcome,
+            "engine": stream.engine,
             "ttfb_s": None if ttfb is None else round(ttfb, 4),
             "rtf": None if rtf is None else round(rtf, 4), "audio_s": round(audio_s, 3),
             "bytes_sent": request.bytes_sent, "text_chars": request.text_chars,
@@ -277,7 +283,8 @@ class RequestTracker:
         )  # fmt: skip
         self.active.discard(request)
         self.metrics.active.dec()
-        self.admission.release()
+        self._engine_active[stream.engine].dec()
+        self.admission.release(stream.engine)
 
     def append_text(self, request: ActiveRequest, text: str, *, final: bool) -> None:
         stream = request.stream
@@ -298,7 +305,7 @@ class RequestTracker:
             return  # ended or failed meanwhile: the front end learns it from next_chunks
         stream.last_record_at = self.loop.time()  # the open text's idle clock too
         try:
-            self.control.append_text(stream.stream_id, text, final=final)
+            self.upstream.engine(stream.engine).append_text(stream.stream_id, text, final=final)
         except UpstreamUnavailable as e:
             raise APIError(503, "upstream_unavailable", str(e)) from None
         if final:

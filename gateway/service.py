@@ -23,7 +23,7 @@ from gateway.pcm_pump import pump_pcm
 from gateway.readiness import Readiness, draining_error, readiness, refusal
 from gateway.requests import BYTES_PER_SECOND, RequestTracker
 from gateway.streams import StreamRegistry
-from gateway.upstream import ControlChannel
+from gateway.upstream import Upstream
 from gateway.voices import ENGLISH_VOICES, VoiceCatalog
 from shm.admission import AdmissionBoard
 from shm.layout import InstanceLayout
@@ -52,7 +52,9 @@ class Gateway:
         self.index = index
         self.metrics = metrics
         model_voices = config.llm.voices or list(ENGLISH_VOICES)
-        self.custom_voices = CustomVoices(config, layout, model_voices, list(g.voice_aliases))
+        self.custom_voices = CustomVoices(
+            config, layout, model_voices, list(g.voice_aliases), self._ready_engines
+        )
         self.voices = VoiceCatalog(
             g.voice_aliases,
             model_voices,
@@ -62,10 +64,11 @@ class Gateway:
         )
         self.limits = RequestLimits.of(config.llm)
         """The sampling fields' limits, the llm_worker's (``build_params`` checks them)."""
-        self.control = ControlChannel(layout.control)
+        self.upstream = Upstream([layout.engine_control(e) for e in range(layout.engines)])
+        """One control channel per vLLM engine; a stream's messages go to its engine's."""
         self.registry = StreamRegistry(
             index,
-            self.control,
+            self.upstream,
             metrics,
             max_buffered_bytes=int(g.max_buffered_seconds * BYTES_PER_SECOND),
         )
@@ -79,9 +82,13 @@ class Gateway:
             AdmissionBoard(layout.admission_segment, layout.gateways, index)
             if layout.shared_admission
             else None,
+            engines=layout.engines,
+            ready_engines=self._ready_engines,
         )
         self.cluster = ClusterWatcher(layout.status, self._on_status)
-        self.requests = RequestTracker(g, self.admission, self.registry, self.control, self.metrics)
+        self.requests = RequestTracker(
+            g, self.admission, self.registry, self.upstream, self.metrics
+        )
         """The owner of every request's life: ``gateway.requests.open(...)``."""
         self.draining = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -133,7 +140,7 @@ class Gateway:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
-        self.control.close()
+        self.upstream.close()
         self.admission.close()
 
     def begin_drain(self) -> None:
@@ -171,6 +178,12 @@ class Gateway:
     def _draining_error(self) -> APIError:
         return draining_error(self.config.gateway.retry_after_s)
 
+    def _ready_engines(self) -> tuple[bool, ...]:
+        status = self.cluster.status
+        if status is None:
+            return (False,) * self.layout.engines
+        return status.ready_engines
+
     def _gate(self) -> APIError | None:
         return refusal(self.cluster.status, self.draining, self.config.gateway.retry_after_s)
 
@@ -179,17 +192,27 @@ class Gateway:
             self.cluster.status,
             self.draining,
             self.admission.node_counts(),  # the node's, over every gateway
-            self.admission.max_active,
+            self.admission.capacity(),  # the ready engines' shares
         )
 
     def _on_status(self, status: ClusterStatus) -> None:
-        why = worker_lost(self.cluster.status, status)
-        if why is not None:
+        old = self.cluster.status
+        lost = worker_lost(old, status)
+        if lost:
+            why = lost.describe()
             n = self.registry.fail_all(
                 StreamError("worker_restarted", f"{why}; the stream was lost, retry it", 503),
                 cancel_upstream=True,
+                engines=None if lost.codec else lost.engines,
             )
             log.warning("%s: failed %d streams in flight", why, n)
+        if old is not None and any(
+            now and not was
+            for was, now in zip(old.ready_engines, status.ready_engines, strict=False)
+        ):
+            # An engine came (back): queued requests may be placed on it. ``cluster.status``
+            # is this status only after this callback, so look again on the next loop turn.
+            self.loop.call_soon(self.admission.reconsider)
 
     async def _watchdog(self) -> None:
         g = self.config.gateway

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from gateway.metrics import GatewayMetrics
-from gateway.upstream import ControlChannel
+from gateway.upstream import Upstream
 from shm.records import (
     STREAM_COUNTER_MASK,
     RecordKind,
@@ -63,6 +63,7 @@ class PcmStream:
         "buffered_bytes",
         "bytes_received",
         "end",
+        "engine",
         "error",
         "last_record_at",
         "next_seq",
@@ -71,8 +72,12 @@ class PcmStream:
         "text_closed",
     )
 
-    def __init__(self, stream_id: int, now: float, *, text_closed: bool = True) -> None:
+    def __init__(
+        self, stream_id: int, now: float, *, text_closed: bool = True, engine: int = 0
+    ) -> None:
         self.stream_id = stream_id
+        self.engine = engine
+        """The vLLM engine the stream was placed on: its every control message goes there."""
         self._pending: list[bytes] = []
         self._spare: list[bytes] = []
         self._waiter: asyncio.Future[None] | None = None
@@ -145,13 +150,13 @@ class StreamRegistry:
     def __init__(
         self,
         gateway_index: int,
-        control: ControlChannel,
+        upstream: Upstream,
         metrics: GatewayMetrics,
         *,
         max_buffered_bytes: int,
     ) -> None:
         self._index = gateway_index
-        self._control = control
+        self._upstream = upstream
         self._metrics = metrics
         self._max_buffered = max_buffered_bytes
         self._streams: dict[int, PcmStream] = {}
@@ -170,10 +175,10 @@ class StreamRegistry:
     def streams(self) -> Iterable[PcmStream]:
         return self._streams.values()
 
-    def open(self, now: float, *, text_closed: bool = True) -> PcmStream:
+    def open(self, now: float, *, text_closed: bool = True, engine: int = 0) -> PcmStream:
         self._counter += 1
         stream_id = make_stream_id(self._index, self._counter & STREAM_COUNTER_MASK)
-        stream = PcmStream(stream_id, now, text_closed=text_closed)
+        stream = PcmStream(stream_id, now, text_closed=text_closed, engine=engine)
         self._streams[stream_id] = stream
         return stream
 
@@ -181,7 +186,7 @@ class StreamRegistry:
         """The consumer is done with ``stream``: if upstream still works on it, cancel it."""
         if self._streams.get(stream.stream_id) is stream:
             del self._streams[stream.stream_id]
-            self._control.cancel(stream.stream_id, reason)
+            self._upstream.engine(stream.engine).cancel(stream.stream_id, reason)
 
     def fail(
         self,
@@ -195,7 +200,7 @@ class StreamRegistry:
         if self._streams.get(stream.stream_id) is stream:
             del self._streams[stream.stream_id]
             if cancel_upstream:
-                self._control.cancel(stream.stream_id, error.code)
+                self._upstream.engine(stream.engine).cancel(stream.stream_id, error.code)
 
     def drop_slow_client(self, stream: PcmStream, why: str) -> None:
         """Fail ``stream`` because its client does not read, and tear the connection down."""
@@ -209,8 +214,11 @@ class StreamRegistry:
         if stream.on_abort is not None:
             stream.on_abort()
 
-    def fail_all(self, error: StreamError, *, cancel_upstream: bool) -> int:
-        streams = list(self._streams.values())
+    def fail_all(
+        self, error: StreamError, *, cancel_upstream: bool, engines: frozenset[int] | None = None
+    ) -> int:
+        """Fail every stream (of ``engines`` only, when given)."""
+        streams = [s for s in self._streams.values() if engines is None or s.engine in engines]
         for s in streams:
             self.fail(s, error, cancel_upstream=cancel_upstream, discard_pending=True)
         return len(streams)

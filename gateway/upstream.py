@@ -1,4 +1,8 @@
-"""The gateway's control channel to the llm_worker: a ZeroMQ PUSH of msgpack Structs.
+"""The gateway's control channels to the llm workers: a ZeroMQ PUSH of msgpack Structs per
+vLLM engine (``llm.engines``), each to its worker's ``control-<engine>`` socket.
+
+Every message names the engine its stream was placed on at admission
+(``gateway.admission``): a stream's submit, appends and cancel all reach the same engine.
 
 Sends never block the event loop: a message that cannot be queued (the llm_worker is not
 draining its socket and the high-water mark is reached) is reported to the caller, which
@@ -71,3 +75,21 @@ class ControlChannel:
 
     def close(self) -> None:
         self._sock.close(linger=0)
+
+
+class Upstream:
+    """One ``ControlChannel`` per engine; ``engine(e)`` is engine ``e``'s."""
+
+    def __init__(self, endpoints: list[str], ctx: zmq.Context | None = None) -> None:
+        self.channels = [ControlChannel(ep, ctx) for ep in endpoints]
+
+    def engine(self, index: int) -> ControlChannel:
+        return self.channels[index]
+
+    @property
+    def failures(self) -> int:
+        return sum(c.failures for c in self.channels)
+
+    def close(self) -> None:
+        for c in self.channels:
+            c.close()

@@ -70,12 +70,29 @@ class EngineInfo(msgspec.Struct, frozen=True):
     dtype: str
     kv_cache_dtype: str
     device: str
+    kv_blocks: int = 0
+    """KV cache blocks the engine got (0: not reported)."""
+    block_size: int = 0
+    max_model_len: int = 0
+    max_num_seqs: int = 0
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_blocks * self.block_size
 
     def describe(self) -> str:
+        kv = ""
+        if self.kv_tokens:
+            full = self.kv_tokens // max(1, self.max_model_len)
+            kv = (
+                f"; KV cache {self.kv_blocks} blocks ({self.kv_tokens} tokens: "
+                f"{full} streams at the full {self.max_model_len} tokens); "
+                f"max streams {self.max_num_seqs}"
+            )
         return (
             f"device {self.device}; model runner {self.model_runner}; attention backend "
             f"{self.attention_backend}; scheduling {self.scheduling}; dtype {self.dtype}; "
-            f"KV cache dtype {self.kv_cache_dtype}"
+            f"KV cache dtype {self.kv_cache_dtype}{kv}"
         )
 
 
@@ -136,9 +153,17 @@ def engine_args(
     profiler: ProfilerConfig | None = None,
     head: HeadChoice | None = None,
 ) -> AsyncEngineArgs:
-    """The engine's arguments; ``head`` None is the checkpoint's own (full) head."""
+    """The engine's arguments; ``head`` None is the checkpoint's own (full) head.
+
+    With ``config.engines`` K > 1 this is one engine's: ``gpu_memory_utilization`` and an
+    explicit ``kv_cache_memory_bytes`` are the whole device's, split evenly (each engine
+    process holds its own weights, CUDA graphs and KV cache). On CPU the KV cache is what
+    the engine's own ``max_num_seqs`` streams need, as with one engine."""
+    share = max(1, config.engines)
     kv_bytes = config.kv_cache_memory_bytes
-    if kv_bytes is None and device == "cpu":
+    if kv_bytes is not None:
+        kv_bytes //= share
+    elif device == "cpu":
         kv_bytes = cpu_kv_cache_bytes(config)
     return AsyncEngineArgs(
         model=config.model,
@@ -146,7 +171,7 @@ def engine_args(
         skip_tokenizer_init=True,
         max_model_len=config.max_model_len,
         max_num_seqs=config.max_num_seqs,
-        gpu_memory_utilization=config.gpu_memory_utilization,
+        gpu_memory_utilization=config.gpu_memory_utilization / share,
         kv_cache_memory_bytes=kv_bytes,
         dtype=config.dtype,
         kv_cache_dtype=config.kv_cache_dtype,
@@ -363,4 +388,8 @@ def describe_engine(engine: AsyncLLM, device: str) -> EngineInfo:
         dtype=str(vc.model_config.dtype).removeprefix("torch."),
         kv_cache_dtype=str(vc.cache_config.cache_dtype),
         device=device,
+        kv_blocks=int(vc.cache_config.num_gpu_blocks or 0),
+        block_size=int(vc.cache_config.block_size or 0),
+        max_model_len=int(vc.model_config.max_model_len),
+        max_num_seqs=int(vc.scheduler_config.max_num_seqs),
     )

@@ -31,7 +31,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from common.llm_config import LLMConfig
 from llm_worker.model_info import find_model_file
-from shm.messages import AdminReply, AdminRequest, LoraLoad, LoraUnload
+from shm.messages import AdminReply, AdminRequest, LoraLoad, LoraSync, LoraUnload
 from shm.voices import (
     LoraEntry,
     LoraRegistry,
@@ -227,6 +227,9 @@ class LoraVoices:
                 "lora_disabled",
                 "multi-LoRA is off: set [llm] enable_lora = true (or lora_voices) and restart",
             )
+        if isinstance(req, LoraSync):
+            await self.sync(engine)
+            return AdminReply(req.request_id, 200)
         async with self._lock:
             if isinstance(req, LoraLoad):
                 return await self._load(engine, req)

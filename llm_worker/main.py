@@ -1,17 +1,20 @@
 """The llm_worker process: control messages in, code frames out.
 
-``run(config, layout)``: loads the tokenizer, the model's voices and the vLLM engine,
+``run(config, layout, engine)``: the worker of vLLM engine ``engine`` (0 .. ``llm.engines`` - 1;
+each engine is one such process with its own sockets and code ring). Loads the tokenizer,
+the model's voices and the vLLM engine,
 runs the warm-up batch (:mod:`llm_worker.warmup`: every batch size up to 72 rows, above
 vLLM's sampler thresholds), tells the orchestrator it is ready, then serves until
 SIGTERM/SIGINT:
 
-- PULL ``layout.control`` (bound here): ``LlmSubmit`` / ``LlmAppendText`` / ``LlmCancel`` from the
+- PULL ``layout.engine_control(engine)`` (bound here): ``LlmSubmit`` / ``LlmAppendText`` / ``LlmCancel`` from the
   gateways, handled in arrival order;
 - the pump (:class:`llm_worker.service.LLMService`) publishes each engine step's frames to
-  the code ring (:class:`llm_worker.output.RingSink`: producer of ``layout.code_ring``,
-  created by the orchestrator);
+  the engine's code ring (:class:`llm_worker.output.RingSink`: producer of
+  ``layout.engine_code_ring(engine)``, created by the orchestrator), which begins with a
+  ``RESET`` record: the codec worker drops what a dead predecessor left of its streams;
 - PUSH ``layout.orch``: ``WorkerReady`` once warm, ``Heartbeat`` every second;
-- ROUTER ``layout.admin``: LoRA loads and unloads from the gateways, and every
+- ROUTER ``layout.engine_admin(engine)``: LoRA loads, unloads and syncs from the gateways, and every
   ``llm.lora_sync_s`` the LoRA voices other workers sharing the state directory changed.
 
 On SIGTERM the streams still held get ERROR 503 ("shutdown"); if the engine dies they get
@@ -58,6 +61,7 @@ from shm.messages import (
     control_encoder,
     llm_control_decoder,
 )
+from shm.records import RecordKind
 from shm.ring import RingWriter
 from shm.voices import LoraRegistry, VoiceStore
 
@@ -69,11 +73,11 @@ STATS_POLL_S = 1.0
 ENGINE_SHUTDOWN_S = 2.0
 
 
-def run(config: ServeConfig, layout: InstanceLayout) -> None:
-    """Serve until SIGTERM/SIGINT (see the module docstring)."""
+def run(config: ServeConfig, layout: InstanceLayout, engine: int = 0) -> None:
+    """Serve engine ``engine`` until SIGTERM/SIGINT (see the module docstring)."""
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve(config, layout))
+            runner.run(serve(config, layout, engine))
     finally:
         # Everything is closed by now. Collecting the engine's large heap at interpreter
         # exit takes seconds on a busy host (and the orchestrator's stop timeout counts them):
@@ -81,7 +85,12 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
         gc.freeze()
 
 
-async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
+def role_name(engine: int) -> str:
+    """The worker's name in the orchestrator's log and heartbeats."""
+    return f"{ROLE}-{engine}"
+
+
+async def serve(config: ServeConfig, layout: InstanceLayout, engine_index: int = 0) -> None:
     cfg = config.llm
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -94,15 +103,18 @@ async def serve(config: ServeConfig, layout: InstanceLayout) -> None:
     log.info("voices (%s): %s", info.source, ", ".join(info.voices))
 
     ctx = zmq.asyncio.Context()
-    link = WorkerLink(layout.orch, ROLE, ctx)
+    link = WorkerLink(layout.orch, role_name(engine_index), ctx)
     control = ctx.socket(zmq.PULL)
     control.setsockopt(zmq.LINGER, 0)
-    control.bind(layout.control)
+    control.bind(layout.engine_control(engine_index))
     admin = ctx.socket(zmq.ROUTER)
     admin.setsockopt(zmq.LINGER, 0)
-    admin.bind(layout.admin)
-    writer = RingWriter(layout.code_ring, recheck_ms=config.shm.recheck_ms)
-    sampling = setup_sampling(cfg, f"{layout.instance}-prevented", config.device)
+    admin.bind(layout.engine_admin(engine_index))
+    writer = RingWriter(layout.engine_code_ring(engine_index), recheck_ms=config.shm.recheck_ms)
+    # A new producer: what a dead predecessor left of its streams in the codec goes first.
+    writer.append(RecordKind.RESET, 0, 0, b"", cfg.ring_full_timeout_s)
+    writer.publish()
+    sampling = setup_sampling(cfg, f"{layout.instance}-prevented-{engine_index}", config.device)
     engine: AsyncLLM | None = None
     service: LLMService | None = None
     tasks: list[asyncio.Task[None]] = []

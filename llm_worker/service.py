@@ -311,7 +311,7 @@ class LLMService:
         self, stream_id: int, message: str, code: str = "bad_request", status: int = 400
     ) -> None:
         """An ERROR for a request that never became a stream (no engine work was done)."""
-        M.STREAMS.labels("bad_request" if status == 400 else "error").inc()
+        M.STREAMS.labels(M.ENGINE, "bad_request" if status == 400 else "error").inc()
         err = StreamError(code=code, message=message, status=status)
         self._outbox.append((_Orphan(stream_id), err))
         self._wake.set()
@@ -380,7 +380,7 @@ class LLMService:
 
     def _end_segment(self, s: LlmStream, reason: str) -> None:
         if self._assembler.pending_tokens(s.row):
-            M.FRAMES_DROPPED.labels("incomplete").inc()
+            M.FRAMES_DROPPED.labels(M.ENGINE, "incomplete").inc()
         if _SEVERITY.get(reason, 0) > _SEVERITY.get(s.reason, 0):
             s.reason = reason
         s.request_id = None
@@ -408,7 +408,7 @@ class LLMService:
         self._assembler.close(s.row)
         prevented = self._sampling.release(s.counter) if s.counter is not None else 0
         M.ACTIVE_STREAMS.dec()
-        M.STREAMS.labels(outcome).inc()
+        M.STREAMS.labels(M.ENGINE, outcome).inc()
         return prevented
 
     def _finish(self, s: LlmStream) -> None:
@@ -496,7 +496,7 @@ class LLMService:
         # A frame is dropped in the step that completes it, often not the one that brought
         # its invalid token.
         if n_dropped := int(step.dropped.sum()):
-            M.FRAMES_DROPPED.labels("invalid").inc(n_dropped)
+            M.FRAMES_DROPPED.labels(M.ENGINE, "invalid").inc(n_dropped)
 
         counts = step.counts.tolist()
         bounds = offsets.tolist()

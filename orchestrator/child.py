@@ -111,16 +111,22 @@ def main(argv: list[str] | None = None) -> int:
     role = argv[0]
     index = int(argv[1]) if len(argv) > 1 else 0
     spec = msgspec.json.decode(os.environ[SPEC_ENV].encode(), type=ChildSpec)
-    os.environ["ORPHEUS_SERVE_ROLE"] = role if role != "gateway" else f"gateway-{index}"
+    numbered = role == "gateway" or (role == "llm" and spec.layout.engines > 1)
+    os.environ["ORPHEUS_SERVE_ROLE"] = f"{role}-{index}" if numbered else role
     _die_with_parent()
     if os.getppid() != spec.parent_pid:
         return 1  # the orchestrator died before we got here
     protect_stdio()  # a full log disk must not kill the worker (tqdm, print)
     setup_logging(spec.config.log_format, spec.config.log_level)
     quiet_teardown(spec.config.log_level)  # first atexit handler: runs after the others
-    plan = cpu_plan(spec.config.device, spec.config.cpu_affinity, os.sched_getaffinity(0))
+    plan = cpu_plan(
+        spec.config.device,
+        spec.config.cpu_affinity,
+        os.sched_getaffinity(0),
+        engines=spec.layout.engines,
+    )
     if plan is not None:
-        apply_cpu_plan(plan, role)  # before the role imports torch or vLLM
+        apply_cpu_plan(plan, role, index)  # before the role imports torch or vLLM
     try:
         from setproctitle import setproctitle
 
@@ -132,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         if role == "llm":
             from llm_worker.main import run as run_llm
 
-            run_llm(spec.config, spec.layout)
+            run_llm(spec.config, spec.layout, index)
         elif role == "codec":
             from codec_worker.main import run as run_codec
 

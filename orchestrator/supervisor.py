@@ -1,10 +1,14 @@
 """Starts, watches and restarts the worker processes of one instance.
 
-Order: codec_worker and llm_worker first (they bind the consumer doorbells and the control
-socket), gateways once both are warm. The orchestrator publishes ClusterStatus so gateways
-know whether to admit and learn when a worker restarted (its generation is bumped, and the
-gateways fail the streams that worker held). Shutdown (SIGINT/SIGTERM): gateways drain first,
-then the workers stop, then the segments are unlinked.
+Order: codec_worker and the llm workers first (they bind the consumer doorbells and the
+control sockets), gateways once all are warm. With ``llm.engines`` K > 1 there are K llm
+workers, one per vLLM engine, each supervised on its own; on CUDA they start one after
+another (each once the one before is ready: vLLM sizes its KV cache from the device's free
+memory, which a neighbour's start-up would make wrong), on CPU all at once. The orchestrator
+publishes ClusterStatus so gateways know whether and where to admit and learn when a worker
+restarted (its generation is bumped, and the gateways fail the streams it held: an engine's
+only, or every stream for the codec). Shutdown (SIGINT/SIGTERM): gateways drain first, then
+the workers stop, then the segments are unlinked.
 
 Each worker is a process group (its own session); when a worker dies or is stopped, what is
 left of its group (vLLM's EngineCore and Worker processes, resource trackers) is killed and
@@ -38,6 +42,7 @@ from orchestrator.logs import library_env
 from shm.layout import InstanceLayout
 from shm.messages import (
     ClusterStatus,
+    EngineStatus,
     Heartbeat,
     WorkerFailed,
     WorkerReady,
@@ -67,10 +72,16 @@ LOOP_STALL_WARN_S = 5.0
 """One pass of the supervision loop longer than this is logged (deaths are noticed late)."""
 
 
+ENGINE_ENV = "ORPHEUS_SERVE_ENGINE"
+"""The environment variable that tells an llm worker its engine index (its metrics' label)."""
+
+
 @dataclass
 class Child:
     role: str
     index: int = 0
+    numbered: bool = False
+    """Named ``role-index`` (the gateways; the llm workers when there are several)."""
     proc: subprocess.Popen[bytes] | None = None
     ready: bool = False
     generation: int = 0
@@ -88,7 +99,7 @@ class Child:
 
     @property
     def name(self) -> str:
-        return self.role if self.role != "gateway" else f"gateway-{self.index}"
+        return f"{self.role}-{self.index}" if self.numbered else self.role
 
     @property
     def pid(self) -> int | None:
@@ -102,13 +113,20 @@ class Supervisor:
     def __init__(self, config: ServeConfig, layout: InstanceLayout | None = None) -> None:
         self.config = config
         self.layout = layout or InstanceLayout.for_pid(
-            os.getpid(), config.shm.run_dir, config.gateway.processes
+            os.getpid(), config.shm.run_dir, config.gateway.processes, config.llm.engines
         )
+        engines = self.layout.engines
         self.codec = Child("codec")
-        self.llm = Child("llm")
-        self.workers = [self.codec, self.llm]
+        self.llms = [Child("llm", e, numbered=engines > 1) for e in range(engines)]
+        """One llm worker per vLLM engine."""
+        self.workers = [self.codec, *self.llms]
         """Started in this order: the codec compiles while vLLM loads (docs/performance.md)."""
-        self.gateways = [Child("gateway", i) for i in range(config.gateway.processes)]
+        self.gateways = [
+            Child("gateway", i, numbered=True) for i in range(config.gateway.processes)
+        ]
+        self.sequential_engines = config.device == "cuda"
+        """Engines start one after another (vLLM's CUDA memory profiling reads the device's
+        free memory); on CPU the KV cache is sized explicitly and they start at once."""
         self.stopping = False
         self.draining = False
         self._ctx = zmq.Context.instance()
@@ -130,7 +148,12 @@ class Supervisor:
         remove_stale_instances(self.config.shm.run_dir)
         create_instance(self.layout, self.config.shm)
         log.info("%s", describe_segments(self.layout))
-        plan = cpu_plan(self.config.device, self.config.cpu_affinity, os.sched_getaffinity(0))
+        plan = cpu_plan(
+            self.config.device,
+            self.config.cpu_affinity,
+            os.sched_getaffinity(0),
+            engines=self.layout.engines,
+        )
         if plan is not None:
             log.info("cores: %s", plan.describe())
         os.makedirs(self.metrics_dir, exist_ok=True)
@@ -143,8 +166,8 @@ class Supervisor:
             self._status = self._ctx.socket(zmq.PUB)
             self._status.setsockopt(zmq.LINGER, 0)
             self._status.bind(self.layout.status)
-            for child in self.workers:
-                self._start(child)
+            self._start(self.codec)
+            self._start_engines()
             code = self._loop()
         finally:
             self._shutdown()
@@ -176,6 +199,7 @@ class Supervisor:
             self._note_stall(now, watched)
             if self.stopping:  # a signal during this pass: start and announce nothing more
                 break
+            self._start_engines()
             warm = all(c.ready for c in self.workers)
             if warm and not any(g.proc for g in self.gateways):
                 for g in self.gateways:
@@ -184,8 +208,9 @@ class Supervisor:
                 announced = True
                 g = self.config.gateway
                 log.info(
-                    "ready in %.1fs: http://%s:%d (instance %s)",
-                    now - t0, g.host, g.port, self.layout.instance,
+                    "ready in %.1fs: http://%s:%d (instance %s, %d llm engine%s)",
+                    now - t0, g.host, g.port, self.layout.instance, len(self.llms),
+                    "s" if len(self.llms) > 1 else "",
                 )  # fmt: skip
             if not warm and now - t0 > self.config.ready_timeout_s and not announced:
                 log.error("workers not ready after %.0fs: giving up", self.config.ready_timeout_s)
@@ -240,6 +265,16 @@ class Supervisor:
         return None
 
     # -- children --------------------------------------------------------------------------
+    def _start_engines(self) -> None:
+        """First starts of the llm workers: all at once, or on CUDA each once the engine
+        before it is ready (or has been: a later restart does not hold the others back)."""
+        for prev, child in zip([None, *self.llms], self.llms, strict=False):
+            if child.proc is not None:
+                continue
+            if self.sequential_engines and prev is not None and not prev.ever_ready:
+                return
+            self._start(child)
+
     def _spec_env(self) -> dict[str, str]:
         spec = ChildSpec(config=self.config, layout=self.layout, parent_pid=os.getpid())
         env = dict(os.environ)
@@ -252,9 +287,12 @@ class Supervisor:
 
     def _start(self, child: Child) -> None:
         args = [sys.executable, "-m", "orchestrator.child", child.role, str(child.index)]
+        env = self._spec_env()
+        if child.role == "llm":
+            env[ENGINE_ENV] = str(child.index)
         # Own session: a terminal's Ctrl-C reaches only the orchestrator, which stops the
         # children in order (gateways drain first).
-        child.proc = subprocess.Popen(args, env=self._spec_env(), start_new_session=True)
+        child.proc = subprocess.Popen(args, env=env, start_new_session=True)
         child.ready = False
         child.failure = None
         child.started_at = child.last_seen = time.monotonic()
@@ -371,12 +409,11 @@ class Supervisor:
 
     def _publish_status(self, now: float, force: bool = False) -> None:
         assert self._status is not None
-        llm, codec = self.llm, self.codec
+        codec = self.codec
         status = ClusterStatus(
-            llm_ready=llm.ready,
+            engines=tuple(EngineStatus(c.ready, c.generation) for c in self.llms),
             codec_ready=codec.ready,
             draining=self.draining or self.stopping,
-            llm_generation=llm.generation,
             codec_generation=codec.generation,
         )
         if force or status != self._last_status or now - self._last_status_at > STATUS_PERIOD_S:

@@ -25,7 +25,7 @@ CAUSE_PREFIX = "orpheus-serve: "
 
 # The orchestrator's lines that are worth a console line while the server starts (text log
 # format): a worker that became ready, and one that died and is being restarted.
-_READY = re.compile(r"orchestrator\.supervisor: (codec|llm) ready \(pid \d+, ([\d.]+)s\)")
+_READY = re.compile(r"orchestrator\.supervisor: (codec|llm)(?:-\d+)? ready \(pid \d+, ([\d.]+)s\)")
 _RESTART = re.compile(r"orchestrator\.supervisor: (.+ exited with .+; restarting in .+)$")
 _WORKER_NAMES = {"codec": "codec worker (SNAC)", "llm": "llm worker (vLLM)"}
 

@@ -60,10 +60,11 @@ DESCRIPTIONS: dict[str, str] = {
     "ready_timeout_s": "The orchestrator gives up (exit code 1) if the workers are not ready "
     "this long after start (model download, engine load, codec compile).",
     # [llm]
-    "llm.max_num_seqs": "Most sequences (streams) vLLM runs in one engine step; more wait in "
-    "vLLM's queue. Keep it >= gateway.max_active_streams.",
+    "llm.max_num_seqs": "Most sequences (streams) one engine runs in one engine step; more wait "
+    "in vLLM's queue. Keep engines x max_num_seqs >= gateway.max_active_streams.",
     "llm.gpu_memory_utilization": "Fraction of the GPU's memory vLLM may use for weights, "
-    "activations and KV cache; the codec worker needs part of the rest.",
+    "activations and KV cache, all engines together (each gets an equal share); the codec "
+    "worker needs part of the rest.",
     "llm.dtype": 'Weight and activation dtype passed to vLLM ("auto": as stored, BF16).',
     "llm.enforce_eager": "Run vLLM without CUDA graphs (slower; for debugging, and the CPU build).",
     "llm.default_voice": "Voice used when a request names none (or an alias of it).",
@@ -114,8 +115,8 @@ DESCRIPTIONS: dict[str, str] = {
     "gateway.retry_after_s": "Retry-After (seconds) sent with 429 and 503 answers.",
     "gateway.access_log": "Log one line per HTTP request (aiohttp's access log).",
     # [shm]
-    "shm.code_ring_bytes": "Size of the code ring (llm_worker to codec_worker), shared by all "
-    "streams.",
+    "shm.code_ring_bytes": "Size of each engine's code ring (llm_worker to codec_worker), "
+    "shared by the streams of that engine.",
     "shm.pcm_ring_bytes": "Size of each gateway's PCM ring (codec_worker to gateway).",
 }
 

@@ -3,9 +3,13 @@
 With ``gateway.processes > 1`` the gateway processes admit streams against one set of limits
 (``max_active_streams``, ``max_queued_streams``) for the whole node, so that ``GET /ready``
 and the 429s of any gateway say what the node can take. The segment
-``/dev/shm/<instance>-admission`` holds one 64-byte slot per gateway process::
+``/dev/shm/<instance>-admission`` holds one 128-byte slot per gateway process::
 
-    slot i:  pid i64 | active i64 | queued i64 | oldest_wait_ns i64 | (32 bytes unused)
+    slot i:  pid i64 | active i64 | queued i64 | oldest_wait_ns i64
+             | active on engine 0..7: 8 x i64 | (32 bytes unused)
+
+The per-engine counts place each stream on one of the node's vLLM engines (``llm.engines``)
+by the streams every gateway holds there, so two gateways do not pile onto one engine.
 
 A slot is written only by its gateway (``index``), and only while that gateway holds an
 exclusive ``flock`` on the segment, so that "count the node, then take a slot" is atomic
@@ -30,12 +34,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shm.layout import pid_alive
+from shm.layout import MAX_ENGINES, pid_alive
 from shm.ring import SHM_DIR
 
-SLOT_BYTES = 64
+SLOT_BYTES = 128
 _FIELDS = SLOT_BYTES // 8
 PID, ACTIVE, QUEUED, OLDEST = 0, 1, 2, 3
+ENGINE0 = 4
+"""Index of engine 0's count in a slot; engine ``e``'s is ``ENGINE0 + e``."""
 
 
 def segment_bytes(slots: int) -> int:
@@ -65,6 +71,8 @@ class Others(NamedTuple):
     """Arrival time of their oldest queued request (0: none queued)."""
     oldest_index: int
     """Index of the gateway holding that request (ties go to the lower index)."""
+    by_engine: tuple[int, ...] = (0,) * MAX_ENGINES
+    """Their active streams on each engine."""
 
 
 NOBODY = Others(0, 0, 0, -1)
@@ -108,6 +116,7 @@ class AdmissionBoard:
         assert self._locked, "others() needs the lock"
         active = queued = 0
         oldest, oldest_index = 0, -1
+        by_engine = np.zeros(MAX_ENGINES, dtype=np.int64)
         for i, slot in enumerate(self._slots):
             if i == self.index:
                 continue
@@ -119,18 +128,25 @@ class AdmissionBoard:
                 continue
             active += int(slot[ACTIVE])
             queued += int(slot[QUEUED])
+            by_engine += slot[ENGINE0 : ENGINE0 + MAX_ENGINES]
             t = int(slot[OLDEST])
             if t and (oldest == 0 or t < oldest):
                 oldest, oldest_index = t, i
-        return Others(active, queued, oldest, oldest_index)
+        return Others(active, queued, oldest, oldest_index, tuple(int(n) for n in by_engine))
 
-    def publish(self, active: int, queued: int, oldest_wait_ns: int) -> None:
-        """Write this gateway's counts (lock held)."""
+    def publish(
+        self, active: int, queued: int, oldest_wait_ns: int, by_engine: tuple[int, ...] = ()
+    ) -> None:
+        """Write this gateway's counts (lock held); ``by_engine``: its active streams on
+        each engine (engines beyond it: none)."""
         assert self._locked, "publish() needs the lock"
         slot = self._slots[self.index]
         slot[ACTIVE] = active
         slot[QUEUED] = queued
         slot[OLDEST] = oldest_wait_ns
+        engines = slot[ENGINE0 : ENGINE0 + MAX_ENGINES]
+        engines[:] = 0
+        engines[: len(by_engine)] = by_engine
 
     def close(self) -> None:
         """Give this gateway's slot back (its streams are over) and unmap. Idempotent."""

@@ -26,10 +26,15 @@ class InstanceLayout(msgspec.Struct, frozen=True):
     instance: str
     run_dir: str
     gateways: int = 1
+    engines: int = 1
+    """vLLM engines (llm worker processes): each has its own control and admin sockets and
+    its own code ring into the codec worker (``engine_*``, numbered from 0)."""
 
     @classmethod
-    def for_pid(cls, pid: int, run_dir: str, gateways: int) -> InstanceLayout:
-        return cls(instance=f"{SEGMENT_PREFIX}{pid}", run_dir=run_dir, gateways=gateways)
+    def for_pid(cls, pid: int, run_dir: str, gateways: int, engines: int = 1) -> InstanceLayout:
+        return cls(
+            instance=f"{SEGMENT_PREFIX}{pid}", run_dir=run_dir, gateways=gateways, engines=engines
+        )
 
     @property
     def socket_dir(self) -> str:
@@ -38,10 +43,10 @@ class InstanceLayout(msgspec.Struct, frozen=True):
     def _ipc(self, name: str) -> str:
         return f"ipc://{os.path.join(self.socket_dir, name)}"
 
-    @property
-    def control(self) -> str:
-        """llm_worker binds PULL; gateways connect PUSH (LlmSubmit, LlmAppendText, LlmCancel)."""
-        return self._ipc("control")
+    def engine_control(self, engine: int) -> str:
+        """The engine's llm_worker binds PULL; gateways connect PUSH (LlmSubmit, LlmAppendText,
+        LlmCancel of the streams placed on that engine)."""
+        return self._ipc(f"control-{engine}")
 
     @property
     def orch(self) -> str:
@@ -59,10 +64,10 @@ class InstanceLayout(msgspec.Struct, frozen=True):
         reference clips of custom voices to SNAC codes)."""
         return self._ipc("encode")
 
-    @property
-    def admin(self) -> str:
-        """llm_worker binds ROUTER; gateways connect DEALER (LoraLoad/LoraUnload/AdminReply)."""
-        return self._ipc("admin")
+    def engine_admin(self, engine: int) -> str:
+        """The engine's llm_worker binds ROUTER; gateways connect DEALER
+        (LoraLoad/LoraUnload/AdminReply: a LoRA voice is loaded into every engine)."""
+        return self._ipc(f"admin-{engine}")
 
     def _ring(self, name: str) -> RingEndpoints:
         return RingEndpoints(
@@ -71,9 +76,10 @@ class InstanceLayout(msgspec.Struct, frozen=True):
             space_bell=self._ipc(f"{name}.space"),
         )
 
-    @property
-    def code_ring(self) -> RingEndpoints:
-        return self._ring("codes")
+    def engine_code_ring(self, engine: int) -> RingEndpoints:
+        """The engine's llm_worker produces, the codec worker consumes (one ring per engine:
+        a ring has one producer)."""
+        return self._ring(f"codes-{engine}")
 
     def pcm_ring(self, gateway_index: int) -> RingEndpoints:
         return self._ring(f"pcm-{gateway_index}")
@@ -89,7 +95,10 @@ class InstanceLayout(msgspec.Struct, frozen=True):
         return self.gateways > 1
 
     def all_rings(self) -> list[RingEndpoints]:
-        return [self.code_ring, *(self.pcm_ring(i) for i in range(self.gateways))]
+        return [
+            *(self.engine_code_ring(e) for e in range(self.engines)),
+            *(self.pcm_ring(i) for i in range(self.gateways)),
+        ]
 
 
 def pid_alive(pid: int) -> bool:

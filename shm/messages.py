@@ -8,8 +8,8 @@ are a different, client-facing contract.
 
 | messages | from -> to | socket (``shm.layout``) |
 |---|---|---|
-| ``LlmSubmit``, ``LlmAppendText``, ``LlmCancel`` (``LlmControl``) | gateway -> llm_worker | ``control`` PUSH/PULL |
-| ``LoraLoad``, ``LoraUnload`` / ``AdminReply`` | gateway <-> llm_worker | ``admin`` DEALER/ROUTER |
+| ``LlmSubmit``, ``LlmAppendText``, ``LlmCancel`` (``LlmControl``) | gateway -> llm_worker | ``control-<engine>`` PUSH/PULL |
+| ``LoraLoad``, ``LoraUnload``, ``LoraSync`` / ``AdminReply`` | gateway <-> llm_worker | ``admin-<engine>`` DEALER/ROUTER |
 | ``EncodeRequest`` / ``EncodeReply`` | gateway <-> codec_worker | ``encode`` DEALER/ROUTER |
 | ``WorkerReady``, ``Heartbeat``, ``WorkerFailed`` | worker -> orchestrator | ``orch`` PUSH/PULL |
 | ``ClusterStatus`` | orchestrator -> gateways | ``status`` PUB/SUB |
@@ -91,15 +91,33 @@ class WorkerFailed(msgspec.Struct, tag="failed", frozen=True):
     fix: str
 
 
-class ClusterStatus(msgspec.Struct, tag="status", frozen=True):
-    """orchestrator -> gateways (PUB): whether a new stream can be admitted."""
+class EngineStatus(msgspec.Struct, frozen=True):
+    """One vLLM engine (llm worker) as the orchestrator sees it."""
 
-    llm_ready: bool
+    ready: bool
+    generation: int = 0
+    """Bumped each time the engine's worker restarts: gateways fail the streams it held."""
+
+
+class ClusterStatus(msgspec.Struct, tag="status", frozen=True):
+    """orchestrator -> gateways (PUB): whether a new stream can be admitted, and where.
+
+    ``engines[e]`` is engine ``e``'s (``llm.engines`` of them). A stream is placed on a ready
+    engine; the node takes streams while at least one engine and the codec are ready."""
+
+    engines: tuple[EngineStatus, ...]
     codec_ready: bool
     draining: bool
-    # Bumped each time a worker restarts: gateways fail the streams they held.
-    llm_generation: int = 0
     codec_generation: int = 0
+
+    @property
+    def llm_ready(self) -> bool:
+        """At least one engine can take a stream."""
+        return any(e.ready for e in self.engines)
+
+    @property
+    def ready_engines(self) -> tuple[bool, ...]:
+        return tuple(e.ready for e in self.engines)
 
 
 class EncodeRequest(msgspec.Struct, tag="encode", frozen=True):
@@ -137,6 +155,14 @@ class LoraUnload(msgspec.Struct, tag="lora_unload", frozen=True):
     name: str
 
 
+class LoraSync(msgspec.Struct, tag="lora_sync", frozen=True):
+    """gateway -> llm_worker: follow the LoRA registry now (another engine's worker loaded or
+    unloaded a voice), and answer once done; with several engines a voice loaded through one
+    is then usable on every engine."""
+
+    request_id: int
+
+
 class AdminReply(msgspec.Struct, tag="admin_reply", frozen=True):
     """llm_worker -> gateway: the outcome of an admin request, as an HTTP status."""
 
@@ -146,7 +172,7 @@ class AdminReply(msgspec.Struct, tag="admin_reply", frozen=True):
     message: str = ""
 
 
-AdminRequest = LoraLoad | LoraUnload
+AdminRequest = LoraLoad | LoraUnload | LoraSync
 LlmControl = LlmSubmit | LlmAppendText | LlmCancel
 OrchestratorMessage = WorkerReady | Heartbeat | WorkerFailed
 

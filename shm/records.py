@@ -12,7 +12,10 @@ detect loss, duplication and reordering:
 - ``END``: the stream finished; payload is a msgpack ``StreamEnd``; ``seq`` is the next
   sequence number the stream would have used (frames for codes, chunks for PCM).
 - ``ERROR``: the stream failed; payload is a msgpack ``StreamError``; no record of the
-  stream follows. An error raised in the llm_worker travels through the codec ring and
+  stream follows.
+- ``RESET`` (llm_worker -> codec_worker, stream id 0, no payload): the first record a newly
+  started llm worker writes to its engine's code ring. The worker before it died with its
+  streams unfinished; the codec worker drops (and fails) the streams that came from that ring. An error raised in the llm_worker travels through the codec ring and
   the codec worker forwards it, so it reaches the gateway after the audio before it.
 """
 
@@ -45,6 +48,7 @@ class RecordKind(enum.IntEnum):
     PCM = 2
     END = 3
     ERROR = 4
+    RESET = 5
 
 
 class StreamEnd(msgspec.Struct, frozen=True):

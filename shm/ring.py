@@ -418,3 +418,44 @@ class RingReader:
         self._space_bell.close(linger=0)
         self._data_bell.close()
         self._seg.close()
+
+
+class ReaderGroup:
+    """Several rings with one consumer (the codec worker reads every engine's code ring):
+    one ``wait`` sleeps until any of them has data, on all their doorbells at once."""
+
+    def __init__(self, readers: list[RingReader]) -> None:
+        self.readers = readers
+        self._poller = zmq.Poller()
+        for r in readers:
+            self._poller.register(r._data_bell.sock, zmq.POLLIN)
+        self._spin_s = max((r._spin_s for r in readers), default=0.0)
+        self._recheck_s = min((r._recheck_s for r in readers), default=0.05)
+
+    def has_data(self) -> bool:
+        return any(r.has_data() for r in self.readers)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until a ring may have data: spin, then sleep on every doorbell (each ring's
+        ``sleeping`` flag set, as ``RingReader.wait`` does for one)."""
+        if self.has_data():
+            return True
+        spin_end = time.perf_counter() + min(self._spin_s, timeout_s)
+        while time.perf_counter() < spin_end:
+            if self.has_data():
+                return True
+        deadline = time.monotonic() + timeout_s
+        segs = [r._seg for r in self.readers]
+        for seg in segs:
+            seg.consumer_sleeping.value = 1
+        try:
+            while not self.has_data():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                for sock, _ in self._poller.poll(max(0, int(min(left, self._recheck_s) * 1000))):
+                    _drain(sock)
+            return True
+        finally:
+            for seg in segs:
+                seg.consumer_sleeping.value = 0

@@ -23,7 +23,8 @@ _INSTANCE_RE = re.compile(rf"^{re.escape(SEGMENT_PREFIX)}(\d+)(?:-|$)")
 
 def create_instance(layout: InstanceLayout, cfg: ShmConfig) -> None:
     os.makedirs(layout.socket_dir, mode=0o700, exist_ok=True)
-    create_ring(layout.code_ring, cfg.code_ring_bytes)
+    for e in range(layout.engines):
+        create_ring(layout.engine_code_ring(e), cfg.code_ring_bytes)
     for i in range(layout.gateways):
         create_ring(layout.pcm_ring(i), cfg.pcm_ring_bytes)
     if layout.shared_admission:

@@ -54,7 +54,7 @@ def test_codec_worker_process_decodes_streams_from_the_code_ring(
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.child", "codec"], env=env, stderr=subprocess.PIPE
     )
-    codes = RingWriter(layout.code_ring)
+    codes = RingWriter(layout.engine_code_ring(0))
     pcm = RingReader(layout.pcm_ring(0))
     try:
         assert orch.poll(120_000), "the codec worker never said it was ready"

@@ -228,6 +228,29 @@ def test_bad_input_fails_only_its_stream(decoder: WindowDecoder) -> None:
     assert not svc.streams
 
 
+def test_streams_of_several_engines_share_a_batch_and_a_reset_fails_only_its_rings(
+    decoder: WindowDecoder,
+) -> None:
+    """Two engines' code rings (sources 0 and 1) feed one service: their streams decode in the
+    same batches, and a restarted engine's RESET fails the streams of its ring only."""
+    svc, sink = make(decoder, max_batch=8)
+    a, b = make_stream_id(0, 1), make_stream_id(0, 2)
+    frames = np.zeros((8, 7), np.int16)
+    svc.ingest([codes_rec(a, 0, frames)], source=0)
+    svc.ingest([codes_rec(b, 0, frames)], source=1)
+    settle(svc)
+    assert svc.batches < svc.windows, "windows of both engines' streams were batched together"
+    svc.ingest([Record(RecordKind.RESET, 0, 0, memoryview(b""))], source=1)
+    settle(svc)
+    streams = by_stream(sink)
+    assert streams[b][-1][0] == RecordKind.ERROR
+    assert error_decoder.decode(streams[b][-1][2]).code == "worker_restarted"
+    assert set(svc.streams) == {a}, "engine 0's stream goes on"
+    svc.ingest([codes_rec(a, 8, frames), end_rec(a, 16)], source=0)
+    settle(svc)
+    assert by_stream(sink)[a][-1][0] == RecordKind.END
+
+
 def test_a_stream_without_frames_ends_at_once(decoder: WindowDecoder) -> None:
     svc, sink = make(decoder)
     sid = make_stream_id(0, 9)

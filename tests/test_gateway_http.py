@@ -21,7 +21,7 @@ from bench.doubles.synthetic_backend import StreamPlan, default_plan, synthetic_
 from common.llm_config import LLMConfig
 from gateway.voices import ENGLISH_VOICES
 from shm.layout import InstanceLayout
-from shm.messages import ClusterStatus, LlmSubmit
+from shm.messages import ClusterStatus, EngineStatus, LlmSubmit
 from shm.records import StreamError
 
 pytestmark = pytest.mark.timeout(60)
@@ -307,7 +307,7 @@ async def test_worker_restart_fails_streams_in_flight(layout: InstanceLayout) ->
         task = asyncio.create_task(s.post(f"{h.url}/v1/audio/speech", json=body()))
         await wait_until(lambda: len(h.backend.submitted()) == 1, what="Submit")
         h.backend.status = ClusterStatus(
-            llm_ready=True, codec_ready=True, draining=False, llm_generation=1
+            engines=(EngineStatus(True, generation=1),), codec_ready=True, draining=False
         )
         r = await asyncio.wait_for(task, 5)
         assert r.status == 503
@@ -333,14 +333,14 @@ async def test_a_background_task_that_dies_breaks_the_gateway(layout: InstanceLa
 
         h.gateway.cluster._on_status = bug
         h.backend.status = ClusterStatus(
-            llm_ready=True, codec_ready=True, draining=False, codec_generation=1
+            engines=(EngineStatus(True),), codec_ready=True, draining=False, codec_generation=1
         )
         why = await asyncio.wait_for(h.gateway.broken, 5)
         assert "cluster-status" in why and "a bug in the status handler" in why
 
 
 async def test_workers_not_ready_is_503_and_not_ready(layout: InstanceLayout) -> None:
-    status = ClusterStatus(llm_ready=False, codec_ready=True, draining=False)
+    status = ClusterStatus(engines=(EngineStatus(False),), codec_ready=True, draining=False)
     async with running_gateway(layout, backend={"status": status}) as h:
         await wait_until(lambda: h.gateway.cluster.status is not None, what="status")
         async with aiohttp.ClientSession() as s:

@@ -25,9 +25,9 @@ RING_BYTES = 4096
 
 @pytest.fixture
 def ring(layout: InstanceLayout) -> Iterator[tuple[RingWriter, RingReader]]:
-    create_ring(layout.code_ring, RING_BYTES)
-    reader = RingReader(layout.code_ring)
-    writer = RingWriter(layout.code_ring)
+    create_ring(layout.engine_code_ring(0), RING_BYTES)
+    reader = RingReader(layout.engine_code_ring(0))
+    writer = RingWriter(layout.engine_code_ring(0))
     yield writer, reader
     writer.close()
     reader.close()
@@ -40,7 +40,7 @@ def drain(reader: RingReader) -> list[Rec]:
 
 
 def waits() -> float:
-    return REGISTRY.get_sample_value("orpheus_llm_ring_wait_seconds_count") or 0.0
+    return REGISTRY.get_sample_value("orpheus_llm_ring_wait_seconds_count", {"engine": "0"}) or 0.0
 
 
 def test_staged_records_appear_together_at_publish(ring: tuple[RingWriter, RingReader]) -> None:

@@ -26,6 +26,7 @@ from prometheus_client import REGISTRY
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from common.llm_config import LLMConfig
+from llm_worker import metrics as M
 from llm_worker import tokens as T
 from llm_worker.model_info import ModelInfo
 from llm_worker.output_head import TokenSpace
@@ -64,7 +65,8 @@ def frames(n: int, seed: int = 0) -> np.ndarray:
 
 
 def metric(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+    """A sample of the worker's metrics (engine 0's: every metric carries the label)."""
+    return REGISTRY.get_sample_value(name, {"engine": M.ENGINE, **labels}) or 0.0
 
 
 class Metrics:

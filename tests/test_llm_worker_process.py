@@ -135,7 +135,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     layout = InstanceLayout(instance=f"orpheus-{os.getpid()}-l{os.urandom(3).hex()}",
                             run_dir=str(root))  # fmt: skip
     os.makedirs(layout.socket_dir)
-    create_ring(layout.code_ring, RING_BYTES)
+    create_ring(layout.engine_code_ring(0), RING_BYTES)
     config = ServeConfig(
         device="cpu",
         llm=LLMConfig(model=str(model), max_model_len=1024, max_num_seqs=8,
@@ -145,7 +145,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     zctx = zmq.Context.instance()
     orch = zctx.socket(zmq.PULL)
     orch.bind(layout.orch)
-    reader = RingReader(layout.code_ring)
+    reader = RingReader(layout.engine_code_ring(0))
     env = dict(os.environ)
     metrics_dir = root / "metrics"
     metrics_dir.mkdir()
@@ -156,7 +156,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     env[SPEC_ENV] = msgspec.json.encode(ChildSpec(config, layout, os.getpid())).decode()
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.child", "llm"], env=env)
     ctl = zctx.socket(zmq.PUSH)
-    ctl.connect(layout.control)
+    ctl.connect(layout.engine_control(0))
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         ready = None

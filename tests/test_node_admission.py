@@ -28,7 +28,15 @@ from bench.doubles.local_server import free_port
 from bench.doubles.synthetic_backend import SyntheticBackend
 from gateway.admission import POLL_S, Admission
 from gateway.errors import APIError
-from shm.admission import ACTIVE, PID, QUEUED, AdmissionBoard, segment_bytes
+from shm.admission import (
+    ACTIVE,
+    ENGINE0,
+    PID,
+    QUEUED,
+    SLOT_BYTES,
+    AdmissionBoard,
+    segment_bytes,
+)
 from shm.config import ShmConfig
 from shm.layout import InstanceLayout
 from shm.messages import WorkerReady, orchestrator_decoder
@@ -55,10 +63,10 @@ def slots(lay: InstanceLayout) -> np.ndarray:
     with open(os.path.join(SHM_DIR, lay.admission_segment), "rb") as f:
         fcntl.flock(f, fcntl.LOCK_SH)
         raw = f.read(segment_bytes(lay.gateways))
-    return np.frombuffer(raw, dtype=np.int64).reshape(-1, 8)[: lay.gateways].copy()
+    return np.frombuffer(raw, dtype=np.int64).reshape(-1, SLOT_BYTES // 8)[: lay.gateways].copy()
 
 
-def admission(lay: InstanceLayout, index: int, **kw: float) -> Admission:
+def admission(lay: InstanceLayout, index: int, engines: int = 1, **kw: float) -> Admission:
     limits = {"max_active": 2, "max_queued": 2, "queue_timeout_s": 5.0, "retry_after_s": 1}
     limits.update(kw)
     return Admission(
@@ -68,7 +76,26 @@ def admission(lay: InstanceLayout, index: int, **kw: float) -> Admission:
         int(limits["retry_after_s"]),
         gate=lambda: None,
         board=AdmissionBoard(lay.admission_segment, lay.gateways, index),
+        engines=engines,
     )
+
+
+async def test_streams_are_placed_on_the_nodes_least_loaded_engine(node: InstanceLayout) -> None:
+    """Two gateways, two engines: each gateway counts the other's streams per engine, so the
+    node's streams alternate between the engines whichever gateway admits them."""
+    a, b = admission(node, 0, engines=2, max_active=4), admission(node, 1, engines=2, max_active=4)
+    try:
+        placed = [await a.acquire(), await b.acquire(), await b.acquire(), await a.acquire()]
+        assert sorted(placed) == [0, 0, 1, 1]
+        assert placed[:2] == [0, 1], "the second stream goes to the engine the first did not"
+        assert a.full and b.full, "each engine holds its share (2 of 4)"
+        published = slots(node)
+        assert published[:, ENGINE0 : ENGINE0 + 2].sum(axis=0).tolist() == [2, 2]
+        b.release(placed[2])
+        assert await a.acquire() == placed[2], "the freed engine takes the next stream"
+    finally:
+        a.close()
+        b.close()
 
 
 async def test_limits_are_the_nodes_and_the_queue_is_served_in_node_order(
@@ -184,7 +211,7 @@ def test_slots_of_a_killed_gateway_are_not_counted(node: InstanceLayout) -> None
             proc.wait()
             with board.locked():
                 assert board.others()[:2] == (0, 0)
-            assert slots(node)[1].tolist() == [0] * 8, "the dead gateway's slot is zeroed"
+            assert slots(node)[1].tolist() == [0] * (SLOT_BYTES // 8), "the dead gateway's slot is zeroed"
         finally:
             board.close()
     finally:

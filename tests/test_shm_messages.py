@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from shm.messages import (
     ClusterStatus,
+    EngineStatus,
     Heartbeat,
     LlmAppendText,
     LlmCancel,
@@ -58,8 +59,11 @@ def test_orchestrator_roundtrip(msg) -> None:
     assert orchestrator_decoder.decode(control_encoder.encode(msg)) == msg
 
 
-@given(st.builds(ClusterStatus, llm_ready=st.booleans(), codec_ready=st.booleans(),
-                 draining=st.booleans(), llm_generation=st.integers(0, 1000),
+@given(st.builds(ClusterStatus,
+                 engines=st.lists(st.builds(EngineStatus, ready=st.booleans(),
+                                            generation=st.integers(0, 1000)),
+                                  min_size=1, max_size=8).map(tuple),
+                 codec_ready=st.booleans(), draining=st.booleans(),
                  codec_generation=st.integers(0, 1000)))  # fmt: skip
 def test_status_roundtrip(msg) -> None:
     assert status_decoder.decode(control_encoder.encode(msg)) == msg

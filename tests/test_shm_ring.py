@@ -22,7 +22,7 @@ def _payload(i: int, size: int) -> bytes:
 
 @pytest.fixture
 def ring(layout: InstanceLayout):
-    ep = layout.code_ring
+    ep = layout.engine_code_ring(0)
     create_ring(ep, CAPACITY)
     reader = RingReader(ep)
     writer = RingWriter(ep)

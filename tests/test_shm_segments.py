@@ -44,13 +44,13 @@ def test_killed_instance_is_removed_as_stale() -> None:
     assert proc.stdout is not None
     instance = proc.stdout.readline().strip()
     lay = InstanceLayout(instance=instance, run_dir=run_dir, gateways=1)
-    assert os.path.exists(segment_path(lay.code_ring.segment))
+    assert os.path.exists(segment_path(lay.engine_code_ring(0).segment))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     # The dead process left its segments behind; the next start removes them.
-    assert os.path.exists(segment_path(lay.code_ring.segment))
+    assert os.path.exists(segment_path(lay.engine_code_ring(0).segment))
     removed = remove_stale_instances(run_dir)
-    assert segment_path(lay.code_ring.segment) in removed
+    assert segment_path(lay.engine_code_ring(0).segment) in removed
     assert not any(os.path.exists(segment_path(ep.segment)) for ep in lay.all_rings())
     assert not os.path.exists(lay.socket_dir)
 
@@ -61,7 +61,7 @@ def test_live_instances_are_kept() -> None:
     create_instance(lay, SMALL)
     try:
         remove_stale_instances(run_dir)
-        assert os.path.exists(segment_path(lay.code_ring.segment))
+        assert os.path.exists(segment_path(lay.engine_code_ring(0).segment))
     finally:
         destroy_instance(lay)
 

@@ -22,6 +22,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import msgspec
 import numpy as np
@@ -31,6 +32,7 @@ from gateway.voices import ENGLISH_VOICES
 from shm.layout import InstanceLayout
 from shm.messages import (
     ClusterStatus,
+    EngineStatus,
     LlmAppendText,
     LlmCancel,
     LlmSubmit,
@@ -135,6 +137,11 @@ class _Stream:
         self.text_open = submit.text_open
 
 
+def ready_status(engines: int = 1) -> ClusterStatus:
+    """Every engine and the codec ready, nothing draining."""
+    return ClusterStatus(engines=(EngineStatus(True),) * engines, codec_ready=True, draining=False)
+
+
 class SyntheticBackend:
     """Plays the llm_worker and codec_worker (and the orchestrator's status) for one instance."""
 
@@ -148,9 +155,7 @@ class SyntheticBackend:
         first_chunk_delay_s: float = 0.0,
         tick_s: float = 0.005,
         stamp: bool = False,
-        status: ClusterStatus | None = ClusterStatus(
-            llm_ready=True, codec_ready=True, draining=False
-        ),
+        status: ClusterStatus | Literal["ready"] | None = "ready",
         ring_timeout_s: float = 5.0,
     ) -> None:
         self.layout = layout
@@ -159,13 +164,16 @@ class SyntheticBackend:
         self.first_chunk_delay_s = first_chunk_delay_s
         self.tick_s = tick_s
         self.stamp = stamp
-        self.status = status
-        """Published every 0.2 s while not None; replace it to change what gateways see."""
+        self.status = ready_status(layout.engines) if status == "ready" else status
+        """Published every 0.2 s while not None; replace it to change what gateways see
+        ("ready": every engine and the codec ready)."""
         self.ring_timeout_s = ring_timeout_s
         self._lock = threading.Lock()
         self.submits: list[LlmSubmit] = []
         self.appends: list[LlmAppendText] = []
         self.cancels: list[LlmCancel] = []
+        self.engine_of: dict[int, set[int]] = {}
+        """Stream id -> the engines whose control socket received a message of it."""
         self.chunks_written = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -197,9 +205,14 @@ class SyntheticBackend:
     def run(self, stop: threading.Event | None = None) -> None:
         stop = stop or self._stop
         ctx = zmq.Context.instance()
-        control = ctx.socket(zmq.PULL)
-        control.setsockopt(zmq.LINGER, 0)
-        control.bind(self.layout.control)
+        controls: list[zmq.Socket] = []
+        poller = zmq.Poller()
+        for e in range(self.layout.engines):
+            sock = ctx.socket(zmq.PULL)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.bind(self.layout.engine_control(e))
+            poller.register(sock, zmq.POLLIN)
+            controls.append(sock)
         pub = ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
         pub.bind(self.layout.status)
@@ -220,8 +233,9 @@ class SyntheticBackend:
                 # apart when paced, like the codec worker's decode batches) or a message.
                 wake = max(heap[0][0], next_round) if heap else now + self.tick_s
                 timeout_ms = math.ceil(max(0.0, min(wake, next_status) - now) * 1000)
-                if control.poll(timeout_ms):
-                    self._drain_control(control, streams, heap, writers)
+                for sock, _ in poller.poll(timeout_ms):
+                    engine = controls.index(sock)
+                    self._drain_control(sock, engine, streams, heap, writers)
                 now = time.monotonic()
                 if heap and heap[0][0] <= now and now >= next_round:
                     self._emit_due(streams, heap, scratch)
@@ -232,12 +246,14 @@ class SyntheticBackend:
         finally:
             for w in writers:
                 w.close()
-            control.close(linger=0)
+            for sock in controls:
+                sock.close(linger=0)
             pub.close(linger=0)
 
     def _drain_control(
         self,
         sock: zmq.Socket,
+        engine: int,
         streams: dict[int, _Stream],
         heap: list[tuple[float, int]],
         writers: list[RingWriter],
@@ -248,6 +264,8 @@ class SyntheticBackend:
             except zmq.Again:
                 return
             msg = llm_control_decoder.decode(raw)
+            with self._lock:
+                self.engine_of.setdefault(msg.stream_id, set()).add(engine)
             now = time.monotonic()
             if isinstance(msg, LlmSubmit):
                 with self._lock:
