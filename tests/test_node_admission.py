@@ -211,7 +211,9 @@ def test_slots_of_a_killed_gateway_are_not_counted(node: InstanceLayout) -> None
             proc.wait()
             with board.locked():
                 assert board.others()[:2] == (0, 0)
-            assert slots(node)[1].tolist() == [0] * (SLOT_BYTES // 8), "the dead gateway's slot is zeroed"
+            assert slots(node)[1].tolist() == [0] * (SLOT_BYTES // 8), (
+                "the dead gateway's slot is zeroed"
+            )
         finally:
             board.close()
     finally:
