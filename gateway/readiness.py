@@ -21,7 +21,12 @@ class Readiness(msgspec.Struct, frozen=True):
     active_streams: int
     queued_streams: int
     max_active_streams: int
+    """The streams the node can hold now: its ready engines' shares."""
     draining: bool
+    engines_ready: int = 0
+    """vLLM engines ready (a stream is placed on one of them)."""
+    engines: int = 0
+    """vLLM engines configured (``llm.engines``)."""
 
 
 def draining_error(retry_after_s: int) -> APIError:
@@ -82,4 +87,6 @@ def readiness(
         queued_streams=queued,
         max_active_streams=max_active,
         draining=draining,
+        engines_ready=0 if status is None else sum(status.ready_engines),
+        engines=0 if status is None else len(status.engines),
     )

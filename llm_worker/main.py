@@ -85,9 +85,9 @@ def run(config: ServeConfig, layout: InstanceLayout, engine: int = 0) -> None:
         gc.freeze()
 
 
-def role_name(engine: int) -> str:
-    """The worker's name in the orchestrator's log and heartbeats."""
-    return f"{ROLE}-{engine}"
+def role_name(engine: int, engines: int) -> str:
+    """The worker's name in heartbeats: ``llm``, or ``llm-<engine>`` when there are several."""
+    return f"{ROLE}-{engine}" if engines > 1 else ROLE
 
 
 async def serve(config: ServeConfig, layout: InstanceLayout, engine_index: int = 0) -> None:
@@ -103,7 +103,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout, engine_index: int =
     log.info("voices (%s): %s", info.source, ", ".join(info.voices))
 
     ctx = zmq.asyncio.Context()
-    link = WorkerLink(layout.orch, role_name(engine_index), ctx)
+    link = WorkerLink(layout.orch, role_name(engine_index, layout.engines), ctx)
     control = ctx.socket(zmq.PULL)
     control.setsockopt(zmq.LINGER, 0)
     control.bind(layout.engine_control(engine_index))

@@ -1,7 +1,8 @@
 """``orpheus-serve bench compare``: the reference approach and orpheus-serve, side by side.
 
 Starts the baseline (``python -m bench.load.baseline``), offers it the load levels, stops
-it; starts ``orpheus-serve serve`` on the same model, codec, corpus and levels, stops it
+it (with ``--against-set KEY=VALUE``, the baseline side is orpheus-serve itself with those
+overrides: two configurations side by side, e.g. one vLLM engine against two); starts ``orpheus-serve serve`` on the same model, codec, corpus and levels, stops it
 (SIGTERM); and reports the ratios: audio seconds per wall second at equal concurrency,
 and capacity. With ``--rounds N`` the two alternate (baseline first in odd rounds, ours
 first in even ones) and the ratio is the median of the rounds' ratios, so a drift of a
@@ -10,6 +11,8 @@ the readiness timeout.
 
     orpheus-serve bench compare --model tiny-model --codec-model tiny-model/snac --device cpu \\
         --concurrency 8,32 --json runs/compare.json --plot runs/compare.png
+    orpheus-serve bench compare --model tiny-model --codec-model tiny-model/snac --device cpu \\
+        --against-set llm.engines=1 --serve-arg=--set=llm.engines=2 --concurrency 8,16
 """
 
 from __future__ import annotations
@@ -112,6 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--serve-arg=--set=codec.max_batch=32",
     )
     p.add_argument(
+        "--against-set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="run orpheus-serve with this override (repeatable) as the baseline side instead "
+        "of the reference approach: two configurations side by side",
+    )
+    p.add_argument(
         "--baseline-arg",
         action="append",
         default=[],
@@ -133,19 +144,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def side_names(args: argparse.Namespace) -> dict[Variant, str]:
+    """The two sides' short names: with ``--against-set`` both are orpheus-serve, named by
+    what each overrides."""
+    if not args.against_set:
+        return dict(SHORT_NAMES)
+    ours = [a.removeprefix("--set=") for a in args.serve_arg] or ["default"]
+    return {
+        "baseline": f"orpheus-serve ({', '.join(args.against_set)})",
+        "ours": f"orpheus-serve ({', '.join(ours)})",
+    }
+
+
 def server_for(variant: Variant, args: argparse.Namespace, rnd: int) -> ServerProcess:
     port = free_port()
     shared = [f"--set={kv}" for kv in args.set]
     if args.config is not None:
         shared += ["--config", args.config]
-    if variant == "baseline":
+    if variant == "baseline" and args.against_set:
+        extra = shared + [f"--set={kv}" for kv in args.against_set]
+        argv = orpheus_serve_argv(args.model, args.codec_model, args.device, port, extra)
+    elif variant == "baseline":
         extra = shared + args.baseline_arg
         argv = baseline_argv(args.model, args.codec_model, args.device, port, extra)
     else:
         extra = shared + args.serve_arg
         argv = orpheus_serve_argv(args.model, args.codec_model, args.device, port, extra)
     log = args.log_dir / f"{variant}-round{rnd}.log"
-    return ServerProcess(NAMES[variant], argv, f"http://127.0.0.1:{port}", log)
+    name = side_names(args)[variant] if args.against_set else NAMES[variant]
+    return ServerProcess(name, argv, f"http://127.0.0.1:{port}", log)
 
 
 async def _measure(
@@ -175,7 +202,7 @@ def run_variant(
     progress: Console | None,
 ) -> VariantRun:
     server = server_for(variant, args, rnd)
-    console.print(f"[bold]round {rnd}: {NAMES[variant]}[/bold]: {' '.join(server.argv)}")
+    console.print(f"[bold]round {rnd}: {server.name}[/bold]: {' '.join(server.argv)}")
     with server:
         server.wait_ready(args.ready_timeout)
         console.print(f"ready after {server.ready_after_s:.0f}s")
@@ -211,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 run = run_variant(variant, rnd, args, corpus, console, progress)
                 runs.append(run)
-                console.print(levels_table(f"{NAMES[variant]}, round {rnd}", run.levels, slo))
+                name = side_names(args)[variant]
+                console.print(levels_table(f"{name}, round {rnd}", run.levels, slo))
     except ServerFailed as exc:
         print(f"orpheus-serve bench compare: {exc}", file=sys.stderr)
         return 1
@@ -237,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 "set": args.set,
                 "serve_args": args.serve_arg,
                 "baseline_args": args.baseline_arg,
+                "against_set": args.against_set,
             },
         ),
         corpus=corpus.describe(args.long_fraction),
@@ -248,18 +277,20 @@ def main(argv: list[str] | None = None) -> int:
         comparisons=comparisons,
         capacity=capacity,
         runs=runs,
+        names=dict(side_names(args)) if args.against_set else None,
     )
-    console.print(comparison_table(comparisons, capacity))
+    console.print(comparison_table(comparisons, capacity, side_names(args)))
     if args.json is not None:
         write_json(report, args.json)
         console.print(f"wrote {args.json}")
     if args.plot is not None:
         last = {v: [r for r in runs if r.variant == v][-1].levels for v in order}
         plot_levels(
-            {SHORT_NAMES[v]: last[v] for v in order},
+            {side_names(args)[v]: last[v] for v in order},
             slo,
             args.plot,
-            title=f"baseline vs orpheus-serve: {args.model} on {args.device}",
+            title=f"{side_names(args)['baseline']} vs {side_names(args)['ours']}: "
+            f"{args.model} on {args.device}",
         )
         console.print(f"wrote {args.plot}")
     return 0

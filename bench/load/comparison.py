@@ -62,6 +62,8 @@ class CompareReport(LoadHeader, kw_only=True):
     comparisons: list[Comparison]
     capacity: CapacityComparison
     runs: list[VariantRun]
+    names: dict[str, str] | None = None
+    """The sides' names when the baseline side is orpheus-serve too (``--against-set``)."""
 
 
 def _ratio(ours: float, baseline: float) -> float | None:
@@ -131,10 +133,16 @@ def compare_capacity(runs: list[VariantRun], slo: Slo) -> CapacityComparison:
     )
 
 
-def comparison_table(comparisons: list[Comparison], capacity: CapacityComparison) -> Table:
+def comparison_table(
+    comparisons: list[Comparison],
+    capacity: CapacityComparison,
+    names: dict[Variant, str] | None = None,
+) -> Table:
+    """``names``: the two sides' short names (default: the baseline and orpheus-serve)."""
+    base, ours = (names or SHORT_NAMES)["baseline"], (names or SHORT_NAMES)["ours"]
     t = table(
-        "baseline vs orpheus-serve (closed loop)",
-        ("concurrency", "baseline audio s/s", "orpheus-serve audio s/s", "ratio", "rounds"),
+        f"{base} vs {ours} (closed loop)",
+        ("concurrency", f"{base} audio s/s", f"{ours} audio s/s", "ratio", "rounds"),
         [
             (
                 str(c.concurrency),
@@ -149,7 +157,7 @@ def comparison_table(comparisons: list[Comparison], capacity: CapacityComparison
     )
     t.caption = (
         f"capacity ({capacity.method}; p99 TTFB < {capacity.ttfb_budget_s * 1000:.0f} ms, "
-        f"p99 RTF < 1, no underrun): baseline {capacity.baseline}, orpheus-serve "
+        f"p99 RTF < 1, no underrun): {base} {capacity.baseline}, {ours} "
         f"{capacity.ours}, ratio {fmt(capacity.ratio)}"
     )
     return t
