@@ -39,6 +39,7 @@ from orchestrator import proctree
 from orchestrator.child import SPEC_ENV, ChildSpec
 from orchestrator.failures import EXIT_PERMANENT, Failure
 from orchestrator.logs import library_env
+from orchestrator.mps import log_mps
 from shm.layout import InstanceLayout
 from shm.messages import (
     ClusterStatus,
@@ -156,6 +157,7 @@ class Supervisor:
         )
         if plan is not None:
             log.info("cores: %s", plan.describe())
+        log_mps(self.config, log)
         os.makedirs(self.metrics_dir, exist_ok=True)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)

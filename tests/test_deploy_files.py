@@ -28,6 +28,7 @@ import pytest
 import yaml
 from front_limits import body_limits, longest_node_silence_s, nginx_size
 
+from common.mps import control_path
 from orchestrator.failures import EXIT_PERMANENT
 from orchestrator.settings import load_config
 from orchestrator.supervisor import STOP_GRACE_S
@@ -123,11 +124,17 @@ def seconds(value: str) -> float:
     return total
 
 
-UNITS = sorted(SYSTEMD.glob("*.service"))
+UNITS = sorted(SYSTEMD.glob("orpheus-serve*.service"))
+"""The server's units (the whole server as one service, and one instance per GPU)."""
+MPS_UNIT = SYSTEMD / "nvidia-mps.service"
+MPS_DROP_IN = SYSTEMD / "orpheus-serve-mps.conf"
 
 
 def test_systemd_units_exist() -> None:
     assert [p.name for p in UNITS] == ["orpheus-serve.service", "orpheus-serve@.service"]
+    assert sorted(p.name for p in SYSTEMD.iterdir()) == sorted(
+        [*(p.name for p in UNITS), MPS_UNIT.name, MPS_DROP_IN.name]
+    )
 
 
 @pytest.mark.parametrize("path", UNITS, ids=lambda p: p.name)
@@ -193,8 +200,77 @@ def test_systemd_analyze_verify(path: Path, tmp_path: Path) -> None:
         pytest.skip(f"systemd-analyze verify cannot run here: {(r.stderr or r.stdout)[:300]}")
 
 
+# -- CUDA MPS under systemd ---------------------------------------------------------------------
+def environment(section: dict[str, list[str]]) -> dict[str, str]:
+    return dict(a.partition("=")[::2] for a in section.get("Environment", []))
+
+
+def test_mps_unit_runs_the_control_daemon() -> None:
+    unit = parse_unit(MPS_UNIT)
+    s = {k: v[-1] for k, v in unit["Service"].items()}
+    # -d forks the daemon and returns; quit on the control pipe is its documented shutdown.
+    assert s["Type"] == "forking"
+    assert s["ExecStart"].split() == ["/usr/bin/nvidia-cuda-mps-control", "-d"]
+    assert re.fullmatch(
+        r"/bin/sh -c 'echo quit \| /usr/bin/nvidia-cuda-mps-control'", s["ExecStop"]
+    )
+    # Its directories are systemd's: made before the start, the pipe's removed after the stop.
+    env = environment(unit["Service"])
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == f"/run/{s['RuntimeDirectory']}"
+    assert env["CUDA_MPS_LOG_DIRECTORY"] == f"/var/log/{s['LogsDirectory']}"
+    assert "CUDA_VISIBLE_DEVICES" not in env, "one daemon serves every GPU"
+    assert "User" not in s, "root: compute mode, and one MPS server per client user"
+    assert "EXCLUSIVE_PROCESS" in s["ExecStartPre"] and "DEFAULT" in s["ExecStopPost"]
+    assert "orpheus-serve.service" in unit["Unit"]["Before"][-1].split()
+    assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+def test_mps_drop_in_puts_every_server_unit_behind_the_daemon() -> None:
+    drop_in = parse_unit(MPS_DROP_IN)
+    assert set(drop_in) == {"Unit", "Service"}
+    assert drop_in["Unit"]["Wants"] == drop_in["Unit"]["After"] == [MPS_UNIT.name]
+    pipe = environment(drop_in["Service"])["CUDA_MPS_PIPE_DIRECTORY"]
+    daemon_env = environment(parse_unit(MPS_UNIT)["Service"])
+    # The server looks where the daemon listens: what common.mps.mps_active checks at start.
+    assert control_path({"CUDA_MPS_PIPE_DIRECTORY": pipe}) == control_path(daemon_env)
+    # The MPS server's shared memory is the service user's, outside its cgroup.
+    assert drop_in["Service"]["RemoveIPC"] == ["no"]
+    for path in UNITS:
+        s = {k: v[-1] for k, v in parse_unit(path)["Service"].items()}
+        if s.get("PrivateTmp") == "yes":
+            assert not Path(pipe).is_relative_to("/tmp"), f"{path.name} has its own /tmp"
+        assert "CUDA_MPS_PIPE_DIRECTORY" not in environment(parse_unit(path)["Service"])
+        assert not set(s.get("InaccessiblePaths", "").split()) & {"/run", pipe}
+
+
+@pytest.mark.parametrize("path", UNITS, ids=lambda p: p.name)
+def test_systemd_analyze_verify_with_mps(path: Path, tmp_path: Path) -> None:
+    """The daemon's unit, and each server unit with the drop-in installed as README says."""
+    exe = tool("systemd-analyze")
+    if exe is None:
+        pytest.skip("systemd-analyze is not installed (Debian: apt-get install systemd)")
+    name = path.name.replace("@.", "@0.")
+    (tmp_path / name).write_text(path.read_text().replace(EXEC.split()[0], "/bin/true"))
+    (tmp_path / f"{path.name}.d").mkdir()
+    (tmp_path / f"{path.name}.d" / "mps.conf").write_text(MPS_DROP_IN.read_text())
+    mps = MPS_UNIT.read_text()
+    for program in ("/usr/bin/nvidia-cuda-mps-control", "/usr/bin/nvidia-smi"):
+        mps = mps.replace(program, "/bin/true")
+    (tmp_path / MPS_UNIT.name).write_text(mps)
+    r = run([exe, "verify", "--man=no", str(tmp_path / name), str(tmp_path / MPS_UNIT.name)])
+    ours = [
+        line
+        for line in (r.stdout + r.stderr).splitlines()
+        if any(n in line for n in (name, "mps.conf", MPS_UNIT.name))
+    ]
+    assert not ours, "\n".join(ours)
+    if r.returncode != 0:
+        pytest.skip(f"systemd-analyze verify cannot run here: {(r.stderr or r.stdout)[:300]}")
+
+
 # -- supervisord -------------------------------------------------------------------------------
 SUPERVISORD = DEPLOY / "supervisord" / "orpheus-serve.conf"
+SUPERVISORD_MPS = DEPLOY / "supervisord" / "nvidia-mps.conf"
 
 
 def test_supervisord_structure() -> None:
@@ -238,6 +314,45 @@ def test_supervisord_parsed_by_supervisor(tmp_path: Path) -> None:
     assert {0, 2, EXIT_PERMANENT} <= set(proc.exitcodes)
     orpheus_env = {k: v for k, v in proc.environment.items() if k.startswith("ORPHEUS_")}
     assert load_config(str(PROD_TOML), None, orpheus_env).shm.run_dir == "/tmp"
+
+
+def test_supervisord_mps_program_parsed_by_supervisor(tmp_path: Path) -> None:
+    """nvidia-mps.conf next to orpheus-serve.conf, as deploy/README.md installs them: the
+    daemon in the foreground, started before the server and stopped after it, listening
+    where the server's engines look."""
+    options = pytest.importorskip("supervisor.options", reason="pip install supervisor")
+    from supervisor.datatypes import RestartUnconditionally, signal_number
+
+    files = []
+    for path in (SUPERVISORD, SUPERVISORD_MPS):
+        text = path.read_text().replace("user=orpheus", f"user={getpass.getuser()}")
+        files.append(tmp_path / path.name)
+        files[-1].write_text(text.replace("/var/log/orpheus-serve/", f"{tmp_path}/"))
+    main = tmp_path / "supervisord.conf"
+    main.write_text(
+        f"[supervisord]\nlogfile={tmp_path}/supervisord.log\npidfile={tmp_path}/s.pid\n"
+        f"[include]\nfiles={' '.join(map(str, files))}\n"
+    )
+    opts = options.ServerOptions()
+    opts.configfile = str(main)
+    opts.process_config(do_usage=False)
+    assert not opts.parse_criticals and not opts.parse_warnings
+    groups = {g.name: g for g in opts.process_group_configs}
+    [mps] = groups["nvidia-mps"].process_configs
+    [server] = groups["orpheus-serve"].process_configs
+    assert groups["nvidia-mps"].priority < groups["orpheus-serve"].priority
+    assert mps.uid == 0 and mps.autorestart is RestartUnconditionally
+    assert mps.stopsignal == signal_number("INT")
+    # The shell makes the directories, then becomes the daemon, in the foreground.
+    argv = mps.command.split(None, 2)
+    assert argv[:2] == ["/bin/sh", "-c"]
+    script = argv[2].strip("'")
+    assert script.endswith("exec nvidia-cuda-mps-control -f")
+    pipe = mps.environment["CUDA_MPS_PIPE_DIRECTORY"]
+    assert f"mkdir -p {pipe} {mps.environment['CUDA_MPS_LOG_DIRECTORY']}" in script
+    assert server.environment["CUDA_MPS_PIPE_DIRECTORY"] == pipe
+    systemd_pipe = environment(parse_unit(MPS_UNIT)["Service"])["CUDA_MPS_PIPE_DIRECTORY"]
+    assert pipe == systemd_pipe, "one pipe directory for both service managers"
 
 
 # -- multi-node load balancers ----------------------------------------------------------------
@@ -739,7 +854,10 @@ def test_every_deploy_file_is_checked_here() -> None:
         "prometheus/alerts.test.yml",
         "prometheus/alerts.yml",
         "prometheus/prometheus.yml",
+        "supervisord/nvidia-mps.conf",
         "supervisord/orpheus-serve.conf",
+        "systemd/nvidia-mps.service",
+        "systemd/orpheus-serve-mps.conf",
         "systemd/orpheus-serve.service",
         "systemd/orpheus-serve@.service",
     }

@@ -32,6 +32,7 @@ from front_limits import body_limits, longest_node_silence_s, nginx_size
 from prometheus_client import CollectorRegistry
 
 from common.config import ServeConfig
+from common.mps import control_path
 from gateway.app import build_app
 from gateway.frontends.zeromq.protocol import endpoint_for
 from gateway.metrics import GatewayMetrics
@@ -675,8 +676,8 @@ INGRESS_NGINX = KUBE / "components" / "ingress-nginx"
 
 
 @functools.cache
-def render_with_ingress() -> list[Obj]:
-    """overlays/gpu with components/ingress-nginx added, as its kustomization says to."""
+def render_gpu_with(component: str) -> list[Obj]:
+    """overlays/gpu with an optional component added, as its kustomization says to."""
     kubectl = tool("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed (it renders the overlays: `kubectl kustomize`)")
@@ -688,7 +689,7 @@ def render_with_ingress() -> list[Obj]:
                 "kind": "Kustomization",
                 "namespace": OVERLAYS["gpu"],
                 "resources": ["kube/overlays/gpu"],
-                "components": ["kube/components/ingress-nginx"],
+                "components": [f"kube/components/{component}"],
             })
         )  # fmt: skip
         out = subprocess.run(
@@ -696,6 +697,10 @@ def render_with_ingress() -> list[Obj]:
             capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
     return [o for o in yaml.safe_load_all(out) if o]
+
+
+def render_with_ingress() -> list[Obj]:
+    return render_gpu_with("ingress-nginx")
 
 
 def ingress_for(ingresses: list[Obj], path: str) -> Obj:
@@ -747,6 +752,119 @@ def test_ingress_carries_every_body_the_gateway_takes(path: str) -> None:
     assert "timeout" not in ann["proxy-next-upstream"].split()
 
 
+# -- the optional CUDA MPS daemon in the pod (components/mps) ------------------------------------
+MPS = KUBE / "components" / "mps"
+
+
+def mps_script(c: Obj) -> tuple[list[str], str, list[str]]:
+    """The container's command as (the entrypoint's wrapper, the shell script, its $0 and the
+    Deployment's args after it)."""
+    command = c["command"]
+    sh = command.index("/bin/sh")
+    assert command[sh + 1] == "-c"
+    return command[:sh], command[sh + 2], [*command[sh + 3 :], *c["args"]]
+
+
+def test_mps_component_objects_match_their_schema() -> None:
+    objs = render_gpu_with("mps")
+    for obj in objs:
+        validate(obj)
+    # Only the Deployment changes.
+    gpu = render("gpu")
+    assert [o for o in objs if o["kind"] != "Deployment"] == [
+        o for o in gpu if o["kind"] != "Deployment"
+    ]
+
+
+@pytest.mark.skipif(not shutil.which("sh"), reason="no POSIX shell")
+def test_mps_component_starts_the_daemon_then_the_image_entrypoints_server(tmp_path: Path) -> None:
+    """The container runs the image's entrypoint (dumb-init, then ``orpheus-serve serve`` with
+    the Deployment's args) with the MPS control daemon started first. The script runs here
+    under sh with two recording programs on PATH in place of the driver's daemon and the
+    server: the order, the directories, the environment and the args are the script's."""
+    c = container(render_gpu_with("mps"))
+    wrapper, script, argv = mps_script(c)
+    dockerfile = (ROOT / "deploy" / "docker" / "Dockerfile").read_text()
+    entrypoint = json.loads(re.findall(r"^ENTRYPOINT\s+(\[.*\])\s*$", dockerfile, flags=re.M)[-1])
+    assert wrapper == entrypoint[: len(wrapper)] == ["dumb-init", "--single-child", "--"]
+    server = entrypoint[len(wrapper) :]
+    assert server == ["orpheus-serve", "serve"]
+
+    env = {e["name"]: e["value"] for e in c["env"]}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "calls"
+    for name in ("nvidia-cuda-mps-control", "orpheus-serve"):
+        prog = bin_dir / name
+        prog.write_text(
+            "#!/bin/sh\n"
+            f'echo "{name} $* pipe=$CUDA_MPS_PIPE_DIRECTORY" >> {record}\n'
+            f'[ "{name}" != nvidia-cuda-mps-control ] || [ -z "$FAIL_DAEMON" ] || exit 3\n'
+        )
+        prog.chmod(0o755)
+    root = tmp_path / "pod"
+    mps_env = {k: str(root) + v for k, v in env.items() if k.startswith("CUDA_MPS_")}
+    base = {"PATH": f"{bin_dir}:/usr/bin:/bin", **mps_env}
+    ok = subprocess.run(["sh", "-c", script, *argv], env=base, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    pipe = mps_env["CUDA_MPS_PIPE_DIRECTORY"]
+    assert record.read_text().splitlines() == [
+        f"nvidia-cuda-mps-control -d pipe={pipe}",
+        f"{' '.join([*server, *c['args']])} pipe={pipe}",
+    ]
+    for directory in mps_env.values():
+        assert Path(directory).is_dir()
+    # A daemon that cannot start stops the container with its reason; no server without MPS.
+    record.unlink()
+    failed = subprocess.run(
+        ["sh", "-c", script, *argv], env={**base, "FAIL_DAEMON": "1"}, capture_output=True
+    )
+    assert failed.returncode == 3
+    assert record.read_text().splitlines() == [f"nvidia-cuda-mps-control -d pipe={pipe}"]
+
+
+def test_mps_component_keeps_the_pod_to_itself(tmp_path: Path) -> None:
+    """The daemon's directories are on the pod's writable volumes (the root is read-only),
+    the server looks where the daemon listens, and the pod shares nothing with the node:
+    its own /dev/shm (the rings), the whole GPU, no host namespaces or paths."""
+    objs = render_gpu_with("mps")
+    c = container(objs)
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        holding = [m for m in mounts if Path(env[key]).is_relative_to(m)]
+        assert holding, f"{key}={env[key]} is on the read-only root"
+        mount = mounts[max(holding, key=lambda m: len(Path(m).parts))]
+        assert not mount.get("readOnly") and "emptyDir" in volumes[mount["name"]]
+    assert control_path(env) == f"{env['CUDA_MPS_PIPE_DIRECTORY']}/control"
+    assert volumes[mounts["/dev/shm"]["name"]]["emptyDir"]["medium"] == "Memory"
+    assert not {"hostIPC", "hostPID", "hostNetwork"} & pod.keys()
+    assert not [v for v in pod["volumes"] if "hostPath" in v]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    # The server the pod runs is the one overlays/gpu runs.
+    assert served_config(objs, tmp_path) == served_config(render("gpu"), tmp_path)
+
+
+def test_mps_component_passes_checkov(tmp_path: Path) -> None:
+    exe = checkov()
+    manifest = tmp_path / "gpu-mps.yaml"
+    manifest.write_text(yaml.safe_dump_all(render_gpu_with("mps")))
+    proc = subprocess.run(
+        [exe, "-f", str(manifest), "--framework", "kubernetes", "--skip-download",
+         "--output", "json", "--soft-fail"],
+        capture_output=True, text=True, timeout=300,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "BC_SKIP_MAPPING": "TRUE"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    results = report["results"] if isinstance(report, dict) else report[0]["results"]
+    failed = {c["check_id"] for c in results["failed_checks"]}
+    assert not failed - CHECKOV_ACCEPTED.keys(), f"checkov failed: {sorted(failed)}"
+
+
 def kustomization_files(directory: Path, seen: set[Path]) -> None:
     """Every file a kustomization uses, following resources and components."""
     k = yaml.safe_load((directory / "kustomization.yaml").read_text())
@@ -769,5 +887,6 @@ def test_every_kubernetes_file_is_used_by_an_overlay_or_checked_here() -> None:
         kustomization_files(KUBE / "overlays" / overlay, used)
     used.add(KUBE / "prometheus-adapter" / "values.yaml")  # test_autoscaling_... reads it
     kustomization_files(INGRESS_NGINX, used)  # optional: test_ingress_... add it to gpu
+    kustomization_files(MPS, used)  # optional: test_mps_component_... add it to gpu
     present = {p.resolve() for p in KUBE.rglob("*") if p.is_file()}
     assert present == used, f"unused or unchecked: {sorted(map(str, present ^ used))}"
