@@ -1,7 +1,7 @@
 """How a request becomes ``SpeechParams``: one path for every front end.
 
 Each front end decodes its own wire format (the OpenAI body here, ``Speak`` in
-``gateway.frontends.zeromq.protocol``, the WebSocket protocols' messages) with plain types, then hands the
+``orpheus_wire.zeromq``, the WebSocket protocols' messages) with plain types, then hands the
 fields to ``build_params``, which holds every rule about them: the ranges and enums
 (``FieldRules``), the sampling fields' limits (``common.limits.RequestLimits``: the
 llm_worker checks the same ones with the same function), the text (``check_text``), the voice
@@ -27,6 +27,7 @@ from common.limits import LimitError, RequestLimits
 from gateway.audio_out import OutputFormat, check_format
 from gateway.errors import APIError
 from gateway.voices import VoiceCatalog
+from orpheus_wire.sampling import SamplingFields
 from shm.messages import SamplingOverrides
 from shm.records import SAMPLE_RATE
 
@@ -55,26 +56,15 @@ class FieldRules(msgspec.Struct, frozen=True, kw_only=True):
     stream_format: StreamFormat = "audio"
 
 
-class SamplingFields(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Extensions to OpenAI's request (HTTP and ZeroMQ); their limits are
-    ``common.limits``' (the llm_worker's)."""
-
-    max_tokens: int | None = None
-    """Exact number of audio tokens (7 per 85 ms frame), at least 7, at most
-    ``llm.max_tokens_cap``; None: the server caps the length by the text's."""
-    seed: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    repetition_penalty: float | None = None
-
-    def overrides(self) -> SamplingOverrides:
-        return SamplingOverrides(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            repetition_penalty=self.repetition_penalty,
-            max_tokens=self.max_tokens,
-            seed=self.seed,
-        )
+def sampling_overrides(fields: SamplingFields) -> SamplingOverrides:
+    """The sampling fields of a wire request (HTTP or ZeroMQ) as the llm_worker takes them."""
+    return SamplingOverrides(
+        temperature=fields.temperature,
+        top_p=fields.top_p,
+        repetition_penalty=fields.repetition_penalty,
+        max_tokens=fields.max_tokens,
+        seed=fields.seed,
+    )
 
 
 class SpeechRequest(SamplingFields, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -244,5 +234,5 @@ def speech_params(
         sample_rate=req.sample_rate,
         speed=req.speed,
         stream_format=req.stream_format,
-        sampling=req.overrides(),
+        sampling=sampling_overrides(req),
     )
