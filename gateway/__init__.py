@@ -12,7 +12,7 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
 - ``schemas``, ``voices``, ``errors``: request validation, voice names, JSON errors
 - ``auth``, ``browser_guard``, ``listener``, ``malformed_http``: API keys, browsers, the
   socket and its limits, what aiohttp refuses before a handler
-- ``encoders``, ``audio_out``: streaming encoders; resampling, G.711, content types
+- ``audio``: the audio output (formats, streaming encoders, the output pipeline)
 - ``custom_voices``: the voices API; ``metrics``: Prometheus metrics (``Api``, the label enum)
 - ``app``: the aiohttp application: each front end's routes in one loop
 

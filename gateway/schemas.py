@@ -24,7 +24,7 @@ import msgspec
 from msgspec import Meta
 
 from common.limits import LimitError, RequestLimits
-from gateway.audio_out import OutputFormat, check_format
+from gateway.audio.output import OutputFormat, check_format
 from gateway.errors import APIError
 from gateway.voices import VoiceCatalog
 from orpheus_wire.sampling import SamplingFields

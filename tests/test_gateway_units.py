@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from common.gateway_config import OPENAI_VOICES
 from common.limits import RequestLimits
 from gateway.admission import Admission
-from gateway.encoders import ENCODER_FORMATS, make_encoder, tempo_factors, wav_header
+from gateway.audio.encoders import ENCODER_FORMATS, make_encoder, tempo_factors, wav_header
 from gateway.errors import APIError
 from gateway.frontends.openai.sse import delta_event, done_event
 from gateway.metrics import GatewayMetrics

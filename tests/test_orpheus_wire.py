@@ -74,7 +74,7 @@ def test_the_wire_types_import_only_msgspec() -> None:
 
 def test_the_check_sees_a_heavy_import() -> None:
     """The fresh interpreter reports what an import pulls in (the test above can fail)."""
-    assert {"gateway", "av", "numpy"} <= _pulled_in_by("import gateway.audio_out")
+    assert {"gateway", "av", "numpy"} <= _pulled_in_by("import gateway.audio.output")
 
 
 SPEAK_ALL = Speak(

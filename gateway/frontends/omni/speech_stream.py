@@ -38,8 +38,8 @@ from typing import Any
 import msgspec
 from aiohttp import WSMsgType, web
 
-from gateway.audio_out import make_output
-from gateway.encoders import AudioEncoder
+from gateway.audio.encoders import AudioEncoder
+from gateway.audio.output import make_output
 from gateway.errors import APIError
 from gateway.frontends.alignment import WordTime, word_times
 from gateway.frontends.omni.messages import (

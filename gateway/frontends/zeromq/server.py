@@ -26,9 +26,9 @@ import zmq
 import zmq.asyncio
 
 from common.zmq_recv import incoming_multipart
-from gateway.audio_out import make_output
+from gateway.audio.encoders import AudioEncoder
+from gateway.audio.output import make_output
 from gateway.auth import ZMQ_KEY_HINT, ApiKeys
-from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
 from gateway.metrics import Api
 from gateway.requests import ActiveRequest

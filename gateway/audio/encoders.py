@@ -23,7 +23,7 @@ import numpy as np
 from shm.records import PCM_DTYPE, SAMPLE_RATE
 
 ENCODER_FORMATS = ("pcm", "wav", "mp3", "opus", "aac", "flac")
-"""What ``make_encoder`` makes at 24 kHz (G.711 and other rates: ``gateway.audio_out``, which
+"""What ``make_encoder`` makes at 24 kHz (G.711 and other rates: ``gateway.audio.output``, which
 also has the formats' content types)."""
 
 # format -> (muxer, codec, codec options, muxer options). Speech-grade bit rates; encoder

@@ -22,7 +22,7 @@ import av
 import msgspec
 import numpy as np
 
-from gateway.encoders import (
+from gateway.audio.encoders import (
     AudioEncoder,
     ContainerEncoder,
     PcmEncoder,
@@ -54,7 +54,7 @@ class OutputFormat(msgspec.Struct, frozen=True):
     codec: Codec = "pcm"
     sample_rate: int = SAMPLE_RATE
     bitrate: str | None = None
-    """e.g. "32k" (mp3); None: the codec's default in ``gateway.encoders``."""
+    """e.g. "32k" (mp3); None: the codec's default in ``gateway.audio.encoders``."""
 
     @property
     def content_type(self) -> str:
@@ -214,7 +214,7 @@ def check_format(fmt: OutputFormat) -> None:
 def make_output(fmt: OutputFormat, speed: float = 1.0) -> AudioEncoder:
     """A streaming encoder from 24 kHz int16 mono PCM to ``fmt`` (time-stretched by
     ``speed``). For the formats the OpenAI API always had, at 24 kHz, this is
-    ``gateway.encoders.make_encoder``'s encoder, unchanged."""
+    ``gateway.audio.encoders.make_encoder``'s encoder, unchanged."""
     check_format(fmt)
     if fmt.sample_rate == SAMPLE_RATE and fmt.bitrate is None and fmt.codec not in ("ulaw", "alaw"):
         return make_encoder(fmt.codec, speed)
