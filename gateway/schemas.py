@@ -24,15 +24,13 @@ import msgspec
 from msgspec import Meta
 
 from common.limits import LimitError, RequestLimits
-from gateway.audio.output import OutputFormat, check_format
+from gateway.audio.formats import Codec, OutputFormat, SampleRate, check_format, default_rate
 from gateway.errors import APIError
 from gateway.voices import VoiceCatalog
 from orpheus_wire.sampling import SamplingFields
 from shm.messages import SamplingOverrides
 from shm.records import SAMPLE_RATE
 
-ResponseFormat = Literal["pcm", "wav", "mp3", "opus", "aac", "flac", "ulaw", "alaw"]
-SampleRate = Literal[8000, 16000, 22050, 24000, 44100, 48000]
 StreamFormat = Literal["audio", "sse"]
 Speed = Annotated[float, Meta(ge=0.25, le=4.0)]
 ModelName = Annotated[str, Meta(min_length=1, max_length=256)]
@@ -50,7 +48,7 @@ class FieldRules(msgspec.Struct, frozen=True, kw_only=True):
     sampling fields' rules are the llm_worker's too: ``common.limits``. Wire formats declare
     these fields with plain types; ``build_params`` checks their values here."""
 
-    response_format: ResponseFormat = "pcm"
+    response_format: Codec = "pcm"
     sample_rate: SampleRate | None = None
     speed: Speed = 1.0
     stream_format: StreamFormat = "audio"
@@ -91,7 +89,7 @@ class SpeechParams(msgspec.Struct, frozen=True, kw_only=True):
     voice: str
     """The voice as the llm_worker takes it (aliases resolved, known to this server)."""
     sampling: SamplingOverrides = SamplingOverrides()
-    response_format: ResponseFormat = "pcm"
+    response_format: Codec = "pcm"
     sample_rate: int = SAMPLE_RATE
     bitrate: str | None = None
     """Of a lossy codec (ElevenLabs' ``mp3_44100_128``); None: the codec's default."""
@@ -104,11 +102,11 @@ class SpeechParams(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def output_format(
-    codec: ResponseFormat, sample_rate: int | None, bitrate: str | None = None
+    codec: Codec, sample_rate: int | None, bitrate: str | None = None
 ) -> OutputFormat:
     """The ``OutputFormat`` of an OpenAI-style ``response_format`` + ``sample_rate``;
     APIError 400 for a pair this server cannot make (``opus`` at 22050 Hz, ...)."""
-    rate = sample_rate or (8000 if codec in ("ulaw", "alaw") else SAMPLE_RATE)
+    rate = sample_rate or default_rate(codec)
     fmt = OutputFormat(codec, rate, bitrate)
     try:
         check_format(fmt)
