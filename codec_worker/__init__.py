@@ -1,6 +1,7 @@
 """The codec worker process: SNAC decoding of every stream's code frames, batched across streams.
 
-Process entry point: ``codec_worker.main.run``. Modules, each with one job:
+Process entry point: ``main`` (``codec_worker.main.run``: the rings, sockets and loop).
+Modules, each with one job:
 
 - ``service``: ``CodecService``, the streams' state machine (frames in, PCM out)
 - ``output``: ``RingSink``, the only writer of the gateways' PCM rings
@@ -8,7 +9,7 @@ Process entry point: ``codec_worker.main.run``. Modules, each with one job:
 - ``policy``, ``scheduler``: a stream's next window; when to dispatch a batch and which
   windows go in it; ``decoder``, ``levels``, ``noise``: the windowed decode, frames to SNAC
   levels, position-keyed noise
-- ``encoder``: SNAC's encoder for custom-voice clips (a thread, ``encode`` socket)
+- ``encoder``: SNAC's encoder for custom-voice clips (a thread; the ROUTER socket of ``EncodeRequest``)
 - ``snac_model``, ``host_memory``, ``quality``: loading checkpoints; keeping freed host
   blocks for CPU decoding; the seam-error check
 - ``metrics``, ``profiling``: Prometheus metrics; the profiler hook

@@ -1,3 +1,12 @@
-"""The floor every process stands on: configuration Structs, heap settling, profiling hooks
-and the worker's link to the orchestrator. It imports no process package (orchestrator,
-gateway, llm_worker, codec_worker); the wire contract below it is ``shm``."""
+"""The floor every process stands on. It imports no process package (orchestrator,
+gateway, llm_worker, codec_worker); the wire contract below it is ``shm``.
+
+- ``config``: ``ServeConfig``, the whole server's configuration, made of the tables of
+  ``llm_config``, ``codec_config``, ``gateway_config`` (and ``shm.config``, ``shm.voices``)
+- ``limits``: the sampling fields' limits, checked by the gateway and the llm worker alike
+- ``cpu_plan``: which cores each process runs on when the model runs on CPU
+- ``heap``: garbage-collector settings of the serving processes once warm
+- ``profiling``: the workers' profiler hooks, armed by the environment, triggered by a file
+- ``link``: a worker's line to the orchestrator (``WorkerReady``, heartbeats)
+- ``zmq_recv``: receiving on an asyncio ZeroMQ socket without trusting one wakeup
+"""

@@ -1,7 +1,7 @@
 """The gateway: HTTP (OpenAI, ElevenLabs), WebSocket (vLLM-Omni, ElevenLabs, Baseten) and ZeroMQ
 front ends of orpheus-serve.
 
-Process entry point: ``gateway.main.run``. The core, each module with one job:
+Process entry point: ``main`` (``gateway.main.run``). The core, each module with one job:
 
 - ``service``: ``Gateway``, the process's state: admission, streams, cluster, watchdog, drain
 - ``requests``: the owner of a request's life (``RequestTracker``: admit, track, finish) and
@@ -12,14 +12,15 @@ Process entry point: ``gateway.main.run``. The core, each module with one job:
 - ``schemas``, ``voices``, ``errors``: request validation, voice names, JSON errors
 - ``auth``, ``browser_guard``, ``listener``, ``malformed_http``: API keys, browsers, the
   socket and its limits, what aiohttp refuses before a handler
-- ``encoders``, ``audio_out``: streaming encoders; resampling, G.711, content types
+- ``audio``: the audio output (formats, streaming encoders, the output pipeline)
 - ``custom_voices``: the voices API; ``metrics``: Prometheus metrics (``Api``, the label enum)
 - ``app``: the aiohttp application: each front end's routes in one loop
 
 The front ends, one package each under ``frontends`` (``frontends.registry`` lists those on
-HTTP): ``openai`` (``POST /v1/audio/speech``), ``omni`` (vLLM-Omni's WebSocket),
-``elevenlabs`` (WebSocket and HTTP), ``baseten`` (WebSocket and HTTP), ``zeromq`` (internal
-clients; the client library is ``orpheus_client.zmq_client``). What they share is beside
+HTTP): ``frontends.openai`` (``POST /v1/audio/speech``), ``frontends.omni`` (vLLM-Omni's
+WebSocket), ``frontends.elevenlabs`` (WebSocket and HTTP), ``frontends.baseten`` (WebSocket
+and HTTP), ``frontends.zeromq`` (internal clients; the client library is
+``orpheus_client.zmq_client``). What they share is beside
 them: ``frontends.shared``, ``frontends.utterance`` (units spoken in order),
 ``frontends.text_units`` and ``frontends.alignment``. ``static/index.html``: the playground.
 

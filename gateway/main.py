@@ -23,11 +23,11 @@ from common.config import ServeConfig
 from common.link import WorkerLink
 from gateway import malformed_http
 from gateway.app import build_app
-from gateway.frontends.zeromq.protocol import endpoint_for
 from gateway.frontends.zeromq.server import ZmqFrontend
 from gateway.listener import app_runner, listen
 from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
+from orpheus_wire.zeromq import endpoint_for
 from shm.layout import InstanceLayout
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """How a request becomes ``SpeechParams``: one path for every front end.
 
 Each front end decodes its own wire format (the OpenAI body here, ``Speak`` in
-``gateway.frontends.zeromq.protocol``, the WebSocket protocols' messages) with plain types, then hands the
+``orpheus_wire.zeromq``, the WebSocket protocols' messages) with plain types, then hands the
 fields to ``build_params``, which holds every rule about them: the ranges and enums
 (``FieldRules``), the sampling fields' limits (``common.limits.RequestLimits``: the
 llm_worker checks the same ones with the same function), the text (``check_text``), the voice
@@ -24,14 +24,13 @@ import msgspec
 from msgspec import Meta
 
 from common.limits import LimitError, RequestLimits
-from gateway.audio_out import OutputFormat, check_format
+from gateway.audio.formats import Codec, OutputFormat, SampleRate, check_format, default_rate
 from gateway.errors import APIError
 from gateway.voices import VoiceCatalog
+from orpheus_wire.sampling import SamplingFields
 from shm.messages import SamplingOverrides
 from shm.records import SAMPLE_RATE
 
-ResponseFormat = Literal["pcm", "wav", "mp3", "opus", "aac", "flac", "ulaw", "alaw"]
-SampleRate = Literal[8000, 16000, 22050, 24000, 44100, 48000]
 StreamFormat = Literal["audio", "sse"]
 Speed = Annotated[float, Meta(ge=0.25, le=4.0)]
 ModelName = Annotated[str, Meta(min_length=1, max_length=256)]
@@ -49,32 +48,21 @@ class FieldRules(msgspec.Struct, frozen=True, kw_only=True):
     sampling fields' rules are the llm_worker's too: ``common.limits``. Wire formats declare
     these fields with plain types; ``build_params`` checks their values here."""
 
-    response_format: ResponseFormat = "pcm"
+    response_format: Codec = "pcm"
     sample_rate: SampleRate | None = None
     speed: Speed = 1.0
     stream_format: StreamFormat = "audio"
 
 
-class SamplingFields(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Extensions to OpenAI's request (HTTP and ZeroMQ); their limits are
-    ``common.limits``' (the llm_worker's)."""
-
-    max_tokens: int | None = None
-    """Exact number of audio tokens (7 per 85 ms frame), at least 7, at most
-    ``llm.max_tokens_cap``; None: the server caps the length by the text's."""
-    seed: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    repetition_penalty: float | None = None
-
-    def overrides(self) -> SamplingOverrides:
-        return SamplingOverrides(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            repetition_penalty=self.repetition_penalty,
-            max_tokens=self.max_tokens,
-            seed=self.seed,
-        )
+def sampling_overrides(fields: SamplingFields) -> SamplingOverrides:
+    """The sampling fields of a wire request (HTTP or ZeroMQ) as the llm_worker takes them."""
+    return SamplingOverrides(
+        temperature=fields.temperature,
+        top_p=fields.top_p,
+        repetition_penalty=fields.repetition_penalty,
+        max_tokens=fields.max_tokens,
+        seed=fields.seed,
+    )
 
 
 class SpeechRequest(SamplingFields, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -101,7 +89,7 @@ class SpeechParams(msgspec.Struct, frozen=True, kw_only=True):
     voice: str
     """The voice as the llm_worker takes it (aliases resolved, known to this server)."""
     sampling: SamplingOverrides = SamplingOverrides()
-    response_format: ResponseFormat = "pcm"
+    response_format: Codec = "pcm"
     sample_rate: int = SAMPLE_RATE
     bitrate: str | None = None
     """Of a lossy codec (ElevenLabs' ``mp3_44100_128``); None: the codec's default."""
@@ -114,11 +102,11 @@ class SpeechParams(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def output_format(
-    codec: ResponseFormat, sample_rate: int | None, bitrate: str | None = None
+    codec: Codec, sample_rate: int | None, bitrate: str | None = None
 ) -> OutputFormat:
     """The ``OutputFormat`` of an OpenAI-style ``response_format`` + ``sample_rate``;
     APIError 400 for a pair this server cannot make (``opus`` at 22050 Hz, ...)."""
-    rate = sample_rate or (8000 if codec in ("ulaw", "alaw") else SAMPLE_RATE)
+    rate = sample_rate or default_rate(codec)
     fmt = OutputFormat(codec, rate, bitrate)
     try:
         check_format(fmt)
@@ -244,5 +232,5 @@ def speech_params(
         sample_rate=req.sample_rate,
         speed=req.speed,
         stream_format=req.stream_format,
-        sampling=req.overrides(),
+        sampling=sampling_overrides(req),
     )

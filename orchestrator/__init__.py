@@ -1,2 +1,11 @@
 """The top of the serving processes: configuration loading, supervision of the workers,
-shared-memory ownership, fail-fast checks. The `orpheus-serve` command is `orpheus_serve`."""
+shared-memory ownership, fail-fast checks. The ``orpheus-serve`` command is ``orpheus_serve``.
+
+- ``settings``: ``ServeConfig`` from the CPU profile, the TOML file, the environment, flags
+- ``supervisor``: starts, watches and restarts the workers of one instance; owns its segments
+- ``child``: every worker's entry point (``python -m orchestrator.child ROLE [INDEX]``)
+- ``proctree``: a worker's whole process tree (vLLM's included), killed and cleaned up
+- ``failures``: permanent start-up failures, found before or at start and said in one line
+- ``logs``: text or JSON log lines on stderr for every process
+- ``say``: ``orpheus-serve say``, one utterance through a running server into a WAV file
+"""

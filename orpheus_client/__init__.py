@@ -1,3 +1,4 @@
 """Clients of orpheus-serve for internal services: ``zmq_client`` speaks the gateway's ZeroMQ
-protocol (``gateway.frontends.zeromq.protocol``). Outside the server package: a service that
-only calls the server imports this, not the server."""
+protocol (``orpheus_wire.zeromq``). Outside the server package: a service that only calls the
+server imports this and the wire types (msgspec and pyzmq), not the server (no gateway, PyAV,
+numpy or torch; tests/test_orpheus_wire.py)."""

@@ -1,4 +1,4 @@
-"""Python client of the gateway's ZeroMQ protocol (``gateway.frontends.zeromq.protocol``).
+"""Python client of the gateway's ZeroMQ protocol (``orpheus_wire.zeromq``).
 
 Synchronous (one request at a time per client)::
 
@@ -33,7 +33,7 @@ from typing import Any, Self
 import zmq
 import zmq.asyncio
 
-from gateway.frontends.zeromq.protocol import (
+from orpheus_wire.zeromq import (
     AppendText,
     Audio,
     Cancel,

@@ -1,5 +1,6 @@
 """The ``orpheus-serve`` command: the top of the import layers.
 
-``cli`` dispatches ``serve`` and ``say`` to the orchestrator, ``tiny-model`` and ``bench``
-to the benchmark package; ``demo`` is ``make demo``. Nothing imports this package.
+``cli`` dispatches its ``orpheus-serve serve`` and ``orpheus-serve say`` to the orchestrator,
+``orpheus-serve tiny-model`` and ``orpheus-serve bench`` to the benchmark package; ``demo``
+is ``make demo``, ``console`` the few lines it prints. Nothing imports this package.
 """

@@ -1,2 +1,10 @@
-"""The wire contract between the processes: SPSC rings with ZeroMQ doorbells, record kinds
-and the constants both ends agree on (records), message Structs, segment lifecycle."""
+"""The wire contract between the processes (the contract with clients is ``orpheus_wire``).
+
+- ``ring``: single-producer single-consumer rings in POSIX shared memory, ZeroMQ doorbells
+- ``records``: the rings' record kinds and payloads, and the constants both ends agree on
+- ``messages``: the control Structs sent over ZeroMQ, and who sends which on which socket
+- ``layout``: where an instance's segments and sockets live (from its name alone)
+- ``segments``: their lifecycle (created, unlinked, a dead instance's removed)
+- ``admission``: node-wide admission counters of several gateway processes
+- ``config``, ``voices``: the ``[shm]`` and ``[voices]`` tables; custom voices on disk
+"""

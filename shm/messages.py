@@ -3,7 +3,7 @@
 Bulk data never travels here: code frames and PCM go through the shared-memory rings
 (see ``shm.records``). Every message is a tagged Struct so one decoder handles a socket
 that carries several kinds. The names say which boundary a message crosses; the public
-ZeroMQ protocol's messages (``gateway.frontends.zeromq.protocol``: ``Speak``, ``AppendText``, ``Cancel``)
+ZeroMQ protocol's messages (``orpheus_wire.zeromq``: ``Speak``, ``AppendText``, ``Cancel``)
 are a different, client-facing contract.
 
 | messages | from -> to | socket (``shm.layout``) |

@@ -147,3 +147,42 @@ def test_the_front_end_registry_adds_every_route() -> None:
         if r.resource is not None and r.method != "HEAD"
     }
     assert routes == ROUTES
+
+
+FRONTENDS = REPO / "gateway" / "frontends"
+
+
+def _frontend_packages() -> set[str]:
+    return {p.name for p in FRONTENDS.iterdir() if (p / "__init__.py").exists()}
+
+
+def test_every_front_end_is_in_the_independence_contract() -> None:
+    """Step 4 of adding a protocol (gateway/frontends/registry.py)."""
+    config = (REPO / ".importlinter").read_text()
+    contract = config[config.index("[importlinter:contract:frontends-independent]") :]
+    modules = contract.split("modules =", 1)[1].split("ignore_imports", 1)[0].split()
+    assert {m.removeprefix("gateway.frontends.") for m in modules} == _frontend_packages()
+
+
+def test_every_front_end_is_served() -> None:
+    """Step 2: each package is in the registry, or started by gateway.main (its own socket)."""
+    from gateway.frontends.registry import HTTP_FRONTENDS
+
+    registered = {f.__name__.rsplit(".", 1)[1] for f in HTTP_FRONTENDS}
+    own_socket = {"zeromq"}
+    assert "gateway.frontends.zeromq" in (REPO / "gateway" / "main.py").read_text()
+    assert registered | own_socket == _frontend_packages()
+    assert not registered & own_socket
+
+
+def test_every_front_end_has_its_api_label() -> None:
+    """Step 3: each front end labels its requests with a member of ``metrics.Api``, and each
+    member labels some front end's requests."""
+    from gateway.metrics import Api
+
+    used: dict[str, set[str]] = {}
+    for name in _frontend_packages():
+        source = "".join(p.read_text() for p in (FRONTENDS / name).glob("*.py"))
+        used[name] = set(re.findall(r"\bApi\.([A-Z_]+)", source))
+    assert all(used.values()), used
+    assert set().union(*used.values()) == set(Api.__members__), used

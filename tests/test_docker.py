@@ -192,7 +192,7 @@ def test_entrypoint_healthcheck_and_ports_match_the_server(name: str) -> None:
     exposed = {int(p.split("/")[0]) for i in runtime if i.op == "EXPOSE" for p in i.args.split()}
     zmq = []
     if g.zmq_endpoint:
-        from gateway.frontends.zeromq.protocol import endpoint_for
+        from orpheus_wire.zeromq import endpoint_for
 
         zmq = [int(endpoint_for(g.zmq_endpoint, k).rsplit(":", 1)[1]) for k in range(g.processes)]
     assert exposed == {g.port, *zmq}

@@ -146,7 +146,7 @@ def test_zmq_chunks_in_order_and_bytes_match_frames(server: Server) -> None:
     import msgspec
     import zmq
 
-    from gateway.frontends.zeromq.protocol import Audio, Done, Error, Speak, server_decoder
+    from orpheus_wire.zeromq import Audio, Done, Error, Speak, server_decoder
 
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)

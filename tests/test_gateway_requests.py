@@ -22,7 +22,7 @@ import zmq.asyncio
 from gateway_harness import Harness, running_gateway, wait_until
 
 from gateway.auth import HTTP_KEY_HINT, ZMQ_KEY_HINT, ApiKeys
-from gateway.frontends.zeromq.protocol import Audio, Error, Started, server_decoder
+from orpheus_wire.zeromq import Audio, Error, Started, server_decoder
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,7 +15,9 @@ import pytest
 from gateway_harness import running_gateway
 
 from bench.doubles.synthetic_backend import synthetic_pcm
-from gateway.audio_out import ELEVENLABS_FORMATS, OutputFormat, g711_table, make_output
+from gateway.audio.encoders import g711_table
+from gateway.audio.formats import ELEVENLABS_FORMATS, OutputFormat
+from gateway.audio.output import make_output
 from gateway.frontends.alignment import ChunkAligner, word_times
 from gateway.frontends.text_units import UnitSplitter
 from shm.layout import InstanceLayout

@@ -19,14 +19,14 @@ from prometheus_client import CollectorRegistry
 from common.gateway_config import OPENAI_VOICES
 from common.limits import RequestLimits
 from gateway.admission import Admission
-from gateway.encoders import ENCODER_FORMATS, make_encoder, tempo_factors, wav_header
+from gateway.audio.encoders import ENCODER_FORMATS, make_encoder, tempo_factors, wav_header
 from gateway.errors import APIError
 from gateway.frontends.openai.sse import delta_event, done_event
-from gateway.frontends.zeromq.protocol import endpoint_for
 from gateway.metrics import GatewayMetrics
 from gateway.schemas import decode_speech_request, speech_params
 from gateway.streams import StreamFailed, StreamRegistry
 from gateway.voices import ENGLISH_VOICES, VoiceCatalog
+from orpheus_wire.zeromq import endpoint_for
 from shm.messages import LlmCancel, llm_control_decoder
 from shm.records import RecordKind, StreamEnd, StreamError, gateway_of, record_encoder
 from shm.ring import Record

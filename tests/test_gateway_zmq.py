@@ -19,7 +19,9 @@ import zmq.asyncio
 from gateway_harness import running_gateway, wait_until
 
 from bench.doubles.synthetic_backend import synthetic_pcm
-from gateway.frontends.zeromq.protocol import (
+from gateway.frontends.zeromq.server import MAX_PENDING_APPENDS
+from orpheus_client.zmq_client import AsyncClient, Client, SpeechError
+from orpheus_wire.zeromq import (
     Audio,
     Done,
     Error,
@@ -27,8 +29,6 @@ from gateway.frontends.zeromq.protocol import (
     Started,
     server_decoder,
 )
-from gateway.frontends.zeromq.server import MAX_PENDING_APPENDS
-from orpheus_client.zmq_client import AsyncClient, Client, SpeechError
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(60)

@@ -27,7 +27,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from gateway.frontends.zeromq import server as zmq_server
-from gateway.frontends.zeromq.protocol import (
+from orpheus_wire.zeromq import (
     Audio,
     Done,
     Error,

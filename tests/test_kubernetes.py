@@ -34,11 +34,11 @@ from prometheus_client import CollectorRegistry
 from common.config import ServeConfig
 from common.mps import control_path
 from gateway.app import build_app
-from gateway.frontends.zeromq.protocol import endpoint_for
 from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
 from orchestrator.settings import load_config
 from orchestrator.supervisor import STOP_GRACE_S
+from orpheus_wire.zeromq import endpoint_for
 from shm.admission import segment_bytes
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,11 +1,15 @@
 """Load generation, capacity search and the side-by-side baseline (docs/benchmarks.md).
 
-- ``cli``: ``orpheus-serve bench load``; ``compare``: ``orpheus-serve bench compare``.
-- ``runner``: closed and open loops; ``schedule``: precomputed Poisson arrivals;
-  ``clients``: HTTP and ZeroMQ speech clients; ``texts`` + ``corpus/``: the text mix.
+- ``cli``: ``orpheus-serve bench load``; ``compare``: ``orpheus-serve bench compare``
+  (``comparison``: the ratios it reports); ``soak``: ``orpheus-serve bench soak``.
+- ``session``: load levels against one server; ``runner``: closed and open loops;
+  ``schedule``: precomputed Poisson arrivals; ``clients``: HTTP and ZeroMQ speech clients;
+  ``texts`` + ``corpus/``: the text mix; ``progress``: a live line per level.
 - ``trace``/``playback``/``window``/``summary``/``stats``: from arrival traces to TTFB,
   RTF, underruns, throughput and goodput over the stable window.
-- ``search``: bracketing capacity search; ``report``/``plot``/``environment``: output.
+- ``criteria``: the three pass criteria and the capacity each gives; ``search``:
+  bracketing capacity search; ``recompute``: a stored result's capacities again.
+- ``report``/``plot``: output (the machine's description: ``bench.environment``).
 - ``baseline/``: the reference package's serving approach on the same HTTP contract;
   ``servers``: starting and stopping the servers under test.
 """

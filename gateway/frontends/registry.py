@@ -1,7 +1,26 @@
 """The front ends served over HTTP and WebSocket, in the order their routes are added.
 
-A sixth protocol is one new package under ``gateway.frontends`` with a ``routes(gateway)``
-function, and one line here.
+Adding a protocol, every step it takes (tests/test_architecture.py fails on a step left out
+where the code can tell):
+
+1. A package ``gateway.frontends.<name>`` with ``routes(gateway) -> list[web.RouteDef]``.
+   Its wire types are msgspec Structs with plain types; their values go through
+   ``gateway.schemas.build_params`` (every field rule, the same 400s as every protocol).
+   Each utterance is a request of ``gateway.requests`` (``RequestTracker.open``, audio
+   through ``ActiveRequest.write``); a streaming protocol speaks its units on a ``Lane``
+   with ``speak_unit`` (``gateway.frontends.utterance``).
+2. One line in ``HTTP_FRONTENDS`` below (a protocol on its own socket is started by
+   ``gateway.main`` instead, as ``zeromq`` is).
+3. Its ``api`` label: a member of ``gateway.metrics.Api`` (a new value: the exported values
+   of the others stay as they are, dashboards and alerts select on them).
+4. The package in the ``frontends-independent`` contract of ``.importlinter`` (front ends
+   import none of each other; what two share moves to ``shared`` or ``utterance``).
+5. Tests: a file of its own against the synthetic backend (``tests/gateway_harness.py``,
+   as ``tests/test_gateway_baseten.py``), with the protocol's real client package where one
+   exists; its routes in ``ROUTES`` of ``tests/test_architecture.py``; a streaming protocol
+   in ``bench protocols`` (``bench/protocols.py``).
+6. Docs: its section in docs/api.md, its row in README's API table and in the front ends'
+   table of docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,15 @@
 """Sampling for Orpheus on vLLM: tensor-based repetition penalty and the audio-token constraint.
 
-Entry point: :class:`SamplingPlan` (see :mod:`llm_worker.sampling.plan` for usage).
-Prevented-token counts reach the worker through a :class:`PreventedBoard`.
+Entry point: ``plan`` (``SamplingPlan``: which path the worker runs, decided once at start).
+Prevented-token counts reach the worker through a ``PreventedBoard`` (``counters``).
+
+- ``runner``: which vLLM model runner (V1 or V2), chosen and pinned before the engine starts
+- ``penalty``: the repetition penalty in preallocated tensors (V1); ``rows``, ``staging``:
+  the V1 processors' row bookkeeping and the host vectors they fill each step
+- ``constraint`` (V1), ``constraint_v2`` (V2), ``audio_mask``: the audio-token constraint
+  and its batched tensor ops
+- ``args``: the per-request arguments of the processors (``SamplingParams.extra_args``)
+- ``hooks``: the per-stream side the llm service calls
 """
 
 from llm_worker.sampling.args import EXTRA_ARGS_KEY, RequestArgs

@@ -26,6 +26,7 @@ PACKAGES = (
     "codec_worker",
     "common",
     "shm",
+    "orpheus_wire",
 )
 
 

@@ -15,8 +15,9 @@ import base64
 import msgspec
 from aiohttp import web
 
-from gateway.audio_out import OutputFormat, make_output
-from gateway.encoders import AudioEncoder
+from gateway.audio.encoders import AudioEncoder
+from gateway.audio.formats import OutputFormat
+from gateway.audio.output import make_output
 from gateway.errors import APIError
 from gateway.frontends.alignment import CharTimes, ChunkAligner
 from gateway.frontends.elevenlabs.messages import (

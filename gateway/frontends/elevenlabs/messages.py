@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
-from gateway.audio_out import ELEVENLABS_FORMATS, OutputFormat
+from gateway.audio.formats import ELEVENLABS_FORMATS, OutputFormat
 from gateway.errors import APIError
 from gateway.frontends.alignment import CharTimes
 from gateway.metrics import Api

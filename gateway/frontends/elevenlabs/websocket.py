@@ -46,8 +46,9 @@ from typing import Any
 import msgspec
 from aiohttp import WSMsgType, web
 
-from gateway.audio_out import OutputFormat, make_output
-from gateway.encoders import AudioEncoder
+from gateway.audio.encoders import AudioEncoder
+from gateway.audio.formats import OutputFormat
+from gateway.audio.output import make_output
 from gateway.errors import APIError
 from gateway.frontends.alignment import ChunkAligner
 from gateway.frontends.elevenlabs.messages import (

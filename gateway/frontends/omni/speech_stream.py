@@ -38,8 +38,9 @@ from typing import Any
 import msgspec
 from aiohttp import WSMsgType, web
 
-from gateway.audio_out import make_output
-from gateway.encoders import AudioEncoder
+from gateway.audio.encoders import AudioEncoder
+from gateway.audio.formats import RAW
+from gateway.audio.output import make_output
 from gateway.errors import APIError
 from gateway.frontends.alignment import WordTime, word_times
 from gateway.frontends.omni.messages import (
@@ -82,9 +83,6 @@ log = logging.getLogger(__name__)
 
 PATH = "/v1/audio/speech/stream"
 API = Api.OMNI
-
-_STREAMABLE = ("pcm", "ulaw", "alaw")
-
 
 _any = msgspec.json.Decoder()
 
@@ -151,7 +149,7 @@ class _OmniConnection:
                 ),
             )
             codec = params.response_format
-            if cfg.stream_audio and codec not in _STREAMABLE:
+            if cfg.stream_audio and codec not in RAW:
                 raise ValueError(
                     "stream_audio=true needs response_format 'pcm' (or 'ulaw'/'alaw'), "
                     f"got {codec!r}"
@@ -234,7 +232,7 @@ class _OmniConnection:
         if shown.text is not None and not shown.start_sent:
             shown.start_sent = True
             fmt = shown.params.output
-            raw = fmt.codec in _STREAMABLE
+            raw = fmt.codec in RAW
             await self.send(
                 AudioStart(shown.utt, shown.index, shown.text, fmt.codec,
                            fmt.sample_rate if raw else None, 1 if raw else None,

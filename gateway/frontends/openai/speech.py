@@ -13,8 +13,8 @@ import logging
 
 from aiohttp import web
 
-from gateway.audio_out import make_output
-from gateway.encoders import AudioEncoder
+from gateway.audio.encoders import AudioEncoder
+from gateway.audio.output import make_output
 from gateway.errors import APIError
 from gateway.frontends.openai.sse import delta_event, done_event, error_event
 from gateway.frontends.shared import Handler, abort_of, read_body

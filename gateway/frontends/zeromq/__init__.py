@@ -1,3 +1,4 @@
-"""The ZeroMQ front end for internal clients: the wire types (``protocol``) and the ROUTER
-that serves them (``server``, started by ``gateway.main`` when ``gateway.zmq_endpoint`` is
-set). Its client library is ``orpheus_client.zmq_client``, outside the server."""
+"""The ZeroMQ front end for internal clients: the ROUTER (``server``, started by
+``gateway.main`` when ``[gateway] zmq_endpoint`` is set) that serves the wire types of
+``orpheus_wire.zeromq``. Its client library is ``orpheus_client.zmq_client``, outside the
+server: both import the wire types, neither the other."""

@@ -1,4 +1,4 @@
-"""The gateway's ZeroMQ front end: a ROUTER serving ``gateway.frontends.zeromq.protocol`` messages.
+"""The gateway's ZeroMQ front end: a ROUTER serving ``orpheus_wire.zeromq`` messages.
 
 Each ``Speak`` runs as its own task through the same admission, streams and encoders as
 HTTP. Sends never block the event loop: the ROUTER is ``ROUTER_MANDATORY``, so a client
@@ -26,11 +26,16 @@ import zmq
 import zmq.asyncio
 
 from common.zmq_recv import incoming_multipart
-from gateway.audio_out import make_output
+from gateway.audio.encoders import AudioEncoder
+from gateway.audio.output import make_output
 from gateway.auth import ZMQ_KEY_HINT, ApiKeys
-from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
-from gateway.frontends.zeromq.protocol import (
+from gateway.metrics import Api
+from gateway.requests import ActiveRequest
+from gateway.schemas import SpeechParams, build_params, sampling_overrides
+from gateway.service import Gateway
+from gateway.streams import StreamFailed
+from orpheus_wire.zeromq import (
     AppendText,
     Audio,
     Cancel,
@@ -42,11 +47,6 @@ from gateway.frontends.zeromq.protocol import (
     client_decoder,
     encoder,
 )
-from gateway.metrics import Api
-from gateway.requests import ActiveRequest
-from gateway.schemas import SpeechParams, build_params
-from gateway.service import Gateway
-from gateway.streams import StreamFailed
 from shm.records import StreamError
 
 log = logging.getLogger(__name__)
@@ -278,7 +278,7 @@ class ZmqFrontend:
             response_format=msg.response_format,
             sample_rate=msg.sample_rate,
             speed=msg.speed,
-            sampling=msg.overrides(),
+            sampling=sampling_overrides(msg),
             text_open=msg.text_open,
         )
 

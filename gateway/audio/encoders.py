@@ -9,22 +9,26 @@ a few hundred to ~2000 samples longer than the input; ogg/opus trims its pre-ski
 
 ``speed`` other than 1.0 is applied with FFmpeg's ``atempo`` filter (pitch-preserving
 time-stretch): the model itself has no speed control. The filter holds back one chunk.
+
+G.711 is a per-sample table lookup: the tables are made once by FFmpeg's own ``pcm_mulaw``
+and ``pcm_alaw`` encoders (so they match every decoder), then applied with numpy.
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 from fractions import Fraction
-from typing import Protocol
+from typing import Final, Protocol
 
 import av
 import numpy as np
 
+from gateway.audio.formats import CODECS, G711, Codec
 from shm.records import PCM_DTYPE, SAMPLE_RATE
 
-ENCODER_FORMATS = ("pcm", "wav", "mp3", "opus", "aac", "flac")
-"""What ``make_encoder`` makes at 24 kHz (G.711 and other rates: ``gateway.audio_out``, which
-also has the formats' content types)."""
+ENCODER_FORMATS: Final[tuple[Codec, ...]] = tuple(c for c in CODECS if c not in G711)
+"""What ``make_encoder`` makes at 24 kHz (G.711 and other rates: ``gateway.audio.output``)."""
 
 # format -> (muxer, codec, codec options, muxer options). Speech-grade bit rates; encoder
 # effort chosen for CPU per stream (the defaults cost 2-4x more for no audible gain on speech).
@@ -87,8 +91,10 @@ class PcmEncoder:
 
 
 class WavEncoder:
-    def __init__(self) -> None:
-        self._header: bytes | None = wav_header()
+    """PCM after one header (at ``sample_rate``, the rate of the PCM it is given)."""
+
+    def __init__(self, sample_rate: int = SAMPLE_RATE) -> None:
+        self._header: bytes | None = wav_header(sample_rate)
 
     def encode(self, pcm: bytes) -> bytes:
         if self._header is None:
@@ -99,6 +105,42 @@ class WavEncoder:
     def finish(self) -> bytes:
         out, self._header = (self._header or b""), None  # an empty stream is still a WAV file
         return out
+
+    def close(self) -> None:
+        pass
+
+
+@functools.cache
+def g711_table(law: str) -> np.ndarray:
+    """uint8 code of every int16 sample (index: sample + 32768), made by FFmpeg's encoder."""
+    codec = {"ulaw": "pcm_mulaw", "alaw": "pcm_alaw"}[law]
+    ctx = av.CodecContext.create(codec, "w")
+    ctx.sample_rate = 8000
+    ctx.layout = "mono"
+    ctx.format = "s16"
+    samples = np.arange(-32768, 32768, dtype=np.int16).reshape(1, -1)
+    frame = av.AudioFrame.from_ndarray(samples, format="s16", layout="mono")
+    frame.sample_rate = 8000
+    frame.pts = 0
+    data = b"".join(bytes(p) for p in [*ctx.encode(frame), *ctx.encode(None)])
+    table = np.frombuffer(data, dtype=np.uint8)
+    if table.size != 65536:
+        raise RuntimeError(f"{codec} encoded {table.size} bytes for 65536 samples")
+    return table
+
+
+class G711Encoder:
+    """int16 PCM (at 8 kHz) to G.711 (mu-law or A-law), one byte per sample."""
+
+    def __init__(self, law: str) -> None:
+        self._table = g711_table(law)
+
+    def encode(self, pcm: bytes) -> bytes:
+        samples = np.frombuffer(pcm, dtype=PCM_DTYPE).astype(np.int32) + 32768
+        return self._table[samples].tobytes()
+
+    def finish(self) -> bytes:
+        return b""
 
     def close(self) -> None:
         pass

@@ -11,18 +11,21 @@ may run many requests at once on one socket.
 
 ``Audio.data`` holds the next bytes of the response format (``pcm``: int16 LE mono 24 kHz).
 Errors carry the HTTP status the same failure has over HTTP. See docs/api.md.
+
+The gateway serves these types (``gateway.frontends.zeromq.server``) and the client library
+speaks them (``orpheus_client.zmq_client``); they import nothing but msgspec.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from gateway.schemas import SamplingFields
+from orpheus_wire.sampling import SamplingFields
 
 
 class Speak(SamplingFields, frozen=True, kw_only=True, tag="speak", tag_field="type"):
-    """The values of the fields every front end has are checked as HTTP's are
-    (``gateway.schemas.build_params``): a bad one is an ``Error`` with the same code and
+    """The values of the fields every front end has are checked as HTTP's are (the
+    gateway's ``build_params``): a bad one is an ``Error`` with the same code and
     message as the HTTP 400."""
 
     request_id: int
@@ -31,7 +34,7 @@ class Speak(SamplingFields, frozen=True, kw_only=True, tag="speak", tag_field="t
     """Model voice or OpenAI alias; empty: the model's default voice."""
     model: str = ""
     response_format: str = "pcm"
-    """One of ``gateway.schemas.ResponseFormat``."""
+    """pcm, wav, mp3, opus, aac, flac, ulaw or alaw (docs/api.md)."""
     sample_rate: int | None = None
     """None: 24000 (8000 for ``ulaw``/``alaw``)."""
     speed: float = 1.0

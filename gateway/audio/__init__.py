@@ -1,0 +1,9 @@
+"""The gateway's audio output: 24 kHz int16 mono PCM in, what the client asked for out.
+
+- ``formats``: the codecs, sample rates and content types, stated once (``formats.Codec``,
+  ``formats.OutputFormat``, which codec at which rate, ElevenLabs' format names)
+- ``encoders``: streaming encoders, one codec each (pcm, wav, G.711, PyAV's containers, the
+  atempo time-stretch) and ``encoders.make_encoder`` for the 24 kHz formats
+- ``output``: the output pipeline ``output.make_output`` (time-stretch, resampling, the
+  codec) that every front end builds its encoder with
+"""
