@@ -4,7 +4,9 @@ gateway, llm_worker, codec_worker); the wire contract below it is ``shm``.
 - ``config``: ``ServeConfig``, the whole server's configuration, made of the tables of
   ``llm_config``, ``codec_config``, ``gateway_config`` (and ``shm.config``, ``shm.voices``)
 - ``limits``: the sampling fields' limits, checked by the gateway and the llm worker alike
-- ``cpu_plan``: which cores each process runs on when the model runs on CPU
+- ``cpu_plan``: which cores each process (and each engine) runs on when the model runs on CPU
+- ``mps``: whether NVIDIA's Multi-Process Service is active for this process (several engines
+  on one GPU overlap only under it)
 - ``heap``: garbage-collector settings of the serving processes once warm
 - ``profiling``: the workers' profiler hooks, armed by the environment, triggered by a file
 - ``link``: a worker's line to the orchestrator (``WorkerReady``, heartbeats)
