@@ -54,7 +54,7 @@ def job_body(text: str = TEXT, **kw: Any) -> dict[str, Any]:
 
 def expected_pcm(units: int) -> bytes:
     """What an uninterrupted job speaks: every unit's tone, faded at its edges, in order."""
-    unit = synthetic_pcm(0, FRAMES * 2048).tobytes()
+    unit = b"".join(synthetic_pcm(f * 2048, 2048).tobytes() for f in range(FRAMES))
     return fade_edges(unit, FADE) * units
 
 
@@ -248,8 +248,11 @@ async def test_cancel_frees_the_engine_and_delete_removes(
             assert r.status == 200 and (await r.json())["state"] == "cancelled"
         await wait_until(lambda: len(h.backend.cancelled_ids()) > 0, what="LlmCancel")
         await wait_until(lambda: len(h.gateway.requests) == 0, what="units ended")
-        done = await wait_state(s, h, job["id"], {"cancelled"})
-        assert done["finished_at"] is not None
+        deadline = time.monotonic() + 10
+        while (done := await get(s, h, job["id"]))["finished_at"] is None:  # the runner's last word
+            assert done["state"] == "cancelled" and time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        assert done["state"] == "cancelled"
         status, data, _ = await fetch_audio(s, h, job["id"])
         assert status == 409 and b"job_cancelled" in data
         n = len(h.backend.submitted())
@@ -404,7 +407,9 @@ async def test_finished_jobs_expire(
         await wait_until(
             lambda: not (tmp_path / "jobs" / job["id"]).exists(), timeout_s=5, what="expiry"
         )
-        assert h.metric("orpheus_gateway_jobs", {"state": "done"}) == 0
+        await wait_until(
+            lambda: h.metric("orpheus_gateway_jobs", {"state": "done"}) == 0, what="the gauge"
+        )
 
 
 # -- kill -9 ------------------------------------------------------------------------------------
@@ -471,3 +476,87 @@ async def test_kill_9_of_the_whole_server_resumes_every_unit_once(
             data = await r.read()
         assert data == expected_pcm(12)
     assert np.frombuffer(data, "<i2").size == 12 * FRAMES * 2048
+
+
+# -- orpheus-serve say --file ----------------------------------------------------------------
+async def _say(*args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "orpheus_serve", "say", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode()
+
+
+async def test_say_file_writes_the_whole_file(layout: InstanceLayout, tmp_path: Path) -> None:
+    chapter = tmp_path / "chapter.txt"
+    chapter.write_text(TEXT)
+    out = tmp_path / "chapter.wav"
+    async with jobs_gateway(layout, tmp_path / "jobs") as h:
+        code, log = await _say(
+            "--file", str(chapter), "-o", str(out), "--url", h.url, "--api-key", KEY_A,
+            "--max-tokens", str(7 * FRAMES),
+        )  # fmt: skip
+        assert code == 0, log
+        assert "8/8 units" in log and f"wrote {out}" in log
+        with wave.open(str(out)) as w:
+            assert w.readframes(w.getnframes()) == expected_pcm(8)
+        code, log = await _say(
+            "--file", str(chapter), "-o", str(tmp_path / "x.txt"), "--url", h.url
+        )
+        assert code == 1 and "cannot tell the format" in log
+
+
+async def test_say_file_survives_ctrl_c_and_resumes(layout: InstanceLayout, tmp_path: Path) -> None:
+    chapter = tmp_path / "chapter.txt"
+    chapter.write_text(TEXT)
+    out = tmp_path / "chapter.pcm"
+    async with jobs_gateway(layout, tmp_path / "jobs", backend={"realtime": True}) as h:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "orpheus_serve", "say", "--file", str(chapter), "-o", str(out),
+            "--url", h.url, "--api-key", KEY_A, "--max-tokens", str(7 * FRAMES),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        first = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        assert first.startswith("job job_"), first
+        job_id = first.split()[1].rstrip(":")
+        proc.send_signal(signal.SIGINT)
+        rest, _ = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 130, rest
+        assert f"--resume {job_id}" in rest.decode()
+        assert not out.exists()
+        code, log = await _say(
+            "--resume", job_id, "-o", str(out), "--url", h.url, "--api-key", KEY_A
+        )
+        assert code == 0, log
+        assert out.read_bytes() == expected_pcm(8)
+        assert len(h.backend.submitted()) == 8  # the job went on alone; nothing was spoken twice
+
+
+# -- several gateway processes --------------------------------------------------------------
+async def test_two_gateways_on_one_jobs_dir_run_each_job_once(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    """Two gateways (each with its own workers) share the jobs directory: each job is run by
+    exactly one of them (its lock), and either answers for any job."""
+    other = InstanceLayout(instance=layout.instance + "b", run_dir=layout.run_dir)
+    os.makedirs(other.socket_dir)
+    jobs_dir = tmp_path / "jobs"
+    try:
+        async with (
+            jobs_gateway(layout, jobs_dir, backend={"realtime": True}) as h1,
+            jobs_gateway(other, jobs_dir, backend={"realtime": True}) as h2,
+            aiohttp.ClientSession() as s,
+        ):
+            ids = [(await submit(s, h1 if i % 2 else h2))["id"] for i in range(4)]
+            for job_id in ids:
+                assert (await wait_state(s, h1, job_id, {"done", "failed"}))["state"] == "done"
+                assert (await get(s, h2, job_id))["state"] == "done"
+            spoken = job_submits(h1) + job_submits(h2)
+            assert sorted(spoken) == sorted(split_units(TEXT, 280) * 4)
+            assert job_submits(h1) and job_submits(h2)  # both took some
+    finally:
+        from shm.segments import destroy_instance
+
+        destroy_instance(other)

@@ -149,7 +149,6 @@ class JobRunner:
         self._closing = False
         self._last_sweep = 0.0
         self._fade = int(config.join_fade_ms * SAMPLE_RATE / 1000)
-        self._unit_streams = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -199,7 +198,6 @@ class JobRunner:
 
     # -- the claim loop ------------------------------------------------------------------------
     async def _loop(self) -> None:
-        await self._io(self.store.ensure)
         while True:
             try:
                 await self._pass()
@@ -217,33 +215,60 @@ class JobRunner:
         if now - self._last_sweep >= SWEEP_PERIOD_S:
             self._last_sweep = now
             await self._io(self._sweep, now)
-        if self.gateway.draining or len(self.running) >= self.config.max_running_jobs:
+        room = self.config.max_running_jobs - len(self.running)
+        if self.gateway.draining or room <= 0:
             return
-        for spec in await self._io(self._claimable):
-            if len(self.running) >= self.config.max_running_jobs:
-                break
-            lock = await self._io(JobLock.try_take, self.store.path(spec.id))
-            if lock is None:
-                continue  # another process runs it
+        for spec, lock in await self._io(self._claim, room):
             job = RunningJob(spec, lock)
             self.running[spec.id] = job
             job.task = asyncio.get_running_loop().create_task(self._run(job), name=f"job-{spec.id}")
 
-    def _claimable(self) -> list[JobSpec]:
-        """Jobs to run, oldest first: queued, or running with no live process."""
-        out: list[JobSpec] = []
+    def _claim(self, room: int) -> list[tuple[JobSpec, JobLock]]:
+        """Up to ``room`` jobs to run, oldest first (by their ``job.json``, written once):
+        queued, or running with no live process; each with its lock taken."""
+        candidates: list[tuple[float, str]] = []
         for job_id in self.store.ids():
             if job_id in self.running:
                 continue
             try:
-                state = self.store.state(job_id)
-                if state.state in FINISHED:
+                if self.store.state(job_id).state in FINISHED:
                     continue
-                out.append(self.store.spec(job_id))
-            except (CorruptJob, KeyError):
+                created = (self.store.path(job_id) / "job.json").stat().st_mtime
+            except (CorruptJob, KeyError, OSError):
                 continue  # shown as failed by the API; nothing to run
-        out.sort(key=lambda s: s.created_at)
+            candidates.append((created, job_id))
+        out: list[tuple[JobSpec, JobLock]] = []
+        for _, job_id in sorted(candidates):
+            if len(out) >= room:
+                break
+            lock = JobLock.try_take(self.store.path(job_id))
+            if lock is None:
+                continue  # another process runs it
+            try:
+                out.append((self.store.spec(job_id), lock))
+            except (CorruptJob, KeyError) as e:
+                self._fail_corrupt(job_id, str(e))
+                lock.release()
         return out
+
+    def _fail_corrupt(self, job_id: str, why: str) -> None:
+        """A job whose ``job.json`` cannot be read: its state says so (when it can be written)."""
+        try:
+            state = self.store.state(job_id)
+        except (CorruptJob, KeyError):
+            state = JobState()
+        if state.state in FINISHED:
+            return
+        state.state = "failed"
+        state.reason = f"corrupt job directory: {why}"
+        state.finished_at = time.time()
+        try:
+            self.store.write_state(job_id, state)
+            log.warning("jobs: %s failed: %s", job_id, state.reason)
+        except OSError as e:
+            log.warning(
+                "jobs: %s is corrupt (%s) and its state cannot be written: %s", job_id, why, e
+            )
 
     def _sweep(self, now: float) -> None:
         """Delete expired jobs; refresh the gauges of jobs by state and disk used."""
@@ -399,7 +424,8 @@ class JobRunner:
                     self.gateway.requests.open(job.params(index), Api.JOBS)
                 )
             job.active.add(request)
-            self._unit_streams += 1
+            if job.stopping:  # cancelled while it waited for its slot
+                request.fail(CANCELLED)
             self.metrics.job_streams.inc()
             try:
                 pcm = bytearray()
@@ -414,7 +440,6 @@ class JobRunner:
                 return bytes(pcm)
             finally:
                 job.active.discard(request)
-                self._unit_streams -= 1
                 self.metrics.job_streams.dec()
         return None  # pragma: no cover (the stack re-raises or the block returned)
 
