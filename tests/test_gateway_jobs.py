@@ -138,7 +138,8 @@ async def test_a_job_speaks_every_unit_once_in_order(
         assert int(headers["Content-Length"]) == len(data) == done["audio_bytes"]
         assert data == expected_pcm(8)
         assert sorted(job_submits(h)) == sorted(units)  # each unit exactly once
-        assert not (tmp_path / "jobs" / job["id"] / "units").exists()  # freed once encoded
+        units_dir = tmp_path / "jobs" / job["id"] / "units"
+        await wait_until(lambda: not units_dir.exists(), what="units freed once encoded")
         assert h.metric("orpheus_gateway_job_units_total") == 8
         assert h.metric("orpheus_gateway_requests_total", {"api": "jobs", "outcome": "ok"}) == 8
 

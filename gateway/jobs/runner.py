@@ -27,7 +27,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, TypeVar
 
 import numpy as np
@@ -43,6 +44,7 @@ from gateway.jobs.store import (
     JobSpec,
     JobState,
     JobStore,
+    NodeGate,
     describe_os_error,
     write_atomic,
 )
@@ -60,6 +62,7 @@ SWEEP_PERIOD_S = 10.0
 """How often expired jobs are deleted and the jobs' gauges (by state, disk) refreshed."""
 ROOM_POLL_S = 0.02
 """How often a unit waiting for spare capacity looks again."""
+IO_THREADS = 4
 CANCELLED = StreamError("cancelled", "the job was cancelled", 499)
 NOT_COUNTED = frozenset({"shutdown", "cancelled", "client_disconnected"})
 """Stream errors that say nothing about the unit: it waits and is spoken again."""
@@ -144,6 +147,11 @@ class JobRunner:
         self.metrics = gateway.metrics
         self.running: dict[str, RunningJob] = {}
         self._gate = asyncio.Lock()
+        self._node_gate = NodeGate(store.root)
+        self._executor = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="jobs-io")
+        """The runner's blocking disk work (fsync'd writes, encoding the file): its own threads,
+        so that a slow disk never holds up the API's reads or other users of the default
+        executor."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -165,6 +173,8 @@ class JobRunner:
         for job in list(self.running.values()):
             job.lock.release()
         self.running.clear()
+        self._node_gate.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
     def wake(self) -> None:
         """A job was created: look for work now rather than at the next poll."""
@@ -179,7 +189,7 @@ class JobRunner:
         return True
 
     async def _io(self, fn: Callable[..., T], *args: object) -> T:
-        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     # -- priority ------------------------------------------------------------------------------
     def has_room(self) -> bool:
@@ -190,6 +200,26 @@ class JobRunner:
         limit = admission.max_active - self.config.reserve_streams
         self.metrics.job_reserve_in_use.set(max(0, min(active - limit, admission.max_active)))
         return queued == 0 and active < limit and not self.gateway.draining
+
+    @contextlib.asynccontextmanager
+    async def _node_turn(self, job: RunningJob) -> AsyncIterator[None]:
+        """Hold the node's gate (``NodeGate``) for the block; a disk that refuses the lock
+        file leaves the process's own gate only."""
+        held = False
+        try:
+            while not job.stopping:
+                try:
+                    held = self._node_gate.try_acquire()
+                except OSError as e:
+                    log.warning("jobs: no node-wide admission lock (%s); this process's only", e)
+                    break
+                if held:
+                    break
+                await self._pause(job, ROOM_POLL_S)
+            yield
+        finally:
+            if held:
+                self._node_gate.release()
 
     async def _wait_for_room(self, job: RunningJob) -> None:
         while not job.stopping and not self.has_room():
@@ -416,7 +446,8 @@ class JobRunner:
 
     async def _speak(self, job: RunningJob, index: int) -> bytes | None:
         async with contextlib.AsyncExitStack() as stack:
-            async with self._gate:  # one unit at a time checks for room and is admitted
+            async with self._gate, self._node_turn(job):
+                # One unit of the node at a time checks for room and is admitted.
                 await self._wait_for_room(job)
                 if job.stopping:
                     return None

@@ -192,6 +192,35 @@ class JobLock:
             self._fd = None
 
 
+class NodeGate:
+    """A node-wide lock (``flock`` on ``<jobs.dir>/.admit.lock``) that one gateway process at
+    a time holds while a unit checks for room and is admitted: the units of several gateway
+    processes never pass the reserve check together."""
+
+    def __init__(self, root: Path) -> None:
+        self._path = root / ".admit.lock"
+        self._fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        if self._fd is None:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class JobStore:
     """The jobs directory. Blocking file I/O: call it from an executor on the event loop."""
 
