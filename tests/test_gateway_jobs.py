@@ -561,3 +561,86 @@ async def test_two_gateways_on_one_jobs_dir_run_each_job_once(
         from shm.segments import destroy_instance
 
         destroy_instance(other)
+
+
+# -- unit failures and quotas ------------------------------------------------------------------
+async def test_units_the_workers_fail_are_retried_then_fail_the_job(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    """A unit the workers fail once (a 500) is spoken again and the job is whole; a unit they
+    refuse (a 400) fails its job at once with the reason."""
+    from bench.doubles.synthetic_backend import StreamPlan, default_plan
+    from gateway.voices import ENGLISH_VOICES
+    from shm.messages import LlmSubmit
+    from shm.records import StreamError
+
+    failed_once: set[str] = set()
+
+    def plan(submit: LlmSubmit) -> StreamPlan:
+        if submit.text.startswith("Flaky") and submit.text not in failed_once:
+            failed_once.add(submit.text)
+            return StreamPlan(
+                frames=4, error=StreamError("engine_error", "boom", 500), error_after=1
+            )
+        if submit.text.startswith("Refused"):
+            return StreamPlan(frames=0, error=StreamError("bad_request", "cannot say it", 400))
+        return default_plan(ENGLISH_VOICES)(submit)
+
+    async with (
+        jobs_gateway(layout, tmp_path / "jobs", backend={"plan": plan}) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        flaky = await submit(s, h, input="One here. Flaky two. Three here.")
+        refused = await submit(s, h, KEY_B, input="One there. Refused two. Three there.")
+        assert (await wait_state(s, h, flaky["id"], {"done", "failed"}))["state"] == "done"
+        _, data, _ = await fetch_audio(s, h, flaky["id"])
+        assert data == expected_pcm(3)
+        bad = await wait_state(s, h, refused["id"], {"done", "failed"})
+        assert bad["state"] == "failed"
+        assert bad["reason"] == "unit 2: cannot say it (bad_request)"
+        assert job_submits(h).count("Refused two.") == 1
+
+
+async def test_the_byte_quota_fails_the_job_that_passes_it(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    async with (
+        jobs_gateway(layout, tmp_path / "jobs", max_bytes_per_key=3 * UNIT_BYTES) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        job = await submit(s, h)
+        failed = await wait_state(s, h, job["id"], {"done", "failed"})
+        assert failed["state"] == "failed"
+        assert failed["reason"].startswith("quota_exceeded: this key's jobs would take more than")
+        other = await submit(s, h, KEY_B, input="Short one.")  # another key is not affected
+        assert (await wait_state(s, h, other["id"], {"done", "failed"}))["state"] == "done"
+
+
+async def test_a_job_whose_state_cannot_be_written_is_not_retried_in_a_loop(
+    layout: InstanceLayout, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk refuses even the job's state: the job stays as it was on disk, nothing is
+    spoken, and the process does not take it up again at every pass."""
+    tries: list[str] = []
+    doomed: set[str] = set()
+    write_state = JobStore.write_state
+
+    def refuse(self: JobStore, job_id: str, state: Any) -> None:
+        if job_id in doomed:
+            tries.append(state.state)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write_state(self, job_id, state)
+
+    monkeypatch.setattr(JobStore, "write_state", refuse)
+    store = JobStore(tmp_path / "jobs")
+    stuck = "job_" + "3" * 24
+    _stored_job(store, stuck, 3)
+    doomed.add(stuck)
+    async with jobs_gateway(layout, tmp_path / "jobs") as h, aiohttp.ClientSession() as s:
+        await wait_until(lambda: len(tries) >= 2, what="the running and failed writes")
+        good = await submit(s, h)
+        assert (await wait_state(s, h, good["id"], {"done", "failed"}))["state"] == "done"
+        await asyncio.sleep(0.5)  # ten passes
+        assert tries == ["running", "failed"]
+        assert (await get(s, h, stuck))["state"] == "queued"
+        assert all(not t.startswith("Unit") for t in job_submits(h))

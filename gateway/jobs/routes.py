@@ -39,6 +39,7 @@ from shm.records import SAMPLE_RATE
 from shm.voices import resolve_state_dir
 
 PATH = "/v1/audio/jobs"
+DELETE_WAIT_S = 5.0
 T = TypeVar("T")
 _json = msgspec.json.Encoder()
 
@@ -294,7 +295,7 @@ class JobsApi:
             if not self.runner.cancel_local(view.id):
                 await self._io(self._cancel_unclaimed, view.id)
             return _response(await self._io(self.store.view, view.id))
-        lock = await self._io(JobLock.try_take, self.store.path(view.id))
+        lock = await self._lock_soon(view.id)
         if lock is None:
             raise APIError(
                 409, "job_stopping", f"job {view.id} is still stopping; delete it again shortly"
@@ -304,6 +305,16 @@ class JobsApi:
         finally:
             lock.release()
         return _response({"id": view.id, "object": "audio.job.deleted", "deleted": True})
+
+    async def _lock_soon(self, job_id: str) -> JobLock | None:
+        """The job's lock, waiting up to ``DELETE_WAIT_S`` for its runner to let go of it (a
+        job just finished or cancelled: its last files are being removed)."""
+        deadline = asyncio.get_running_loop().time() + DELETE_WAIT_S
+        while (lock := await self._io(JobLock.try_take, self.store.path(job_id))) is None:
+            if asyncio.get_running_loop().time() > deadline:
+                return None
+            await asyncio.sleep(0.02)
+        return lock
 
     def _cancel_unclaimed(self, job_id: str) -> None:
         """Write ``cancelled`` for a job no process runs now (else its runner does)."""

@@ -63,6 +63,9 @@ SWEEP_PERIOD_S = 10.0
 ROOM_POLL_S = 0.02
 """How often a unit waiting for spare capacity looks again."""
 IO_THREADS = 4
+UNRECORDED_BACKOFF_S = 60.0
+"""A job whose end could not be written (a full disk) waits this long before this process
+takes it up again, instead of failing again at every pass."""
 CANCELLED = StreamError("cancelled", "the job was cancelled", 499)
 NOT_COUNTED = frozenset({"shutdown", "cancelled", "client_disconnected"})
 """Stream errors that say nothing about the unit: it waits and is spoken again."""
@@ -157,6 +160,9 @@ class JobRunner:
         self._closing = False
         self._last_sweep = 0.0
         self._fade = int(config.join_fade_ms * SAMPLE_RATE / 1000)
+        self._pass_error_at = -UNRECORDED_BACKOFF_S
+        self._backoff: dict[str, float] = {}
+        """Jobs not to take up again before a time (``UNRECORDED_BACKOFF_S``)."""
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -232,7 +238,12 @@ class JobRunner:
             try:
                 await self._pass()
             except Exception:
-                log.exception("jobs: a pass over %s failed; trying again", self.store.root)
+                if time.monotonic() - self._pass_error_at > UNRECORDED_BACKOFF_S:
+                    self._pass_error_at = time.monotonic()
+                    log.exception(
+                        "jobs: a pass over %s failed; trying again every %g s (logged once a "
+                        "minute)", self.store.root, self.config.poll_s,
+                    )  # fmt: skip
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.config.poll_s)
             self._wake.clear()
@@ -248,17 +259,20 @@ class JobRunner:
         room = self.config.max_running_jobs - len(self.running)
         if self.gateway.draining or room <= 0:
             return
-        for spec, lock in await self._io(self._claim, room):
+        now = time.monotonic()
+        self._backoff = {k: t for k, t in self._backoff.items() if t > now}
+        skip = frozenset(self.running) | frozenset(self._backoff)
+        for spec, lock in await self._io(self._claim, room, skip):
             job = RunningJob(spec, lock)
             self.running[spec.id] = job
             job.task = asyncio.get_running_loop().create_task(self._run(job), name=f"job-{spec.id}")
 
-    def _claim(self, room: int) -> list[tuple[JobSpec, JobLock]]:
+    def _claim(self, room: int, skip: frozenset[str]) -> list[tuple[JobSpec, JobLock]]:
         """Up to ``room`` jobs to run, oldest first (by their ``job.json``, written once):
         queued, or running with no live process; each with its lock taken."""
         candidates: list[tuple[float, str]] = []
         for job_id in self.store.ids():
-            if job_id in self.running:
+            if job_id in skip:
                 continue
             try:
                 if self.store.state(job_id).state in FINISHED:
@@ -556,10 +570,18 @@ class JobRunner:
         try:
             await self._io(self.store.write_state, job_id, state)
         except OSError as e:
-            log.error("jobs: %s %s, and its state could not be written: %s", job_id, name, e)
+            # Left as it was on disk: a later pass (of this process or another) takes it up
+            # again and meets the same fault, or not.
+            log.error(
+                "jobs: %s %s, and its state could not be written (%s); not taken up again "
+                "by this process for %.0f s", job_id, name, e, UNRECORDED_BACKOFF_S,
+            )  # fmt: skip
+            self._backoff[job_id] = time.monotonic() + UNRECORDED_BACKOFF_S
+            return
         if name == "failed":
             log.warning("jobs: %s failed: %s", job_id, reason)
         elif name == "cancelled":
             log.info("jobs: %s cancelled", job_id)
+        if name != "done":  # nothing can resume it: its units' disk is freed now
             with contextlib.suppress(OSError):
                 await self._io(self.store.remove_units, job_id)
