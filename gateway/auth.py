@@ -74,6 +74,8 @@ Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 
 ADMIN_PREFIX = "/v1/admin/"
+JOBS_PREFIX = "/v1/audio/jobs"
+"""Jobs take an API key or an admin key (which sees every key's jobs)."""
 ADMIN_KEY_HINT = "missing or invalid admin key (Authorization: Bearer ...; gateway.admin_keys)"
 
 
@@ -95,7 +97,9 @@ def http_middleware(keys: ApiKeys, admin: ApiKeys, *, metrics: bool = False) -> 
                 )
             admin.check(presented_key(request), ADMIN_KEY_HINT)
         elif path.startswith("/v1/"):
-            keys.check(presented_key(request), HTTP_KEY_HINT)
+            key = presented_key(request)
+            if not (path.startswith(JOBS_PREFIX) and admin.required and admin.allows(key)):
+                keys.check(key, HTTP_KEY_HINT)
         elif metrics and path == "/metrics":
             key = presented_key(request)
             if not (admin.required and admin.allows(key)):

@@ -46,6 +46,8 @@ class Api(StrEnum):
     ZMQ = "zmq"
     ELEVENLABS = "elevenlabs"
     BASETEN = "baseten"
+    JOBS = "jobs"
+    """A unit of a long-form job (``gateway.jobs``), spoken in the engines' spare capacity."""
 
 
 APIS = tuple(a.value for a in Api)
@@ -138,6 +140,41 @@ class GatewayMetrics:
             "Requests answered 408 because their header or body did not arrive in time",
             ["phase"],
             registry=registry,
+        )
+        self.jobs = Gauge(
+            "orpheus_gateway_jobs",
+            "Long-form jobs on the node's disk by state (every gateway reads the same directory)",
+            ["state"],
+            registry=registry,
+            multiprocess_mode="max",
+        )
+        self.job_units = Counter(
+            "orpheus_gateway_job_units",
+            "Units of long-form jobs spoken and written to disk (rate: units per second)",
+            registry=registry,
+        )
+        self.job_audio_seconds = Counter(
+            "orpheus_gateway_job_audio_seconds",
+            "Audio of long-form jobs' units written to disk, in seconds",
+            registry=registry,
+        )
+        self.job_streams = Gauge(
+            "orpheus_gateway_job_streams",
+            "Streams job units hold now (they never take the last jobs.reserve_streams slots)",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.job_reserve_in_use = Gauge(
+            "orpheus_gateway_jobs_reserve_in_use",
+            "Slots of jobs.reserve_streams held by interactive streams (node, last look)",
+            registry=registry,
+            multiprocess_mode="max",
+        )
+        self.jobs_disk_bytes = Gauge(
+            "orpheus_gateway_jobs_disk_bytes",
+            "Bytes under jobs.dir (units' audio, final files, state)",
+            registry=registry,
+            multiprocess_mode="max",
         )
         self.header_timeouts = self.request_timeouts.labels("header")
         self.body_timeouts = self.request_timeouts.labels("body")

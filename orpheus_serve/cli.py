@@ -24,6 +24,7 @@ BENCHES = {
     "compare": "bench.load.compare",
     "soak": "bench.load.soak",
     "voices": "bench.voices",
+    "jobs": "bench.jobs",
 }
 
 
@@ -147,6 +148,13 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 
 def cmd_say(args: argparse.Namespace) -> int:
+    if args.file or args.resume:  # a long text: a job of the server (/v1/audio/jobs)
+        from orpheus_serve.say_file import say_file
+
+        return say_file(args)
+    if args.text is None:
+        tell("orpheus-serve say: give TEXT, --file PATH or --resume ID")
+        return 2
     from orchestrator.say import say
 
     return say(args)
@@ -187,8 +195,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write a random LoRA adapter to DIR/lora/NAME (repeatable)",
     )  # fmt: skip
 
-    c = sub.add_parser("say", help="synthesize TEXT to a WAV file through a running server")
-    c.add_argument("text")
+    c = sub.add_parser(
+        "say",
+        help="synthesize TEXT to a WAV file through a running server; --file: a long text as a "
+        "job (progress, resumable), to any format",
+    )
+    c.add_argument("text", nargs="?")
+    c.add_argument("--file", help="a text file of any length, spoken as a job of the server")
+    c.add_argument("--resume", metavar="ID", help="follow job ID (after a Ctrl-C) and write it")
+    c.add_argument(
+        "--format", choices=["mp3", "wav", "flac", "opus", "aac", "pcm"],
+        help="the job's file format (default: from -o's extension)",
+    )  # fmt: skip
     c.add_argument("--voice", default="tara")
     c.add_argument("-o", "--output", default="out.wav")
     c.add_argument("--url", default="http://127.0.0.1:8000")

@@ -127,6 +127,12 @@ ROUTES = {
     ("GET", "/ready"),
     ("GET", "/metrics"),
     ("GET", "/"),
+    # long-form jobs (gateway/jobs/, added with the job runner by app.py)
+    ("POST", "/v1/audio/jobs"),
+    ("GET", "/v1/audio/jobs"),
+    ("GET", "/v1/audio/jobs/{job_id}"),
+    ("DELETE", "/v1/audio/jobs/{job_id}"),
+    ("GET", "/v1/audio/jobs/{job_id}/audio"),
 }
 
 

@@ -130,3 +130,40 @@ async def test_playground_makes_a_custom_voice_from_an_uploaded_clip(
                 await browser.close()
     finally:
         encoder.stop()
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent")
+async def test_playground_speaks_an_uploaded_text_file_as_a_job(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    """The long-text box: a text file becomes a job, its progress is shown, the file is
+    offered for download."""
+    from playwright.async_api import async_playwright
+
+    from common.jobs_config import JobsConfig
+
+    chapter = tmp_path / "chapter.txt"
+    chapter.write_text(" ".join(f"Sentence {i} of the chapter." for i in range(6)))
+    serve = {"jobs": JobsConfig(dir=str(tmp_path / "jobs"), poll_s=0.05)}
+    async with running_gateway(layout, serve=serve) as h, async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = await browser.new_page()
+            await page.goto(h.url + "/")
+            await page.wait_for_function("window.playground && window.playground.loaded === true")
+            await page.fill("#max-tokens", str(7 * 4))
+            await page.select_option("#job-format", "pcm")
+            await page.set_input_files("#job-file", str(chapter))
+            await page.click("#job-start")
+            await page.wait_for_function(
+                "window.playground.job && window.playground.job.bytes !== undefined",
+                timeout=30_000,
+            )
+            job = await page.evaluate("window.playground.job")
+            assert job["state"] == "done" and job["unitsDone"] == job["unitsTotal"] == 6
+            assert job["bytes"] == 6 * 4 * 2048 * 2
+            assert "6/6 units" in await page.inner_text("#job-status")
+            assert (await page.inner_text("#job-download")).startswith("Download job_")
+            assert len(h.backend.submitted()) == 6
+        finally:
+            await browser.close()
