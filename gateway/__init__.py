@@ -13,6 +13,7 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
 - ``auth``, ``browser_guard``, ``listener``, ``malformed_http``: API keys, browsers, the
   socket and its limits, what aiohttp refuses before a handler
 - ``audio``: the audio output (formats, streaming encoders, the output pipeline)
+- ``jobs``: long-form speech as durable jobs (store, runner, routes)
 - ``custom_voices``: the voices API; ``metrics``: Prometheus metrics (``Api``, the label enum)
 - ``app``: the aiohttp application: each front end's routes in one loop
 

@@ -18,7 +18,7 @@ import msgspec
 from aiohttp import web
 
 from common.jobs_config import JobsConfig
-from gateway.audio_out import CONTENT_TYPES
+from gateway.audio.formats import CONTENT_TYPES
 from gateway.auth import ApiKeys, presented_key
 from gateway.errors import APIError
 from gateway.frontends.text_units import UnitSplitter
@@ -33,7 +33,13 @@ from gateway.jobs.store import (
     new_job_id,
     owner_of,
 )
-from gateway.schemas import SamplingFields, VoiceRef, bad_request, build_params
+from gateway.schemas import (
+    SamplingFields,
+    VoiceRef,
+    bad_request,
+    build_params,
+    sampling_overrides,
+)
 from gateway.service import Gateway
 from shm.records import SAMPLE_RATE
 from shm.voices import resolve_state_dir
@@ -162,7 +168,7 @@ class JobsApi:
             response_format=req.response_format,
             sample_rate=req.sample_rate,
             speed=req.speed,
-            sampling=req.overrides(),
+            sampling=sampling_overrides(req),
         )
         units = split_units(params.text, cfg.unit_max_chars)
         if not units:

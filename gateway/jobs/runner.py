@@ -15,7 +15,7 @@ jobs never overshoot it together. A unit already running is not stopped.
 
 A unit's audio is faded in and out (``jobs.join_fade_ms``) and written whole
 (``JobStore.write_unit``); when every unit is there the file is encoded once
-(``gateway.audio_out.make_output``, the format and speed of the job) and the units are
+(``gateway.audio.output.make_output``, the format and speed of the job) and the units are
 removed. A unit the workers fail is tried again (``jobs.unit_retries``); a refusal (the
 node busy, not ready, draining) only waits. A full disk, an unreadable unit or a corrupt
 directory fails that job with the reason; the other jobs and the server go on.
@@ -34,7 +34,8 @@ from typing import BinaryIO, TypeVar
 import numpy as np
 
 from common.jobs_config import JobsConfig
-from gateway.audio_out import OutputFormat, make_output
+from gateway.audio.formats import OutputFormat
+from gateway.audio.output import make_output
 from gateway.errors import APIError
 from gateway.jobs.store import (
     BYTES_PER_SECOND,
