@@ -14,6 +14,7 @@ import msgspec
 from common.codec_config import CodecConfig
 from common.gateway_config import GatewayConfig
 from common.llm_config import LLMConfig
+from common.text_config import TextConfig
 from shm.config import ShmConfig
 from shm.voices import VoicesConfig
 
@@ -27,6 +28,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     gateway: GatewayConfig = GatewayConfig()
     shm: ShmConfig = ShmConfig()
     voices: VoicesConfig = VoicesConfig()
+    text: TextConfig = TextConfig()
     drain_timeout_s: float = 30.0
     ready_timeout_s: float = 900.0
     """How long the workers may take to become warm before the orchestrator gives up."""

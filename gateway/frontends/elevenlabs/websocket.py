@@ -47,9 +47,10 @@ import msgspec
 from aiohttp import WSMsgType, web
 
 from gateway.audio_out import OutputFormat, make_output
+from gateway.auth import presented_key
 from gateway.encoders import AudioEncoder
 from gateway.errors import APIError
-from gateway.frontends.alignment import ChunkAligner
+from gateway.frontends.alignment import UnitAligners
 from gateway.frontends.elevenlabs.messages import (
     API,
     MAX_CONTEXTS,
@@ -106,6 +107,8 @@ class _Socket:
         params: SpeechParams, fmt: OutputFormat, on_abort: Any,
     ) -> None:  # fmt: skip
         self.ws = ws
+        self.key = presented_key(request)
+        self.normalization = request.query.get("apply_text_normalization")
         self.request = request
         self.gateway = gateway
         self.params = params
@@ -174,12 +177,21 @@ class _Socket:
                 return True
             params = self.params
             speed = msg.voice_settings.speed if msg.voice_settings else None
-            if speed is not None:
-                try:
-                    params = params_for(self.request, self.gateway, self.fmt, speed=speed)
-                except APIError as e:
-                    await self.error(e, cid)
-                    return True
+            locators = msg.pronunciation_dictionary_locators
+            try:
+                if speed is not None:
+                    params = params_for(
+                        self.request, self.gateway, self.fmt, speed=speed,
+                        text_plan=params.text_plan,
+                    )  # fmt: skip
+                if locators:
+                    plan = await self.gateway.speech_text.plan(
+                        locators, self.normalization, self.key
+                    )
+                    params = msgspec.structs.replace(params, text_plan=plan)
+            except APIError as e:
+                await self.error(e, cid)
+                return True
             ctx = self.contexts[cid] = _Context(cid, params, self.cap)
         if ctx.closing:
             await self.error(
@@ -252,21 +264,22 @@ class _Socket:
             if ctx.encoder is None:
                 ctx.encoder = make_output(ctx.params.output, ctx.params.speed)
             enc = ctx.encoder
-            aligner = ChunkAligner(unit.raw)
+            params = msgspec.structs.replace(ctx.params, text=unit.text).spoken()
+            aligners = UnitAligners(unit.raw, params.text)
 
             async def deliver(chunks: list[bytes], last: bool) -> int:
                 n = sum(map(len, chunks))
                 data = b"".join(map(enc.encode, chunks))
-                times = aligner.take(pcm_ms(n), last=last)
-                if not data and times is None:
+                times, normalized = aligners.take(pcm_ms(n), last=last)
+                if not data and times is None and normalized is None:
                     return 0
                 audio = base64.b64encode(data).decode() if data else None
-                await self.send(AudioMessage(audio, ctx.id, times, times))
+                await self.send(AudioMessage(audio, ctx.id, times, normalized))
                 return len(data)
 
             try:
                 await speak_unit(
-                    self.gateway, ctx.params, unit.text, API, deliver,
+                    self.gateway, params, params.text, API, deliver,
                     started_at=started_at, on_abort=self.on_abort,
                 )  # fmt: skip
             except (APIError, StreamFailed) as e:
@@ -320,7 +333,10 @@ def _inactivity(request: web.Request) -> float:
 def multi_stream_handler(gateway: Gateway) -> Handler:
     async def multi_stream_input(request: web.Request) -> web.StreamResponse:
         fmt = output_format(request)  # refused with an HTTP error before the upgrade
-        params = params_for(request, gateway, fmt)
+        plan = await gateway.speech_text.plan(
+            None, request.query.get("apply_text_normalization"), presented_key(request)
+        )
+        params = params_for(request, gateway, fmt, text_plan=plan)
         inactivity_s = _inactivity(request)
         return await serve_websocket(
             request,
