@@ -199,6 +199,16 @@ class DictionaryStore:
             self._write(record, replace=True)
         return record
 
+    def rename(self, did: str, name: str) -> DictionaryRecord:
+        """A new name (no new version: the rules are unchanged)."""
+        with self._locked():
+            record = self.get(did)
+            if record is None:
+                raise NoSuchDictionary(did)
+            record = msgspec.structs.replace(record, name=name)
+            self._write(record, replace=True)
+        return record
+
     def delete(self, did: str) -> bool:
         with self._locked():
             try:
