@@ -4,6 +4,7 @@ gateway with its synthetic backend, whose ``submitted()`` shows the text the mod
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from pathlib import Path
@@ -20,6 +21,7 @@ from elevenlabs.pronunciation_dictionaries import (
     BodyAddAPronunciationDictionaryV1PronunciationDictionariesAddFromRulesPostRulesItem_Phoneme as PhonemeIn,
 )
 from elevenlabs.pronunciation_dictionaries.rules import PronunciationDictionaryRule_Alias
+from elevenlabs.types import DialogueInput
 from elevenlabs.types import PronunciationDictionaryVersionLocator as VersionLocator
 from gateway_harness import Harness, running_gateway
 
@@ -368,3 +370,79 @@ async def test_server_default_dictionaries_apply_to_every_request(
         sub = h.backend.submitted()[-1]
         appended = "".join(a.text for a in h.backend.appends if a.stream_id == sub.stream_id)
         assert sub.text + appended == "We use koo-ber-net-eez daily."
+
+
+TURNS = [
+    DialogueInput(text="Hi Leo! It costs $5.", voice_id="tara"),
+    DialogueInput(text="Hello Tara.", voice_id="leo"),
+]
+
+
+def pause_bytes(ms: int) -> int:
+    return int(24000 * ms / 1000) * 2
+
+
+async def test_text_to_dialogue_with_two_voices_and_timestamps(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    from bench.doubles.synthetic_backend import frames_for_text
+    from gateway.frontends.elevenlabs.dialogue import SPEAKER_PAUSE_MS
+
+    async with running_gateway(layout, serve=text_serve(tmp_path, normalization="on")) as h:
+        el = client(h)
+        audio = b"".join(
+            await drain(el.text_to_dialogue.convert(inputs=TURNS, output_format="pcm_24000"))
+        )
+        said = spoken(h)[-3:]
+        assert said == ["Hi Leo!", "It costs five dollars.", "Hello Tara."]
+        assert [s.voice for s in h.backend.submitted()[-3:]] == ["tara", "tara", "leo"]
+        frames = sum(frames_for_text(t) for t in said)
+        assert len(audio) == frames * 4096 + pause_bytes(SPEAKER_PAUSE_MS)
+
+        streamed = b"".join(
+            await drain(el.text_to_dialogue.stream(inputs=TURNS, output_format="pcm_24000"))
+        )
+        assert len(streamed) == len(audio)
+
+        lines = await drain(
+            el.text_to_dialogue.stream_with_timestamps(inputs=TURNS, output_format="pcm_24000")
+        )
+        pcm = b"".join(base64.b64decode(x.audio_base_64) for x in lines)
+        assert len(pcm) == len(audio)
+        chars = "".join("".join(x.alignment.characters) for x in lines if x.alignment)
+        nchars = "".join(
+            "".join(x.normalized_alignment.characters) for x in lines if x.normalized_alignment
+        )
+        assert chars == "Hi Leo! It costs $5.Hello Tara."
+        assert nchars == "Hi Leo! It costs five dollars.Hello Tara."
+        segs = [s for x in lines for s in x.voice_segments]
+        assert [(s.voice_id, s.dialogue_input_index) for s in segs] == [("tara", 0), ("leo", 1)]
+        assert segs[0].character_start_index == 0 and segs[1].character_end_index == len(chars)
+        assert chars[segs[1].character_start_index : segs[1].character_end_index] == "Hello Tara."
+        gap = segs[1].start_time_seconds - segs[0].end_time_seconds
+        assert gap == pytest.approx(SPEAKER_PAUSE_MS / 1000, abs=0.002)
+        assert segs[1].end_time_seconds == pytest.approx(len(audio) / 48000, abs=0.002)
+
+        whole = await el.text_to_dialogue.convert_with_timestamps(
+            inputs=TURNS, output_format="pcm_24000"
+        )
+        assert len(base64.b64decode(whole.audio_base_64)) == len(audio)
+        assert "".join(whole.alignment.characters) == chars
+        assert [s.voice_id for s in whole.voice_segments] == ["tara", "leo"]
+
+        # Refusals before any audio: an unknown voice, too many voices, too long.
+        n = len(h.backend.submitted())
+        bad = [
+            [
+                DialogueInput(text="Hi.", voice_id="tara"),
+                DialogueInput(text="Yo.", voice_id="nobody"),
+            ],
+            [DialogueInput(text="Hi.", voice_id=f"v{i}") for i in range(11)],
+            [DialogueInput(text="x" * 3000, voice_id="tara")] * 2,
+        ]
+        for inputs in bad:
+            with pytest.raises(ApiError) as e:
+                await drain(el.text_to_dialogue.convert(inputs=inputs, output_format="pcm_24000"))
+            assert e.value.status_code == 400
+        assert "long-form" in json.dumps(e.value.body)
+        assert len(h.backend.submitted()) == n

@@ -1,12 +1,12 @@
 """ElevenLabs' API: text-to-speech over the multi-context WebSocket (``websocket``) and the
-streaming HTTP (``http``), pronunciation dictionaries (``dictionaries``); wire types in
-``messages``."""
+streaming HTTP (``http``), pronunciation dictionaries (``dictionaries``), text-to-dialogue
+(``dialogue``); wire types in ``messages``."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.frontends.elevenlabs import dictionaries, http, messages, websocket
+from gateway.frontends.elevenlabs import dialogue, dictionaries, http, messages, websocket
 from gateway.service import Gateway
 
 
@@ -16,4 +16,5 @@ def routes(gateway: Gateway) -> list[web.RouteDef]:
         web.post(messages.STREAM_PATH, http.stream_handler(gateway, timestamps=False)),
         web.post(messages.TIMESTAMPS_PATH, http.stream_handler(gateway, timestamps=True)),
         *dictionaries.routes(gateway),
+        *dialogue.routes(gateway),
     ]
