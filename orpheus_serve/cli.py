@@ -24,6 +24,7 @@ BENCHES = {
     "compare": "bench.load.compare",
     "soak": "bench.load.soak",
     "voices": "bench.voices",
+    "textnorm": "bench.textnorm",
 }
 
 

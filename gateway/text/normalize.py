@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import lru_cache
 
-from num2words import num2words
+from num2words import num2words as _num2words
 
 __all__ = ["normalize"]
 
@@ -166,6 +167,12 @@ _SYMBOL_WORDS = {
 
 
 # -- spelling helpers --------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=4096)
+def num2words(n: int, to: str = "cardinal") -> str:
+    """``num2words``' English words for ``n`` (memoised: the same numbers come back often)."""
+    return str(_num2words(n, to=to))
 
 
 def _int(s: str) -> int:
@@ -431,12 +438,8 @@ _QUICK = re.compile(r"[\d<@&$€£¥₹]|www\.|://|\b(?:" + _ABBR_NAMES + ")")
 
 
 def _rewrite(m: re.Match[str]) -> str:
-    assert m.lastgroup is not None
-    # lastgroup names the innermost group that closed last; the category is the outer one.
-    for name, value in m.groupdict().items():
-        if name.startswith("_") and value is not None:
-            return _REWRITE[name](m)
-    return m.group()  # pragma: no cover: one category always matched
+    # The category's group encloses its inner groups, so it is the last to close: lastgroup.
+    return _REWRITE[m.lastgroup](m)  # type: ignore[index]
 
 
 def normalize(text: str) -> str:
