@@ -35,6 +35,7 @@ from gateway.text.pls import PlsError, parse_pls, write_pls
 from gateway.text.service import SpeechText
 from gateway.text.store import (
     DictionaryRecord,
+    DictionaryStore,
     NoSuchDictionary,
     TooManyDictionaries,
 )
@@ -176,8 +177,14 @@ async def _run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 class _Routes:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
-        self.text = gateway.speech_text
-        self.store = self.text.store
+
+    @property
+    def text(self) -> SpeechText:
+        return self.gateway.speech_text
+
+    @property
+    def store(self) -> DictionaryStore:
+        return self.gateway.speech_text.store
 
     async def _create(
         self, request: web.Request, name: str, description: str | None, rules: list[AliasRule]
