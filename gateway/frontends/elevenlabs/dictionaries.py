@@ -369,6 +369,13 @@ class _Routes:
         req: UpdateBody = _decode(body, UpdateBody)
         record = await self._record(request)
         if req.archived:
+            if any(d.pronunciation_dictionary_id == record.id for d in self.text.defaults):
+                raise APIError(
+                    409,
+                    "dictionary_in_use",
+                    f"{record.id!r} is one of the server's default dictionaries "
+                    "(text.pronunciation_dictionaries): remove it there first",
+                )
             await _run(self.store.delete, record.id)
             m = _metadata(record)
             return _json(msgspec.structs.replace(m, archived_time_unix=int(time.time())))
