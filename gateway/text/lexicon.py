@@ -14,7 +14,6 @@ strings first so that "Kubernetes cluster" wins over "Kubernetes".
 from __future__ import annotations
 
 import re
-from typing import Literal
 
 import msgspec
 
@@ -164,6 +163,3 @@ class Lexicon:
             return text
         out.append(text[pos:])
         return "".join(out)
-
-
-Mode = Literal["auto", "on", "off"]
