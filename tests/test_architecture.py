@@ -128,6 +128,7 @@ ROUTES = {
     ("POST", "/v1/pronunciation-dictionaries/{dictionary_id}/set-rules"),
     ("GET", "/v1/pronunciation-dictionaries/{dictionary_id}/{version_id}/download"),
     ("POST", "/v1/text-to-dialogue"),
+    ("GET", "/v1/text-to-speech/{voice_id}/stream-input"),
     ("POST", "/v1/text-to-dialogue/stream"),
     ("POST", "/v1/text-to-dialogue/stream/with-timestamps"),
     ("POST", "/v1/text-to-dialogue/with-timestamps"),

@@ -446,3 +446,35 @@ async def test_text_to_dialogue_with_two_voices_and_timestamps(
             assert e.value.status_code == 400
         assert "long-form" in json.dumps(e.value.body)
         assert len(h.backend.submitted()) == n
+
+
+async def test_the_single_context_socket_takes_locators_and_ends_on_empty_text(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    """``.../stream-input`` as the SDK's ``convert_realtime`` speaks it (init with ``" "``,
+    pieces with ``try_trigger_generation``, ``{"text": ""}`` to end), plus the locators that
+    the init message of ElevenLabs' protocol carries."""
+    async with running_gateway(layout, serve=text_serve(tmp_path)) as h:
+        d = await client(h).pronunciation_dictionaries.create_from_rules(name="k", rules=[K8S])
+        url = f"{h.url}/v1/text-to-speech/tara/stream-input?output_format=pcm_24000"
+        async with aiohttp.ClientSession() as s, s.ws_connect(url) as ws:
+            await ws.send_json(
+                {"text": " ", "try_trigger_generation": True, "xi_api_key": "k",
+                 "generation_config": {"chunk_length_schedule": [50]},
+                 "pronunciation_dictionary_locators": [{"pronunciation_dictionary_id": d.id}]}
+            )  # fmt: skip
+            for piece in ("I run Kuber", "netes. And ", "more"):
+                await ws.send_json({"text": piece, "try_trigger_generation": True})
+            await ws.send_json({"text": ""})
+            audio = bytearray()
+            final = None
+            async for m in ws:
+                body = json.loads(m.data)
+                assert "error" not in body and "contextId" not in body, body
+                if body.get("audio"):
+                    audio += base64.b64decode(body["audio"])
+                if body.get("isFinal"):
+                    final = body
+            assert final == {"isFinal": True} and audio
+        assert ws.closed
+        assert spoken(h)[-2:] == ["I run koo-ber-net-eez.", "And more"]

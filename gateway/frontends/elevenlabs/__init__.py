@@ -13,6 +13,7 @@ from gateway.service import Gateway
 def routes(gateway: Gateway) -> list[web.RouteDef]:
     return [
         web.get(messages.WS_PATH, websocket.multi_stream_handler(gateway)),
+        web.get(messages.WS_SINGLE_PATH, websocket.multi_stream_handler(gateway, single=True)),
         web.post(messages.STREAM_PATH, http.stream_handler(gateway, timestamps=False)),
         web.post(messages.TIMESTAMPS_PATH, http.stream_handler(gateway, timestamps=True)),
         *dictionaries.routes(gateway),

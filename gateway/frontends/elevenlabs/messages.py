@@ -17,6 +17,7 @@ from shm.messages import SamplingOverrides
 
 API = Api.ELEVENLABS
 WS_PATH = "/v1/text-to-speech/{voice_id}/multi-stream-input"
+WS_SINGLE_PATH = "/v1/text-to-speech/{voice_id}/stream-input"
 STREAM_PATH = "/v1/text-to-speech/{voice_id}/stream"
 TIMESTAMPS_PATH = "/v1/text-to-speech/{voice_id}/stream/with-timestamps"
 DEFAULT_FORMAT = "mp3_44100_128"
@@ -94,6 +95,18 @@ class AudioMessage(msgspec.Struct, omit_defaults=True):
 
 class FinalMessage(msgspec.Struct):
     contextId: str
+    isFinal: bool = True
+
+
+class SingleAudioMessage(msgspec.Struct, omit_defaults=True):
+    """An audio message of the single-context socket (no ``contextId``)."""
+
+    audio: str | None
+    alignment: CharTimes | None = None
+    normalizedAlignment: CharTimes | None = None
+
+
+class SingleFinalMessage(msgspec.Struct):
     isFinal: bool = True
 
 

@@ -33,7 +33,14 @@ continuous MP3 stream. Several contexts may speak at once on one socket.
 A close for an unknown or finished context is ignored; a bad message gets an ``error``
 message (with the ``contextId`` when it names one) and breaks nothing else.
 
-``alignment`` is an estimate (``gateway.frontends.alignment``): Orpheus gives no timing.
+``alignment`` is an estimate (``gateway.frontends.alignment``): Orpheus gives no timing;
+``alignment`` is over the text sent, ``normalizedAlignment`` over the text spoken (after
+the pronunciation dictionaries and normalisation).
+
+``GET /v1/text-to-speech/{voice_id}/stream-input`` is ElevenLabs' single-context socket, the
+same machinery with one context (``_SingleSocket``): no ``context_id``, no ``contextId`` in
+the answers, and ``{"text": ""}`` ends the input: what is buffered is spoken, then
+``{"isFinal": true}`` and the socket closes.
 """
 
 from __future__ import annotations
@@ -58,6 +65,8 @@ from gateway.frontends.elevenlabs.messages import (
     ClientMessage,
     ErrorMessage,
     FinalMessage,
+    SingleAudioMessage,
+    SingleFinalMessage,
     output_format,
     params_for,
 )
@@ -85,6 +94,8 @@ from gateway.streams import StreamFailed
 log = logging.getLogger(__name__)
 
 _decoder = msgspec.json.Decoder(ClientMessage)
+SINGLE_CONTEXT = "default"
+"""The one context of the single-context socket (``.../stream-input``)."""
 
 
 class _Context:
@@ -245,7 +256,11 @@ class _Socket:
             self.finished_at = time.monotonic()
             if ctx.encoder is not None:
                 ctx.encoder.close()
-            await send_json_quietly(self.ws, FinalMessage(ctx.id))
+            await self.final(ctx)
+
+    async def final(self, ctx: _Context) -> None:
+        """Tell the client ``ctx`` is finished."""
+        await send_json_quietly(self.ws, FinalMessage(ctx.id))
 
     async def close_all(self) -> None:
         for ctx in list(self.contexts.values()):
@@ -289,11 +304,45 @@ class _Socket:
         return job
 
 
+class _SingleSocket(_Socket):
+    """ElevenLabs' single-context socket (``.../stream-input``): one context, ``default``;
+    messages without ``contextId``; ``{"text": ""}`` ends the input (what is buffered is
+    spoken, then ``{"isFinal": true}`` and the socket closes)."""
+
+    async def send(self, msg: msgspec.Struct) -> None:
+        if isinstance(msg, AudioMessage):
+            msg = SingleAudioMessage(msg.audio, msg.alignment, msg.normalizedAlignment)
+        await send_json(self.ws, msg)
+
+    async def error(self, err: APIError, cid: str | None = None) -> None:
+        await send_json_quietly(self.ws, ErrorMessage(err.code, err.message, err.status))
+
+    async def final(self, ctx: _Context) -> None:
+        await send_json_quietly(self.ws, SingleFinalMessage())
+        if not self.ws.closed:
+            await self.ws.close()
+
+    async def handle(self, msg: ClientMessage) -> bool:
+        if msg.close_socket:
+            return False
+        ended = msg.text == "" and not msg.flush
+        if ended and SINGLE_CONTEXT not in self.contexts:
+            return False  # nothing was said: nothing to finish
+        msg = msgspec.structs.replace(msg, context_id=SINGLE_CONTEXT, close_context=False)
+        if not ended:
+            return await super().handle(msg)
+        ctx = self.contexts[SINGLE_CONTEXT]
+        await super().handle(msgspec.structs.replace(msg, text=None, flush=True))
+        await self.close_context(ctx)  # after a flush: the turn ends, its audio delivered
+        return True
+
+
 async def _serve_ws(
     ws: web.WebSocketResponse, request: web.Request, gateway: Gateway, params: SpeechParams,
-    fmt: OutputFormat, inactivity_s: float,
+    fmt: OutputFormat, inactivity_s: float, single: bool = False,
 ) -> None:  # fmt: skip
-    sock = _Socket(ws, request, gateway, params, fmt, abort_of(request))
+    cls = _SingleSocket if single else _Socket
+    sock = cls(ws, request, gateway, params, fmt, abort_of(request))
     try:
         while True:
             try:
@@ -330,7 +379,9 @@ def _inactivity(request: web.Request) -> float:
         raise APIError(400, "invalid_request", "inactivity_timeout must be a number") from None
 
 
-def multi_stream_handler(gateway: Gateway) -> Handler:
+def multi_stream_handler(gateway: Gateway, *, single: bool = False) -> Handler:
+    """The multi-context socket, or with ``single`` the single-context one."""
+
     async def multi_stream_input(request: web.Request) -> web.StreamResponse:
         fmt = output_format(request)  # refused with an HTTP error before the upgrade
         plan = await gateway.speech_text.plan(
@@ -341,7 +392,7 @@ def multi_stream_handler(gateway: Gateway) -> Handler:
         return await serve_websocket(
             request,
             gateway,
-            lambda ws: _serve_ws(ws, request, gateway, params, fmt, inactivity_s),
+            lambda ws: _serve_ws(ws, request, gateway, params, fmt, inactivity_s, single),
         )
 
     return multi_stream_input
