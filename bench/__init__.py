@@ -10,7 +10,8 @@ and versions of ``environment.py``), one way to draw a table. Needs the ``bench`
   per engine step), ``gateway`` (the gateway's CPU per stream against a synthetic backend),
   ``protocols`` (flush to first byte per streaming protocol), ``voices`` (custom voices),
   ``engine`` (the vLLM engine alone: step time against streams, per variant), ``jobs``
-  (interactive TTFB with long-form jobs running and without);
+  (interactive TTFB with long-form jobs running and without), ``textnorm`` (the cost of
+  text normalisation and pronunciation dictionaries per sentence);
   ``lockstep.py``: the in-process engines stepped in lockstep that ``penalties`` and
   ``voices`` time;
 - ``load/``: the end-to-end load generator, capacity search, soak and the side-by-side

@@ -42,6 +42,7 @@ from bench.gateway import header
 from bench.report import show, table, write_json
 from common.config import ServeConfig
 from common.gateway_config import GatewayConfig
+from common.text_config import TextConfig
 from shm.config import ShmConfig
 from shm.layout import InstanceLayout
 from shm.messages import WorkerReady, orchestrator_decoder
@@ -219,7 +220,7 @@ def _run_gateway(config: ServeConfig, layout: InstanceLayout) -> None:
 class _LocalServer:
     """A gateway process in front of the synthetic backend (another process)."""
 
-    def __init__(self, first_chunk_s: float) -> None:
+    def __init__(self, first_chunk_s: float, normalization: str = "on") -> None:
         self.ctx = mp.get_context("spawn")
         self.run_dir = tempfile.mkdtemp(prefix="orpheus-bench-")
         self.layout = InstanceLayout.for_pid(os.getpid(), self.run_dir, 1)
@@ -230,6 +231,7 @@ class _LocalServer:
         self.config = ServeConfig(
             device="cpu", log_level="WARNING", shm=shm,
             gateway=GatewayConfig(port=self.port, max_active_streams=256, playground=False),
+            text=TextConfig(normalization=normalization),  # type: ignore[arg-type]
         )  # fmt: skip
         self.first_chunk_s = first_chunk_s
 
@@ -303,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--voice", default="tara")
     ap.add_argument("--first-chunk-ms", type=float, default=50.0,
                     help="synthetic backend: delay of a stream's first audio")  # fmt: skip
+    ap.add_argument("--text-normalization", choices=("on", "off"), default="on",
+                    help="local gateway: text.normalization (each turn's text has a number)")  # fmt: skip
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     protocols = [p for p in args.protocols.split(",") if p]
@@ -330,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         measure(args.url.rstrip("/"))
         backend = f"the server at {args.url}"
     else:
-        with _LocalServer(args.first_chunk_ms / 1000) as base:
+        with _LocalServer(args.first_chunk_ms / 1000, args.text_normalization) as base:
             measure(base)
         backend = (f"one gateway process + synthetic backend (real-time paced, first chunk "
                    f"after {args.first_chunk_ms:g} ms)")  # fmt: skip
@@ -350,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             "protocols": protocols,
             "voice": args.voice,
             "first_chunk_ms": None if args.url else args.first_chunk_ms,
+            "text_normalization": None if args.url else args.text_normalization,
         },
         "results": rows,
     }

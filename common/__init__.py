@@ -2,7 +2,7 @@
 gateway, llm_worker, codec_worker); the wire contract below it is ``shm``.
 
 - ``config``: ``ServeConfig``, the whole server's configuration, made of the tables of
-  ``llm_config``, ``codec_config``, ``gateway_config``, ``jobs_config`` (and ``shm.config``,
+  ``llm_config``, ``codec_config``, ``gateway_config``, ``jobs_config``, ``text_config`` (and ``shm.config``,
   ``shm.voices``)
 - ``limits``: the sampling fields' limits, checked by the gateway and the llm worker alike
 - ``cpu_plan``: which cores each process (and each engine) runs on when the model runs on CPU

@@ -15,6 +15,7 @@ from common.codec_config import CodecConfig
 from common.gateway_config import GatewayConfig
 from common.jobs_config import JobsConfig
 from common.llm_config import LLMConfig
+from common.text_config import TextConfig
 from shm.config import ShmConfig
 from shm.voices import VoicesConfig
 
@@ -29,6 +30,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     shm: ShmConfig = ShmConfig()
     voices: VoicesConfig = VoicesConfig()
     jobs: JobsConfig = JobsConfig()
+    text: TextConfig = TextConfig()
     drain_timeout_s: float = 30.0
     ready_timeout_s: float = 900.0
     """How long the workers may take to become warm before the orchestrator gives up."""

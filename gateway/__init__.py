@@ -14,6 +14,7 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
   socket and its limits, what aiohttp refuses before a handler
 - ``audio``: the audio output (formats, streaming encoders, the output pipeline)
 - ``jobs``: long-form speech as durable jobs (store, runner, routes)
+- ``text``: how a request's text is read (normalisation, pronunciation dictionaries)
 - ``custom_voices``: the voices API; ``metrics``: Prometheus metrics (``Api``, the label enum)
 - ``app``: the aiohttp application: each front end's routes in one loop
 

@@ -76,12 +76,15 @@ Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 ADMIN_PREFIX = "/v1/admin/"
 JOBS_PREFIX = "/v1/audio/jobs"
 """Jobs take an API key or an admin key (which sees every key's jobs)."""
+ADMIN_READABLE = "/v1/pronunciation-dictionaries"
+"""Routes an admin key opens as well as an API key (what it sees there is every key's)."""
 ADMIN_KEY_HINT = "missing or invalid admin key (Authorization: Bearer ...; gateway.admin_keys)"
 
 
 def http_middleware(keys: ApiKeys, admin: ApiKeys, *, metrics: bool = False) -> Middleware:
     """The key checks: ``/v1/admin/*`` takes an admin key (403 ``admin_disabled`` when none
-    is configured), the rest of ``/v1/*`` an API key when some are configured, and, with
+    is configured), ``ADMIN_READABLE`` either key, the rest of ``/v1/*`` an API key when
+    some are configured, and, with
     ``metrics``, ``/metrics`` either. Other paths (health, readiness, the playground) are
     open. Its 401/403 are rendered by the JSON error middleware, which must come before it."""
 
@@ -96,6 +99,10 @@ def http_middleware(keys: ApiKeys, admin: ApiKeys, *, metrics: bool = False) -> 
                     "admin calls are off: set gateway.admin_keys (speech keys do not open them)",
                 )
             admin.check(presented_key(request), ADMIN_KEY_HINT)
+        elif path.startswith(ADMIN_READABLE):
+            key = presented_key(request)  # an admin key sees (and manages) every key's
+            if not (admin.required and admin.allows(key)):
+                keys.check(key, HTTP_KEY_HINT)
         elif path.startswith("/v1/"):
             key = presented_key(request)
             if not (path.startswith(JOBS_PREFIX) and admin.required and admin.allows(key)):

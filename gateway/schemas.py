@@ -26,8 +26,10 @@ from msgspec import Meta
 from common.limits import LimitError, RequestLimits
 from gateway.audio.formats import Codec, OutputFormat, SampleRate, check_format, default_rate
 from gateway.errors import APIError
+from gateway.text.plan import TextPlan
 from gateway.voices import VoiceCatalog
 from orpheus_wire.sampling import SamplingFields
+from orpheus_wire.text import Locator
 from shm.messages import SamplingOverrides
 from shm.records import SAMPLE_RATE
 
@@ -79,6 +81,11 @@ class SpeechRequest(SamplingFields, frozen=True, kw_only=True, forbid_unknown_fi
     stream_format: str = "audio"
     instructions: str | None = None
     """Accepted for compatibility with gpt-4o-mini-tts clients; Orpheus has no use for it."""
+    pronunciation_dictionary_locators: list[Locator] | None = None
+    """Extension (ElevenLabs' field): up to 3 pronunciation dictionaries, applied in order."""
+    apply_text_normalization: str | None = None
+    """Extension (ElevenLabs' field): ``auto`` (the server's ``text.normalization``), ``on``,
+    ``off``."""
 
 
 class SpeechParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,10 +102,20 @@ class SpeechParams(msgspec.Struct, frozen=True, kw_only=True):
     """Of a lossy codec (ElevenLabs' ``mp3_44100_128``); None: the codec's default."""
     speed: float = 1.0
     stream_format: StreamFormat = "audio"
+    text_plan: TextPlan | None = None
+    """What is done to the text before the model reads it (dictionaries, normalisation;
+    ``gateway.text``); None: nothing, or done already (``spoken``)."""
 
     @property
     def output(self) -> OutputFormat:
         return OutputFormat(self.response_format, self.sample_rate, self.bitrate)
+
+    def spoken(self) -> SpeechParams:
+        """These params with ``text`` rewritten by ``text_plan`` (once: the result has no
+        plan). Applied to a whole request's text or to a whole unit of a streamed one."""
+        if self.text_plan is None:
+            return self
+        return msgspec.structs.replace(self, text=self.text_plan.apply(self.text), text_plan=None)
 
 
 def output_format(
@@ -179,6 +196,7 @@ def build_params(
     stream_format: str = "audio",
     sampling: SamplingOverrides | None = None,
     text_open: bool = False,
+    text_plan: TextPlan | None = None,
 ) -> SpeechParams:
     """The one way a request becomes ``SpeechParams``, whatever front end it came through.
 
@@ -187,7 +205,9 @@ def build_params(
     ``text_open``: the request's text is open, ZeroMQ's; ``param`` names the field), the
     text (``check_text``), the voice (``voices.resolve``; None: the default voice, "" is not
     a name), the format at its rate (``output_format``). ``speed`` None: 1.0. ``bitrate`` is
-    not the client's (ElevenLabs' named formats carry one). A streaming protocol builds a
+    not the client's (ElevenLabs' named formats carry one). ``text_plan``
+    (``gateway.text.service.SpeechText.plan``, resolved by the front end) is carried, not
+    applied: ``SpeechParams.spoken`` applies it to whole units of text. A streaming protocol builds a
     template with ``text=""``, ``allow_empty=True`` and speaks each unit with its text.
     """
     given = {
@@ -215,11 +235,16 @@ def build_params(
         bitrate=bitrate,
         speed=f.speed,
         stream_format=f.stream_format,
+        text_plan=text_plan,
     )
 
 
 def speech_params(
-    req: SpeechRequest, voices: VoiceCatalog, limits: RequestLimits, max_chars: int
+    req: SpeechRequest,
+    voices: VoiceCatalog,
+    limits: RequestLimits,
+    max_chars: int,
+    text_plan: TextPlan | None = None,
 ) -> SpeechParams:
     """``POST /v1/audio/speech``'s body through ``build_params``."""
     return build_params(
@@ -233,4 +258,5 @@ def speech_params(
         speed=req.speed,
         stream_format=req.stream_format,
         sampling=sampling_overrides(req),
+        text_plan=text_plan,
     )

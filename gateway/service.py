@@ -23,6 +23,7 @@ from gateway.pcm_pump import pump_pcm
 from gateway.readiness import Readiness, draining_error, readiness, refusal
 from gateway.requests import BYTES_PER_SECOND, RequestTracker
 from gateway.streams import StreamRegistry
+from gateway.text.service import SpeechText
 from gateway.upstream import Upstream
 from gateway.voices import ENGLISH_VOICES, VoiceCatalog
 from shm.admission import AdmissionBoard
@@ -62,6 +63,8 @@ class Gateway:
             self.custom_voices.is_lora,
             self.custom_voices.is_custom,
         )
+        self.speech_text = SpeechText(config)
+        """Normalisation and pronunciation dictionaries (``gateway.text``)."""
         self.limits = RequestLimits.of(config.llm)
         """The sampling fields' limits, the llm_worker's (``build_params`` checks them)."""
         self.upstream = Upstream([layout.engine_control(e) for e in range(layout.engines)])

@@ -25,6 +25,7 @@ BENCHES = {
     "soak": "bench.load.soak",
     "voices": "bench.voices",
     "jobs": "bench.jobs",
+    "textnorm": "bench.textnorm",
 }
 
 

@@ -1,6 +1,6 @@
 """The wire types orpheus-serve shares with its clients, msgspec Structs and nothing else:
-``sampling`` (the sampling fields of a speech request, HTTP and ZeroMQ) and ``zeromq`` (the
-gateway's ZeroMQ protocol). The server (``gateway``) and the client library
+``sampling`` (the sampling fields of a speech request, HTTP and ZeroMQ), ``text`` (the
+pronunciation dictionaries a request names) and ``zeromq`` (the gateway's ZeroMQ protocol). The server (``gateway``) and the client library
 (``orpheus_client``) both import them, so a client does not import the server; this package
 imports nothing but msgspec (.importlinter).
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import msgspec
 
 from orpheus_wire.sampling import SamplingFields
+from orpheus_wire.text import Locator
 
 
 class Speak(SamplingFields, frozen=True, kw_only=True, tag="speak", tag_field="type"):
@@ -42,6 +43,12 @@ class Speak(SamplingFields, frozen=True, kw_only=True, tag="speak", tag_field="t
     """True: more text follows in ``AppendText`` messages (the last one has ``final``)."""
     api_key: str | None = None
     """Required when the server has API keys configured."""
+    pronunciation_dictionary_locators: list[Locator] | None = None
+    """Up to 3 pronunciation dictionaries (ElevenLabs' field), applied in order."""
+    apply_text_normalization: str | None = None
+    """``auto`` (the server's ``text.normalization``), ``on``, ``off``. With ``text_open``
+    the last words of each piece wait for the next one, so that a rule or a number is never
+    split across ``AppendText`` messages."""
 
 
 class AppendText(

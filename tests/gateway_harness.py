@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from bench.doubles.synthetic_backend import SyntheticBackend
 from common.config import ServeConfig
 from common.gateway_config import GatewayConfig
+from common.text_config import TextConfig
 from gateway import malformed_http
 from gateway.app import build_app
 from gateway.frontends.zeromq.server import ZmqFrontend
@@ -61,7 +62,12 @@ async def wait_until(cond: Callable[[], bool], timeout_s: float = 5.0, what: str
 
 
 def serve_config(**gateway: Any) -> ServeConfig:
-    return ServeConfig(device="cpu", gateway=GatewayConfig(**gateway))
+    """The harness's configuration. Text normalisation is off: the synthetic backend reads
+    commands in the text ("error-after-2") and its audio is one frame per character, both of
+    which normalisation would change; the tests of normalisation turn it on."""
+    return ServeConfig(
+        device="cpu", gateway=GatewayConfig(**gateway), text=TextConfig(normalization="off")
+    )
 
 
 @asynccontextmanager

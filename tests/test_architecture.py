@@ -117,6 +117,21 @@ ROUTES = {
     ("GET", "/v1/text-to-speech/{voice_id}/multi-stream-input"),
     ("POST", "/v1/text-to-speech/{voice_id}/stream"),
     ("POST", "/v1/text-to-speech/{voice_id}/stream/with-timestamps"),
+    # Added since: pronunciation dictionaries and text-to-dialogue (ElevenLabs').
+    ("POST", "/v1/pronunciation-dictionaries/add-from-rules"),
+    ("POST", "/v1/pronunciation-dictionaries/add-from-file"),
+    ("GET", "/v1/pronunciation-dictionaries"),
+    ("GET", "/v1/pronunciation-dictionaries/{dictionary_id}"),
+    ("PATCH", "/v1/pronunciation-dictionaries/{dictionary_id}"),
+    ("POST", "/v1/pronunciation-dictionaries/{dictionary_id}/add-rules"),
+    ("POST", "/v1/pronunciation-dictionaries/{dictionary_id}/remove-rules"),
+    ("POST", "/v1/pronunciation-dictionaries/{dictionary_id}/set-rules"),
+    ("GET", "/v1/pronunciation-dictionaries/{dictionary_id}/{version_id}/download"),
+    ("POST", "/v1/text-to-dialogue"),
+    ("GET", "/v1/text-to-speech/{voice_id}/stream-input"),
+    ("POST", "/v1/text-to-dialogue/stream"),
+    ("POST", "/v1/text-to-dialogue/stream/with-timestamps"),
+    ("POST", "/v1/text-to-dialogue/with-timestamps"),
     ("GET", "/v1/audio/voices"),
     ("POST", "/v1/audio/voices"),
     ("DELETE", "/v1/audio/voices/{voice_id}"),
@@ -191,4 +206,7 @@ def test_every_front_end_has_its_api_label() -> None:
         source = "".join(p.read_text() for p in (FRONTENDS / name).glob("*.py"))
         used[name] = set(re.findall(r"\bApi\.([A-Z_]+)", source))
     assert all(used.values()), used
+    # Long-form jobs are not a front end, but their units are requests of their own label.
+    jobs = "".join(p.read_text() for p in (FRONTENDS.parent / "jobs").glob("*.py"))
+    used["jobs"] = set(re.findall(r"\bApi\.([A-Z_]+)", jobs))
     assert set().union(*used.values()) == set(Api.__members__), used

@@ -83,24 +83,29 @@ SPEAK_ALL = Speak(
     temperature=0.5, top_p=0.9, repetition_penalty=1.1,
 )  # fmt: skip
 
-# Recorded with gateway/frontends/zeromq/protocol.py at adaecfd (before the move).
+# Recorded with gateway/frontends/zeromq/protocol.py at adaecfd (before the move); the two
+# Speak messages as they are since issue 34 added two optional fields at the end
+# (pronunciation_dictionary_locators, apply_text_normalization). What an older client sends
+# still decodes the same (OLD_SPEAK below).
 GOLDEN = [
     (
         SPEAK_ALL,
-        "8fa474797065a5737065616baa6d61785f746f6b656e7346a47365656403ab74656d706572617475"
-        "7265cb3fe0000000000000a5746f705f70cb3feccccccccccccdb272657065746974696f6e5f7065"
-        "6e616c7479cb3ff199999999999aaa726571756573745f696407a5696e707574a348692ea5766f69"
-        "6365a474617261a56d6f64656ca16daf726573706f6e73655f666f726d6174a3776176ab73616d70"
-        "6c655f72617465cd3e80a57370656564cb3ff8000000000000a9746578745f6f70656ec3a7617069"
-        "5f6b6579a16b",
+        "de0011a474797065a5737065616baa6d61785f746f6b656e7346a47365656403ab74656d70657261"
+        "74757265cb3fe0000000000000a5746f705f70cb3feccccccccccccdb272657065746974696f6e5f"
+        "70656e616c7479cb3ff199999999999aaa726571756573745f696407a5696e707574a348692ea576"
+        "6f696365a474617261a56d6f64656ca16daf726573706f6e73655f666f726d6174a3776176ab7361"
+        "6d706c655f72617465cd3e80a57370656564cb3ff8000000000000a9746578745f6f70656ec3a761"
+        "70695f6b6579a16bd92170726f6e756e63696174696f6e5f64696374696f6e6172795f6c6f636174"
+        "6f7273c0b86170706c795f746578745f6e6f726d616c697a6174696f6ec0",
     ),
     (
         Speak(request_id=1, input="x"),
-        "8fa474797065a5737065616baa6d61785f746f6b656e73c0a473656564c0ab74656d706572617475"
-        "7265c0a5746f705f70c0b272657065746974696f6e5f70656e616c7479c0aa726571756573745f69"
-        "6401a5696e707574a178a5766f696365a0a56d6f64656ca0af726573706f6e73655f666f726d6174"
-        "a370636dab73616d706c655f72617465c0a57370656564cb3ff0000000000000a9746578745f6f70"
-        "656ec2a76170695f6b6579c0",
+        "de0011a474797065a5737065616baa6d61785f746f6b656e73c0a473656564c0ab74656d70657261"
+        "74757265c0a5746f705f70c0b272657065746974696f6e5f70656e616c7479c0aa72657175657374"
+        "5f696401a5696e707574a178a5766f696365a0a56d6f64656ca0af726573706f6e73655f666f726d"
+        "6174a370636dab73616d706c655f72617465c0a57370656564cb3ff0000000000000a9746578745f"
+        "6f70656ec2a76170695f6b6579c0d92170726f6e756e63696174696f6e5f64696374696f6e617279"
+        "5f6c6f6361746f7273c0b86170706c795f746578745f6e6f726d616c697a6174696f6ec0",
     ),
     (
         AppendText(request_id=7, text="more", final=True),
@@ -129,12 +134,38 @@ GOLDEN = [
 ]
 
 
+OLD_SPEAK = [
+    (
+        SPEAK_ALL,
+        "8fa474797065a5737065616baa6d61785f746f6b656e7346a47365656403ab74656d706572617475"
+        "7265cb3fe0000000000000a5746f705f70cb3feccccccccccccdb272657065746974696f6e5f7065"
+        "6e616c7479cb3ff199999999999aaa726571756573745f696407a5696e707574a348692ea5766f69"
+        "6365a474617261a56d6f64656ca16daf726573706f6e73655f666f726d6174a3776176ab73616d70"
+        "6c655f72617465cd3e80a57370656564cb3ff8000000000000a9746578745f6f70656ec3a7617069"
+        "5f6b6579a16b",
+    ),
+    (
+        Speak(request_id=1, input="x"),
+        "8fa474797065a5737065616baa6d61785f746f6b656e73c0a473656564c0ab74656d706572617475"
+        "7265c0a5746f705f70c0b272657065746974696f6e5f70656e616c7479c0aa726571756573745f69"
+        "6401a5696e707574a178a5766f696365a0a56d6f64656ca0af726573706f6e73655f666f726d6174"
+        "a370636dab73616d706c655f72617465c0a57370656564cb3ff0000000000000a9746578745f6f70"
+        "656ec2a76170695f6b6579c0",
+    ),
+]
+
+
 @pytest.mark.parametrize(("msg", "hex_bytes"), GOLDEN, ids=lambda v: type(v).__name__)
 def test_the_wire_bytes_are_those_of_before(msg: object, hex_bytes: str) -> None:
     data = bytes.fromhex(hex_bytes)
     assert encoder.encode(msg) == data
     decoder = client_decoder if isinstance(msg, Speak | AppendText | Cancel) else server_decoder
     assert decoder.decode(data) == msg
+
+
+@pytest.mark.parametrize(("msg", "hex_bytes"), OLD_SPEAK, ids=["all", "minimal"])
+def test_an_older_clients_speak_still_decodes(msg: object, hex_bytes: str) -> None:
+    assert client_decoder.decode(bytes.fromhex(hex_bytes)) == msg
 
 
 def test_gateway_process_endpoints() -> None:

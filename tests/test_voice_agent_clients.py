@@ -206,3 +206,44 @@ async def test_pipecat_elevenlabs_interruption_cancels_upstream(layout: Instance
         await wait_until(lambda: h.gateway.active_streams == 0, what="slot freed")
     audio = b"".join(f.audio for f in down if isinstance(f, TTSAudioRawFrame))
     assert 0 < len(audio) < len(text) * 2048 * 2
+
+
+async def test_pipecat_elevenlabs_websocket_with_a_dictionary_and_normalisation(
+    layout: InstanceLayout, tmp_path: object
+) -> None:
+    """Pipecat's own ``pronunciation_dictionary_locators`` (sent on each context's first
+    message) and ``apply_text_normalization`` (the socket's query): the model is given the
+    rewritten text, and the words Pipecat attributes back to the conversation are the ones
+    it sent (``alignment`` is over the sent text)."""
+    pytest.importorskip("pipecat.services.elevenlabs.tts")
+    import msgspec
+    from pipecat.frames.frames import TTSTextFrame
+    from pipecat.services.elevenlabs.tts import (
+        ElevenLabsTTSService,
+        PronunciationDictionaryLocator,
+    )
+
+    from common.text_config import TextConfig
+    from shm.voices import VoicesConfig
+
+    serve = {"voices": VoicesConfig(state_dir=str(tmp_path)), "text": TextConfig()}
+    async with running_gateway(layout, serve=serve) as h, aiohttp.ClientSession() as s:
+        rules = [{"type": "alias", "string_to_replace": "Kubernetes", "alias": "koo-ber-net-eez"}]
+        async with s.post(
+            f"{h.url}/v1/pronunciation-dictionaries/add-from-rules",
+            json={"name": "k", "rules": rules},
+        ) as r:
+            d = msgspec.json.decode(await r.read())
+        service = ElevenLabsTTSService(
+            api_key="pk", url=h.url.replace("http://", "ws://"), sample_rate=SR,
+            settings=ElevenLabsTTSService.Settings(voice="tara", apply_text_normalization="on"),
+            pronunciation_dictionary_locators=[
+                PronunciationDictionaryLocator(
+                    pronunciation_dictionary_id=d["id"], version_id=d["version_id"]
+                )
+            ],
+        )  # fmt: skip
+        frames = await pipecat_speak(service, ["Kubernetes has 3 nodes."])
+    assert [sub.text for sub in h.backend.submitted()] == ["koo-ber-net-eez has three nodes."]
+    words = " ".join(f.text for f in frames if isinstance(f, TTSTextFrame))
+    assert "Kubernetes" in words and "nodes." in words

@@ -146,3 +146,23 @@ def word_times(raw: str, total_ms: float) -> list[WordTime]:
     if word:
         out.append(WordTime("".join(word), start, end))
     return out
+
+
+class UnitAligners:
+    """ElevenLabs' two alignments of one unit: ``alignment`` over the text the client sent
+    (the unit's raw text), ``normalizedAlignment`` over the text spoken (after the
+    pronunciation dictionaries and normalisation, with the raw text's trailing whitespace so
+    that units join up). Where the two texts are the same, one aligner serves both."""
+
+    def __init__(self, raw: str, spoken: str) -> None:
+        self.raw = ChunkAligner(raw)
+        self.normalized: ChunkAligner | None = None
+        if spoken != " ".join(raw.split()):
+            self.normalized = ChunkAligner(spoken + raw[len(raw.rstrip()) :])
+
+    def take(self, chunk_ms: float, *, last: bool) -> tuple[CharTimes | None, CharTimes | None]:
+        """(alignment, normalized alignment) for the next ``chunk_ms`` of audio."""
+        times = self.raw.take(chunk_ms, last=last)
+        if self.normalized is None:
+            return times, times
+        return times, self.normalized.take(chunk_ms, last=last)

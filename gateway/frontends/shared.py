@@ -18,6 +18,7 @@ from gateway.errors import APIError
 from gateway.schemas import SpeechParams, build_params
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
+from gateway.text.plan import TextPlan
 from shm.messages import SamplingOverrides
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -64,6 +65,7 @@ def stream_template(
     sample_rate: int | None = None,
     bitrate: str | None = None,
     speed: float | None = None,
+    text_plan: TextPlan | None = None,
 ) -> SpeechParams:
     """The ``SpeechParams`` of a streaming connection (a socket, a session, a context) before
     any text: voice, output and sampling checked by ``build_params``; each unit it speaks is
@@ -81,6 +83,7 @@ def stream_template(
         bitrate=bitrate,
         speed=speed,
         sampling=sampling,
+        text_plan=text_plan,
     )
 
 

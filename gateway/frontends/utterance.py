@@ -51,9 +51,10 @@ async def speak_unit(
 ) -> tuple[StreamEnd | None, ActiveRequest]:
     """Speak one unit: ``text`` (cut from text ``check_text`` took) with the voice and
     sampling of ``template`` (``build_params``'s, made when the protocol's session or context
-    was configured). Returns how it ended. Raises ``APIError`` (not admitted) or
+    was configured), rewritten by its ``text_plan`` (dictionaries, normalisation) unless the
+    caller did that already. Returns how it ended. Raises ``APIError`` (not admitted) or
     ``StreamFailed`` (failed in the workers), after the audio that came before."""
-    params = msgspec.structs.replace(template, text=text)
+    params = msgspec.structs.replace(template, text=text).spoken()
     opened = gateway.requests.open(params, api, started_at=started_at, on_abort=on_abort)
     async with opened as active:
         stream = active.stream

@@ -26,11 +26,13 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
+from gateway.auth import presented_key
 from gateway.frontends.openai.speech import respond
 from gateway.frontends.shared import Handler, read_body
 from gateway.metrics import Api
 from gateway.schemas import bad_request, build_params
 from gateway.service import Gateway
+from orpheus_wire.text import Locator
 from shm.messages import SamplingOverrides
 
 PATH = "/v1/baseten/orpheus/predict"
@@ -47,6 +49,8 @@ class PredictRequest(msgspec.Struct, kw_only=True):
     repetition_penalty: float | None = None
     max_tokens: int | None = None
     language: str | None = None
+    pronunciation_dictionary_locators: list[Locator] | None = None
+    apply_text_normalization: str | None = None
 
 
 _decoder = msgspec.json.Decoder(PredictRequest)
@@ -64,6 +68,11 @@ def predict_handler(gateway: Gateway) -> Handler:
             raise bad_request(str(e)) from None
         except msgspec.DecodeError as e:
             raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from None
+        plan = await gateway.speech_text.plan(
+            req.pronunciation_dictionary_locators,
+            req.apply_text_normalization,
+            presented_key(request),
+        )
         params = build_params(
             gateway.voices,
             gateway.limits,
@@ -76,6 +85,7 @@ def predict_handler(gateway: Gateway) -> Handler:
                 top_p=req.top_p,
                 repetition_penalty=req.repetition_penalty,
             ),
+            text_plan=plan,
         )
         return await respond(request, gateway, params, API, started_at)
 

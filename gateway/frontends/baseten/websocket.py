@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from gateway.auth import presented_key
 from gateway.errors import APIError
 from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, api_error, stream_template
 from gateway.frontends.text_units import Unit, UnitSplitter
@@ -42,6 +43,7 @@ from gateway.metrics import Api
 from gateway.schemas import check_text
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
+from orpheus_wire.text import Locator
 from shm.messages import SamplingOverrides
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,8 @@ class StartMessage(msgspec.Struct, kw_only=True):
     temperature: float | None = None
     top_p: float | None = None
     repetition_penalty: float | None = None
+    pronunciation_dictionary_locators: list[Locator] | None = None
+    apply_text_normalization: str | None = None
 
 
 _start_decoder = msgspec.json.Decoder(StartMessage)
@@ -109,6 +113,11 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
         return
     try:
         start = _start_decoder.decode(first.data)
+        plan = await gateway.speech_text.plan(
+            start.pronunciation_dictionary_locators,
+            start.apply_text_normalization,
+            presented_key(request),
+        )
         params = stream_template(
             gateway,
             voice=start.voice or None,
@@ -117,6 +126,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
                 top_p=start.top_p,
                 repetition_penalty=start.repetition_penalty,
             ),
+            text_plan=plan,
         )
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         await _close(ws, APIError(400, "invalid_message", f"invalid start message: {e}"))

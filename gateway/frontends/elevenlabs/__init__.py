@@ -1,17 +1,21 @@
-"""ElevenLabs' text-to-speech: the multi-context WebSocket (``websocket``) and the streaming
-HTTP (``http``); wire types in ``messages``."""
+"""ElevenLabs' API: text-to-speech over the multi-context WebSocket (``websocket``) and the
+streaming HTTP (``http``), pronunciation dictionaries (``dictionaries``), text-to-dialogue
+(``dialogue``); wire types in ``messages``."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.frontends.elevenlabs import http, messages, websocket
+from gateway.frontends.elevenlabs import dialogue, dictionaries, http, messages, websocket
 from gateway.service import Gateway
 
 
 def routes(gateway: Gateway) -> list[web.RouteDef]:
     return [
         web.get(messages.WS_PATH, websocket.multi_stream_handler(gateway)),
+        web.get(messages.WS_SINGLE_PATH, websocket.multi_stream_handler(gateway, single=True)),
         web.post(messages.STREAM_PATH, http.stream_handler(gateway, timestamps=False)),
         web.post(messages.TIMESTAMPS_PATH, http.stream_handler(gateway, timestamps=True)),
+        *dictionaries.routes(gateway),
+        *dialogue.routes(gateway),
     ]

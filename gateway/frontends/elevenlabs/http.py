@@ -18,8 +18,9 @@ from aiohttp import web
 from gateway.audio.encoders import AudioEncoder
 from gateway.audio.formats import OutputFormat
 from gateway.audio.output import make_output
+from gateway.auth import presented_key
 from gateway.errors import APIError
-from gateway.frontends.alignment import CharTimes, ChunkAligner
+from gateway.frontends.alignment import CharTimes, UnitAligners
 from gateway.frontends.elevenlabs.messages import (
     API,
     HttpAlignment,
@@ -50,9 +51,9 @@ class _HttpStream:
         self.resp: web.StreamResponse | None = None
         self.audio_ms = 0.0
         """Audio encoded so far, in ms of 24 kHz PCM."""
-        self.span_start = 0.0
-        """Where the text of the next timestamped line starts, in ms."""
-        self.aligner = ChunkAligner("")
+        self.span_start = [0.0, 0.0]
+        """Where the text of the next timestamped line starts, in ms (alignment, normalized)."""
+        self.aligners = UnitAligners("", "")
         """The character times of the unit being spoken (set before each unit)."""
 
     async def write(self, data: bytes) -> None:
@@ -69,17 +70,26 @@ class _HttpStream:
             await self.resp.prepare(self.request)
         await self.resp.write(data)
 
-    def line(self, data: bytes, times: CharTimes | None) -> bytes:
-        al = None
-        if times is not None:
-            start = self.span_start
-            starts = [round((start + s) / 1000, 4) for s in times.charStartTimesMs]
-            ends = [
-                round((start + s + d) / 1000, 4)
-                for s, d in zip(times.charStartTimesMs, times.charDurationsMs, strict=True)
-            ]
-            al = HttpAlignment(times.chars, starts, ends)
-        chunk = TimestampChunk(base64.b64encode(data).decode() if data else None, al, al)
+    def _alignment(self, times: CharTimes | None, which: int) -> HttpAlignment | None:
+        if times is None:
+            return None
+        start = self.span_start[which]
+        starts = [round((start + s) / 1000, 4) for s in times.charStartTimesMs]
+        ends = [
+            round((start + s + d) / 1000, 4)
+            for s, d in zip(times.charStartTimesMs, times.charDurationsMs, strict=True)
+        ]
+        self.span_start[which] = self.audio_ms
+        return HttpAlignment(times.chars, starts, ends)
+
+    def line(
+        self, data: bytes, times: CharTimes | None, normalized: CharTimes | None = None
+    ) -> bytes:
+        al = self._alignment(times, 0)
+        nal = al if normalized is times else self._alignment(normalized, 1)
+        if normalized is times:
+            self.span_start[1] = self.span_start[0]
+        chunk = TimestampChunk(base64.b64encode(data).decode() if data else None, al, nal)
         return _json.encode(chunk) + b"\n"
 
     async def deliver(self, chunks: list[bytes], last: bool) -> int:
@@ -92,11 +102,9 @@ class _HttpStream:
             if data:
                 await self.write(data)
             return len(data)
-        times = self.aligner.take(pcm_ms(n), last=last)
-        if data or times is not None:
-            await self.write(self.line(data, times))
-            if times is not None:
-                self.span_start = self.audio_ms
+        times, normalized = self.aligners.take(pcm_ms(n), last=last)
+        if data or times is not None or normalized is not None:
+            await self.write(self.line(data, times, normalized))
         return len(data)
 
 
@@ -113,9 +121,15 @@ def stream_handler(gateway: Gateway, *, timestamps: bool) -> Handler:
             req = decoder.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise APIError(400, "invalid_request", f"invalid body: {e}") from None
+        plan = await gateway.speech_text.plan(
+            req.pronunciation_dictionary_locators,
+            req.apply_text_normalization,
+            presented_key(request),
+        )
         params = params_for(
             request, gateway, fmt, text=req.text, max_chars=g.max_input_chars,
             speed=req.voice_settings.speed if req.voice_settings else None, seed=req.seed,
+            text_plan=plan,
         )  # fmt: skip
         splitter = UnitSplitter("sentence", UNIT_MAX_CHARS)
         units = splitter.feed(params.text) + splitter.flush()
@@ -123,11 +137,12 @@ def stream_handler(gateway: Gateway, *, timestamps: bool) -> Handler:
         on_abort = abort_of(request)
         try:
             for i, unit in enumerate(units):
-                out.aligner = ChunkAligner(unit.raw)
+                spoken = msgspec.structs.replace(params, text=unit.text).spoken()
+                out.aligners = UnitAligners(unit.raw, spoken.text)
                 # TTFB of the first unit counts from the request; of the others, from the
                 # moment they could start (the end of the one before).
                 await speak_unit(
-                    gateway, params, unit.text, API, out.deliver,
+                    gateway, spoken, spoken.text, API, out.deliver,
                     started_at=started_at if i == 0 else None, on_abort=on_abort,
                 )  # fmt: skip
             tail = out.enc.finish()

@@ -12,10 +12,13 @@ from gateway.frontends.alignment import CharTimes
 from gateway.metrics import Api
 from gateway.schemas import SpeechParams, build_params
 from gateway.service import Gateway
+from gateway.text.plan import TextPlan
+from orpheus_wire.text import Locator
 from shm.messages import SamplingOverrides
 
 API = Api.ELEVENLABS
 WS_PATH = "/v1/text-to-speech/{voice_id}/multi-stream-input"
+WS_SINGLE_PATH = "/v1/text-to-speech/{voice_id}/stream-input"
 STREAM_PATH = "/v1/text-to-speech/{voice_id}/stream"
 TIMESTAMPS_PATH = "/v1/text-to-speech/{voice_id}/stream/with-timestamps"
 DEFAULT_FORMAT = "mp3_44100_128"
@@ -46,6 +49,7 @@ def params_for(
     max_chars: int | None = None,
     speed: float | None = None,
     seed: int | None = None,
+    text_plan: TextPlan | None = None,
 ) -> SpeechParams:
     """The request's ``SpeechParams`` (``build_params``): the path's voice, the format named
     by ``output_format``; with no text, the template of a socket or a context."""
@@ -62,6 +66,7 @@ def params_for(
         bitrate=fmt.bitrate,
         speed=speed,
         sampling=SamplingOverrides(seed=seed),
+        text_plan=text_plan,
     )
 
 
@@ -78,6 +83,8 @@ class ClientMessage(msgspec.Struct, kw_only=True):
     close_context: bool = False
     close_socket: bool = False
     voice_settings: VoiceSettings | None = None
+    pronunciation_dictionary_locators: list[Locator] | None = None
+    """On a context's first message: its dictionaries (the socket's query has none)."""
 
 
 class AudioMessage(msgspec.Struct, omit_defaults=True):
@@ -89,6 +96,18 @@ class AudioMessage(msgspec.Struct, omit_defaults=True):
 
 class FinalMessage(msgspec.Struct):
     contextId: str
+    isFinal: bool = True
+
+
+class SingleAudioMessage(msgspec.Struct, omit_defaults=True):
+    """An audio message of the single-context socket (no ``contextId``)."""
+
+    audio: str | None
+    alignment: CharTimes | None = None
+    normalizedAlignment: CharTimes | None = None
+
+
+class SingleFinalMessage(msgspec.Struct):
     isFinal: bool = True
 
 
@@ -106,6 +125,8 @@ class SpeechBody(msgspec.Struct, kw_only=True):
     model_id: str | None = None
     seed: int | None = None
     voice_settings: VoiceSettings | None = None
+    pronunciation_dictionary_locators: list[Locator] | None = None
+    apply_text_normalization: str | None = None
 
 
 class HttpAlignment(msgspec.Struct):

@@ -33,7 +33,14 @@ continuous MP3 stream. Several contexts may speak at once on one socket.
 A close for an unknown or finished context is ignored; a bad message gets an ``error``
 message (with the ``contextId`` when it names one) and breaks nothing else.
 
-``alignment`` is an estimate (``gateway.frontends.alignment``): Orpheus gives no timing.
+``alignment`` is an estimate (``gateway.frontends.alignment``): Orpheus gives no timing;
+``alignment`` is over the text sent, ``normalizedAlignment`` over the text spoken (after
+the pronunciation dictionaries and normalisation).
+
+``GET /v1/text-to-speech/{voice_id}/stream-input`` is ElevenLabs' single-context socket, the
+same machinery with one context (``_SingleSocket``): no ``context_id``, no ``contextId`` in
+the answers, and ``{"text": ""}`` ends the input: what is buffered is spoken, then
+``{"isFinal": true}`` and the socket closes.
 """
 
 from __future__ import annotations
@@ -49,8 +56,9 @@ from aiohttp import WSMsgType, web
 from gateway.audio.encoders import AudioEncoder
 from gateway.audio.formats import OutputFormat
 from gateway.audio.output import make_output
+from gateway.auth import presented_key
 from gateway.errors import APIError
-from gateway.frontends.alignment import ChunkAligner
+from gateway.frontends.alignment import UnitAligners
 from gateway.frontends.elevenlabs.messages import (
     API,
     MAX_CONTEXTS,
@@ -58,6 +66,8 @@ from gateway.frontends.elevenlabs.messages import (
     ClientMessage,
     ErrorMessage,
     FinalMessage,
+    SingleAudioMessage,
+    SingleFinalMessage,
     output_format,
     params_for,
 )
@@ -85,6 +95,8 @@ from gateway.streams import StreamFailed
 log = logging.getLogger(__name__)
 
 _decoder = msgspec.json.Decoder(ClientMessage)
+SINGLE_CONTEXT = "default"
+"""The one context of the single-context socket (``.../stream-input``)."""
 
 
 class _Context:
@@ -107,6 +119,8 @@ class _Socket:
         params: SpeechParams, fmt: OutputFormat, on_abort: Any,
     ) -> None:  # fmt: skip
         self.ws = ws
+        self.key = presented_key(request)
+        self.normalization = request.query.get("apply_text_normalization")
         self.request = request
         self.gateway = gateway
         self.params = params
@@ -175,12 +189,21 @@ class _Socket:
                 return True
             params = self.params
             speed = msg.voice_settings.speed if msg.voice_settings else None
-            if speed is not None:
-                try:
-                    params = params_for(self.request, self.gateway, self.fmt, speed=speed)
-                except APIError as e:
-                    await self.error(e, cid)
-                    return True
+            locators = msg.pronunciation_dictionary_locators
+            try:
+                if speed is not None:
+                    params = params_for(
+                        self.request, self.gateway, self.fmt, speed=speed,
+                        text_plan=params.text_plan,
+                    )  # fmt: skip
+                if locators:
+                    plan = await self.gateway.speech_text.plan(
+                        locators, self.normalization, self.key
+                    )
+                    params = msgspec.structs.replace(params, text_plan=plan)
+            except APIError as e:
+                await self.error(e, cid)
+                return True
             ctx = self.contexts[cid] = _Context(cid, params, self.cap)
         if ctx.closing:
             await self.error(
@@ -234,7 +257,11 @@ class _Socket:
             self.finished_at = time.monotonic()
             if ctx.encoder is not None:
                 ctx.encoder.close()
-            await send_json_quietly(self.ws, FinalMessage(ctx.id))
+            await self.final(ctx)
+
+    async def final(self, ctx: _Context) -> None:
+        """Tell the client ``ctx`` is finished."""
+        await send_json_quietly(self.ws, FinalMessage(ctx.id))
 
     async def close_all(self) -> None:
         for ctx in list(self.contexts.values()):
@@ -253,21 +280,22 @@ class _Socket:
             if ctx.encoder is None:
                 ctx.encoder = make_output(ctx.params.output, ctx.params.speed)
             enc = ctx.encoder
-            aligner = ChunkAligner(unit.raw)
+            params = msgspec.structs.replace(ctx.params, text=unit.text).spoken()
+            aligners = UnitAligners(unit.raw, params.text)
 
             async def deliver(chunks: list[bytes], last: bool) -> int:
                 n = sum(map(len, chunks))
                 data = b"".join(map(enc.encode, chunks))
-                times = aligner.take(pcm_ms(n), last=last)
-                if not data and times is None:
+                times, normalized = aligners.take(pcm_ms(n), last=last)
+                if not data and times is None and normalized is None:
                     return 0
                 audio = base64.b64encode(data).decode() if data else None
-                await self.send(AudioMessage(audio, ctx.id, times, times))
+                await self.send(AudioMessage(audio, ctx.id, times, normalized))
                 return len(data)
 
             try:
                 await speak_unit(
-                    self.gateway, ctx.params, unit.text, API, deliver,
+                    self.gateway, params, params.text, API, deliver,
                     started_at=started_at, on_abort=self.on_abort,
                 )  # fmt: skip
             except (APIError, StreamFailed) as e:
@@ -277,11 +305,45 @@ class _Socket:
         return job
 
 
+class _SingleSocket(_Socket):
+    """ElevenLabs' single-context socket (``.../stream-input``): one context, ``default``;
+    messages without ``contextId``; ``{"text": ""}`` ends the input (what is buffered is
+    spoken, then ``{"isFinal": true}`` and the socket closes)."""
+
+    async def send(self, msg: msgspec.Struct) -> None:
+        if isinstance(msg, AudioMessage):
+            msg = SingleAudioMessage(msg.audio, msg.alignment, msg.normalizedAlignment)
+        await send_json(self.ws, msg)
+
+    async def error(self, err: APIError, cid: str | None = None) -> None:
+        await send_json_quietly(self.ws, ErrorMessage(err.code, err.message, err.status))
+
+    async def final(self, ctx: _Context) -> None:
+        await send_json_quietly(self.ws, SingleFinalMessage())
+        if not self.ws.closed:
+            await self.ws.close()
+
+    async def handle(self, msg: ClientMessage) -> bool:
+        if msg.close_socket:
+            return False
+        ended = msg.text == "" and not msg.flush
+        if ended and SINGLE_CONTEXT not in self.contexts:
+            return False  # nothing was said: nothing to finish
+        msg = msgspec.structs.replace(msg, context_id=SINGLE_CONTEXT, close_context=False)
+        if not ended:
+            return await super().handle(msg)
+        ctx = self.contexts[SINGLE_CONTEXT]
+        await super().handle(msgspec.structs.replace(msg, text=None, flush=True))
+        await self.close_context(ctx)  # after a flush: the turn ends, its audio delivered
+        return True
+
+
 async def _serve_ws(
     ws: web.WebSocketResponse, request: web.Request, gateway: Gateway, params: SpeechParams,
-    fmt: OutputFormat, inactivity_s: float,
+    fmt: OutputFormat, inactivity_s: float, single: bool = False,
 ) -> None:  # fmt: skip
-    sock = _Socket(ws, request, gateway, params, fmt, abort_of(request))
+    cls = _SingleSocket if single else _Socket
+    sock = cls(ws, request, gateway, params, fmt, abort_of(request))
     try:
         while True:
             try:
@@ -318,15 +380,20 @@ def _inactivity(request: web.Request) -> float:
         raise APIError(400, "invalid_request", "inactivity_timeout must be a number") from None
 
 
-def multi_stream_handler(gateway: Gateway) -> Handler:
+def multi_stream_handler(gateway: Gateway, *, single: bool = False) -> Handler:
+    """The multi-context socket, or with ``single`` the single-context one."""
+
     async def multi_stream_input(request: web.Request) -> web.StreamResponse:
         fmt = output_format(request)  # refused with an HTTP error before the upgrade
-        params = params_for(request, gateway, fmt)
+        plan = await gateway.speech_text.plan(
+            None, request.query.get("apply_text_normalization"), presented_key(request)
+        )
+        params = params_for(request, gateway, fmt, text_plan=plan)
         inactivity_s = _inactivity(request)
         return await serve_websocket(
             request,
             gateway,
-            lambda ws: _serve_ws(ws, request, gateway, params, fmt, inactivity_s),
+            lambda ws: _serve_ws(ws, request, gateway, params, fmt, inactivity_s, single),
         )
 
     return multi_stream_input

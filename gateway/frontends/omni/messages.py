@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from gateway.frontends.omni.units import Granularity
+from orpheus_wire.text import Locator
 
 
 class SessionConfig(msgspec.Struct, kw_only=True):
@@ -29,6 +30,10 @@ class SessionConfig(msgspec.Struct, kw_only=True):
     temperature: float | None = None
     top_p: float | None = None
     repetition_penalty: float | None = None
+    pronunciation_dictionary_locators: list[Locator] | None = None
+    """Extension (ElevenLabs' field): up to 3 pronunciation dictionaries, in order."""
+    apply_text_normalization: str | None = None
+    """Extension (ElevenLabs' field): ``auto``, ``on``, ``off``."""
 
 
 # -- server messages -----------------------------------------------------------------------

@@ -41,6 +41,7 @@ from aiohttp import WSMsgType, web
 from gateway.audio.encoders import AudioEncoder
 from gateway.audio.formats import RAW
 from gateway.audio.output import make_output
+from gateway.auth import presented_key
 from gateway.errors import APIError
 from gateway.frontends.alignment import WordTime, word_times
 from gateway.frontends.omni.messages import (
@@ -90,8 +91,12 @@ _any = msgspec.json.Decoder()
 class _OmniConnection:
     """One vLLM-Omni socket: its configuration, its lane of units, what the client is shown."""
 
-    def __init__(self, ws: web.WebSocketResponse, gateway: Gateway, on_abort: Any) -> None:
+    def __init__(
+        self, ws: web.WebSocketResponse, gateway: Gateway, on_abort: Any, key: str | None = None
+    ) -> None:
         self.ws = ws
+        self.key = key
+        """The API key the connection presented (whose dictionaries it may use)."""
         self.gateway = gateway
         self.on_abort = on_abort
         g = gateway.config.gateway
@@ -135,8 +140,12 @@ class _OmniConnection:
             return False
         g = self.gateway
         try:
+            plan = await g.speech_text.plan(
+                cfg.pronunciation_dictionary_locators, cfg.apply_text_normalization, self.key
+            )
             params = stream_template(
                 g,
+                text_plan=plan,
                 voice=cfg.voice or cfg.speaker or None,
                 response_format=cfg.response_format,
                 sample_rate=cfg.sample_rate,
@@ -379,7 +388,7 @@ class _Shown:
 
 async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gateway) -> None:
     g = gateway.config.gateway
-    s = _OmniConnection(ws, gateway, abort_of(request))
+    s = _OmniConnection(ws, gateway, abort_of(request), presented_key(request))
     try:
         while True:
             try:

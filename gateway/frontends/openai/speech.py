@@ -15,6 +15,7 @@ from aiohttp import web
 
 from gateway.audio.encoders import AudioEncoder
 from gateway.audio.output import make_output
+from gateway.auth import presented_key
 from gateway.errors import APIError
 from gateway.frontends.openai.sse import delta_event, done_event, error_event
 from gateway.frontends.shared import Handler, abort_of, read_body
@@ -40,9 +41,13 @@ def speech_handler(gateway: Gateway) -> Handler:
     async def create_speech(request: web.Request) -> web.StreamResponse:
         started_at = gateway.loop.time()
         body = await read_body(request, g.max_body_bytes)
-        params = speech_params(
-            decode_speech_request(body), gateway.voices, gateway.limits, g.max_input_chars
+        req = decode_speech_request(body)
+        plan = await gateway.speech_text.plan(
+            req.pronunciation_dictionary_locators,
+            req.apply_text_normalization,
+            presented_key(request),
         )
+        params = speech_params(req, gateway.voices, gateway.limits, g.max_input_chars, plan)
         api = Api.OPENAI_SSE if params.stream_format == "sse" else Api.OPENAI_HTTP
         return await respond(request, gateway, params, api, started_at)
 
@@ -53,7 +58,9 @@ async def respond(
     request: web.Request, gateway: Gateway, params: SpeechParams, api: Api, started_at: float
 ) -> web.StreamResponse:
     """Speak ``params`` (checked by ``build_params``) as one streamed HTTP response, as this
-    module's docstring says: also Baseten's ``predict`` (``gateway.frontends.baseten.predict``)."""
+    module's docstring says: also Baseten's ``predict`` (``gateway.frontends.baseten.predict``).
+    The text is rewritten by the params' ``text_plan`` first."""
+    params = params.spoken()
     encoder = make_output(params.output, params.speed)
     try:
         async with gateway.requests.open(

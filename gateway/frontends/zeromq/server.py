@@ -35,6 +35,7 @@ from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams, build_params, sampling_overrides
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
+from gateway.text.plan import HeldText
 from orpheus_wire.zeromq import (
     AppendText,
     Audio,
@@ -85,7 +86,7 @@ class _PeerGone(Exception):
 
 
 class _Request:
-    __slots__ = ("active", "ended", "identity", "pending", "rid", "task")
+    __slots__ = ("active", "ended", "held", "identity", "pending", "rid", "task")
 
     def __init__(self, identity: bytes, rid: int) -> None:
         self.identity = identity
@@ -93,6 +94,8 @@ class _Request:
         self.task: asyncio.Task[None] | None = None
         self.active: ActiveRequest | None = None
         """Set once admitted (synchronously after admission: no await in between)."""
+        self.held: HeldText | None = None
+        """The open text's rewriting (dictionaries, normalisation), when it has a plan."""
         self.pending: list[AppendText] = []
         """Text that arrived while the request waited for admission."""
         self.ended = False
@@ -261,13 +264,19 @@ class ZmqFrontend:
 
     def _append(self, req: _Request, msg: AppendText) -> None:
         assert req.active is not None
+        text = msg.text
+        if req.held is not None:
+            text = req.held.feed(text) + (req.held.flush() if msg.final else "")
         try:
-            req.active.append_text(msg.text, final=msg.final)
+            req.active.append_text(text, final=msg.final)
         except APIError as e:
             self._fail_admitted(req, StreamError(e.code, e.message, e.status))
 
-    def _params(self, msg: Speak) -> SpeechParams:
+    async def _params(self, msg: Speak) -> SpeechParams:
         self._keys.check(msg.api_key, ZMQ_KEY_HINT)
+        plan = await self._gateway.speech_text.plan(
+            msg.pronunciation_dictionary_locators, msg.apply_text_normalization, msg.api_key
+        )
         return build_params(
             self._gateway.voices,
             self._gateway.limits,
@@ -280,6 +289,7 @@ class ZmqFrontend:
             speed=msg.speed,
             sampling=sampling_overrides(msg),
             text_open=msg.text_open,
+            text_plan=plan,
         )
 
     async def _send_bounded(self, identity: bytes, msg: ServerMessage) -> None:
@@ -302,7 +312,13 @@ class ZmqFrontend:
         identity, rid = req.identity, req.rid
         encoder: AudioEncoder | None = None
         try:
-            params = self._params(msg)
+            params = await self._params(msg)
+            if msg.text_open and params.text_plan is not None:
+                req.held = HeldText(params.text_plan)
+                held = req.held.feed(params.text)
+                params = msgspec.structs.replace(params, text=held, text_plan=None)
+            else:
+                params = params.spoken()
             encoder = make_output(params.output, params.speed)
             on_abort = req.task.cancel if req.task is not None else None
             async with self._gateway.requests.open(

@@ -1,0 +1,68 @@
+"""What is done to a request's text before the model reads it: its dictionaries' rules, in
+order, then normalisation (so that a rule for "3D" is applied before digits are spelled).
+
+A ``TextPlan`` is resolved once per request (or WebSocket context) by
+``gateway.text.service.SpeechText.plan`` and carried by its ``SpeechParams``; it is applied
+to whole units of text (``SpeechParams.spoken``), never to a piece of a word: the streaming
+protocols cut their text into sentences first (``gateway.frontends.text_units``), and the
+ZeroMQ protocol's open text goes through ``HeldText``, which holds back the words a rule or
+a number might still continue.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gateway.text.lexicon import Lexicon
+from gateway.text.normalize import normalize
+
+_WORD_STARTS = re.compile(r"(?<=\s)\S")
+
+
+class TextPlan:
+    __slots__ = ("lexicons", "normalize")
+
+    def __init__(self, lexicons: tuple[Lexicon, ...], normalize: bool) -> None:
+        self.lexicons = lexicons
+        self.normalize = normalize
+
+    @property
+    def hold_words(self) -> int:
+        """Words a stream must hold back before the plan may be applied to what precedes
+        them: the longest rule's, two when normalising ("3:30 pm", "$5 million")."""
+        most = max((lx.max_words for lx in self.lexicons), default=0)
+        return max(most, 2 if self.normalize else 1)
+
+    def apply(self, text: str) -> str:
+        for lx in self.lexicons:
+            text = lx.apply(text)
+        return normalize(text) if self.normalize else text
+
+    def __repr__(self) -> str:
+        return f"TextPlan({len(self.lexicons)} dictionaries, normalize={self.normalize})"
+
+
+class HeldText:
+    """A plan applied to text that arrives in pieces (ZeroMQ's ``AppendText``): ``feed``
+    returns the rewritten text that is safe to speak now, ``flush`` the rest."""
+
+    def __init__(self, plan: TextPlan) -> None:
+        self._plan = plan
+        self._hold = plan.hold_words
+        self._buffer = ""
+
+    def feed(self, text: str) -> str:
+        self._buffer += text
+        buf = self._buffer
+        starts = [m.start() for m in _WORD_STARTS.finditer(buf)]
+        if buf and not buf[0].isspace():
+            starts.insert(0, 0)
+        if len(starts) <= self._hold:
+            return ""
+        cut = starts[-self._hold]  # the last ``hold`` words wait for what follows them
+        out, self._buffer = buf[:cut], buf[cut:]
+        return self._plan.apply(out)
+
+    def flush(self) -> str:
+        out, self._buffer = self._buffer, ""
+        return self._plan.apply(out) if out else ""
