@@ -199,10 +199,15 @@ async def test_admission_gate_refuses_with_its_error() -> None:
 
 # -- stream registry -------------------------------------------------------------------------
 class _Control:
-    """Records what the registry would send upstream (the registry's only collaborator)."""
+    """Records what the registry would send upstream (the registry's only collaborator):
+    the one engine's channel of an ``Upstream``."""
 
     def __init__(self) -> None:
         self.cancels: list[tuple[int, str]] = []
+
+    def engine(self, index: int) -> _Control:
+        assert index == 0, "the registry's streams were opened on engine 0"
+        return self
 
     def cancel(self, stream_id: int, reason: str) -> None:
         self.cancels.append((stream_id, reason))
