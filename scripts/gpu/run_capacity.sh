@@ -584,10 +584,10 @@ stage_soak() {
   read -r k mps <<<"$(confirm_engines)"
   if [[ $mps == on ]] && ! mps_start; then mps=off; fi
   ENGINES=$k stage_serve bf16 || return 1
-  local pid secs=${SOAK_S:-1200}
+  local pid secs=${SOAK_S:-1200} room=$(( $(left) - 60 ))
   pid=$(server_pid)
-  (( secs > $(left) - 60 )) && secs=$(( $(left) - 60 ))
-  (( secs >= 30 )) || { log "soak skipped: $(left) s left in this call"; return 1; }
+  (( secs > room )) && secs=$room
+  (( secs >= 10 )) || { log "soak skipped: $(left) s left in this call"; return 1; }
   log "soak: ${secs} s (asked ${SOAK_S:-1200}), llm.engines=$k, MPS $mps, ${SOAK_USERS:-64} users"
   start_samplers soak
   run_for 600 30 "${OS[@]}" bench soak --url "$URL" --pid "$pid" --device "$DEVICE" \
