@@ -938,8 +938,10 @@ def run_group(args: argparse.Namespace, variant: str, count: int, work: Path) ->
         first = " ".join(str(e).split())
         logs = ", ".join(str(x.log) for x in engines)
         line = f"{type(e).__name__}: {first}"[:300]
-        if not isinstance(e, RuntimeError) and engines:
-            line += f" ({_last_error_line(engines[-1].log)})"
+        # An engine that died or hung says why in its log, not over the channel.
+        if engines and (not isinstance(e, RuntimeError) or "engine process" in first):
+            dead = next((x for x in engines if x.proc.poll() is not None), engines[-1])
+            line += f" ({_last_error_line(dead.log)})"
         print(f"{variant} K={count}: FAILED: {line} (logs: {logs})", flush=True)
         return VariantResult(
             variant, "failed", reason=line, engines=count, mps=mps, levels=measured,
