@@ -1,34 +1,52 @@
-"""``orpheus-serve bench engine``: the engine alone, as a curve of step time against streams.
+"""``orpheus-serve bench engine``: the engine alone, as a curve of step time against streams,
+with one engine or several sharing the device.
 
-The engine is built exactly as the llm worker builds it: :func:`llm_worker.sampling_setup.
+Each engine is built exactly as the llm worker builds it: :func:`llm_worker.sampling_setup.
 setup_sampling` (model runner, sampling processors), then :meth:`llm_worker.engine.
 GenerationEngine.start` (the server's ``engine_args``: same model, runner, output head,
 stats, prefix cache), from the server's own configuration for ``--device`` (the CPU
-profile on ``cpu``). Nothing else runs: no gateway, no codec, no ring.
+profile on ``cpu``), in a process of its own (as the server's llm workers are). Nothing else
+runs: no gateway, no codec, no ring.
 
-For each ``--streams`` level N, a closed loop keeps N fixed-length requests in the engine
+For each ``--engines`` count K and each ``--streams`` level N (the total over the engines), K
+engine processes each keep N/K fixed-length requests in their engine, in a closed loop
 (``min_tokens = max_tokens = --tokens``, built like the worker's: :func:`llm_worker.requests.
 segment_params` with the voice's sampling and the sampling package's arguments; prompts from
 :class:`llm_worker.prompt.PromptBuilder`). A finished request is replaced at once by the next.
-Starts are staggered: the first wave's request i asks for ``tokens * (i + 1) / N`` tokens, so
+Starts are staggered: the first wave's request i asks for ``tokens * (i + 1) / n`` tokens, so
 requests end (and new prompts arrive) evenly from the first step on, and after
 ``--warmup-steps`` (default: ``--tokens``, one whole generation) the contexts are spread
-evenly over 0..tokens, as in steady traffic. Then ``--steps`` steps are measured:
+evenly over 0..tokens, as in steady traffic. When every engine has warmed up, all are
+measured over one window, which ends once each has run ``--steps`` steps:
 
-- step time p50 / p99 (ms): intervals between the engine's step signals (the worker's own
-  step hook), i.e. the period at which each stream gets a token;
-- tokens/s: tokens delivered in the measured window over its length;
-- engine-core CPU ms per step: user + system CPU of vLLM's EngineCore process (psutil) over
-  the window, per step (on CPU the forward pass runs there too, on all its threads);
-- GPU busy fraction (CUDA only, NVML utilisation samples over the window; null on CPU).
+- step time p50 / p99 (ms), per engine: intervals between the engine's step signals (the
+  worker's own step hook), i.e. the period at which each of its streams gets a token; a
+  level's own p50 / p99 are its slowest engine's (its streams set the pace of real time);
+- tokens/s: tokens delivered in the window over its length, summed over the engines;
+- engine-core CPU ms per step, per engine: user + system CPU of that engine's vLLM
+  EngineCore process (psutil) over the window, per step (on CPU the forward pass runs in a
+  worker process beside it); the level's figure is the engines' mean;
+- GPU busy fraction (CUDA only, NVML utilisation samples over the window; null on CPU);
+- per-phase host time in the engine core, µs per request-step (``--phase-timers``, on by
+  default: :mod:`llm_worker.phase_timers`, loaded into vLLM's processes by the project's vLLM
+  plugin): ``schedule``, ``update_from_output``, the model runner's state update, input
+  preparation and output bookkeeping, and the output serialisation.
 
-Variants (``--variants``), each one engine start (in its own process) running every level:
-``full-head`` (the whole vocabulary), ``audio-head`` (``llm.output_head = audio``),
-``top-p-off`` (top_p 1.0), ``prefix-cache-off``, ``stats-off`` (``llm.engine_stats =
-false``), ``kv-fp8`` (CUDA only). The last four change one thing from ``full-head``. A
-variant that cannot apply here is reported as skipped, one that fails as failed (one line
-each); the others go on. Prints a table, and writes ``--json`` (a ``levels`` list) and
-``--png`` (t(N) per variant with the 11.5 ms real-time line).
+Sharing the device: on CUDA each engine gets ``gpu_memory_utilization / K`` (and
+``kv_cache_memory_bytes / K`` where set), and the engines start one after another (vLLM's
+memory profiling reads the device's free memory); whether CUDA MPS is active is recorded
+(:func:`common.mps.mps_active`; this benchmark never starts the MPS daemon: the GPU plan
+does, scripts/gpu/run_capacity.sh). On CPU the engines start at once, and with K > 1 each
+engine's processes are pinned to its share of the cores (``VLLM_CPU_OMP_THREADS_BIND``).
+
+Variants (``--variants``), each K engine starts running every level: ``full-head`` (the
+whole vocabulary), ``audio-head`` (``llm.output_head = audio``), ``top-p-off`` (top_p 1.0),
+``prefix-cache-off``, ``stats-off`` (``llm.engine_stats = false``), ``kv-fp8`` (CUDA only).
+The last four change one thing from ``full-head``. A variant that cannot apply here is
+reported as skipped, one that fails as failed (one line each); the others go on. Prints a
+table (and one of the phases), and writes ``--json`` (a ``levels`` list: one entry per
+variant, K and N, with ``engines`` and ``per_engine``) and ``--png`` (t(N) and tokens/s per
+variant and K, with the 11.5 ms real-time line).
 """
 
 from __future__ import annotations
@@ -39,7 +57,9 @@ import contextlib
 import itertools
 import math
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +74,7 @@ import msgspec
 
 from bench.lockstep import TEXTS
 from bench.report import environment, show, table, write_json
+from common.mps import mps_active, pipe_directory
 from shm.ring import segment_path
 
 REAL_TIME_STEP_MS = 11.5
@@ -70,10 +91,39 @@ DEFAULT_STEPS = {"cuda": 300, "cpu": 60}
 PROMPT_ROOM = 128
 MIN_MODEL_LEN = 256
 VARIANT_TIMEOUT_S = 3600
+MAX_ENGINES = 8
+PHASES_ENV = "ORPHEUS_PROFILE_PHASES"
+"""llm_worker.phase_timers.ENV: the directory an engine's processes write their phases to."""
+PHASE_ORDER = (
+    "schedule", "update_from_output", "runner_update_states", "runner_prepare_inputs",
+    "runner_bookkeeping", "serialize",
+)  # fmt: skip
+VLLM_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+class EngineLevel(msgspec.Struct, frozen=True):
+    """One engine's share of a measured level."""
+
+    engine: int
+    streams: int
+    steps: int
+    """Step intervals in the window (at least ``--steps``)."""
+    step_ms_p50: float
+    step_ms_p99: float
+    engine_cpu_ms_per_step: float | None
+    tokens: int
+    tokens_per_s: float
+    frontend_cpu_ms_per_step: float
+    """This engine's own process (vLLM's output processor, the closed loop) per step."""
+    phases_us_per_request_step: dict[str, float] | None = None
+    requests_per_step: dict[str, float] | None = None
+    """The mean batch each phase counter saw (``scheduler``, ``runner``)."""
 
 
 class Level(msgspec.Struct, frozen=True):
-    """One measured level: the JSON's ``levels`` entries, exactly these fields."""
+    """One measured level: the JSON's ``levels`` entries. The first seven fields are those
+    of a single-engine run before the engines dimension existed; with K > 1, the step times
+    are the slowest engine's, the CPU the engines' mean, tokens/s their sum."""
 
     variant: str
     streams: int
@@ -82,6 +132,12 @@ class Level(msgspec.Struct, frozen=True):
     engine_cpu_ms_per_step: float | None
     gpu_busy_fraction: float | None
     tokens_per_s: float
+    engines: int = 1
+    mps: bool | None = None
+    """CUDA: whether the MPS control daemon was active (common.mps); None on CPU."""
+    per_engine: list[EngineLevel] = []
+    phases_us_per_request_step: dict[str, float] | None = None
+    """The engines' mean µs per request-step by phase (None: timers off or not loaded)."""
 
 
 class VariantResult(msgspec.Struct, frozen=True):
@@ -89,11 +145,16 @@ class VariantResult(msgspec.Struct, frozen=True):
     status: str
     """``ok``, ``failed`` or ``skipped``."""
     reason: str | None = None
+    engines: int = 1
+    mps: bool | None = None
     engine: str | None = None
     sampling: str | None = None
     levels: list[Level] = []
     frontend_cpu_ms_per_step: dict[str, float] = {}
-    """This process's CPU (vLLM's output processor, the closed loop) per step, by streams."""
+    """The engine processes' own CPU (vLLM's output processor, the closed loop) per step,
+    by streams (the engines' mean)."""
+    phase_timers: str | None = None
+    """Which vLLM methods were timed and which were not found (one line)."""
 
 
 # -- statistics (pure) -----------------------------------------------------------------------
@@ -121,31 +182,86 @@ def first_wave_lengths(streams: int, tokens: int) -> list[int]:
     return [max(1, math.ceil(tokens * (i + 1) / streams)) for i in range(streams)]
 
 
-def summarize(
-    variant: str,
+def shares(streams: int, engines: int) -> list[int]:
+    """How ``streams`` split over ``engines``: as evenly as possible, the first ones get the
+    remainder."""
+    if engines < 1 or streams < engines:
+        raise ValueError(f"{streams} streams cannot give each of {engines} engines one")
+    q, r = divmod(streams, engines)
+    return [q + (1 if i < r else 0) for i in range(engines)]
+
+
+def summarize_engine(
+    engine: int,
     streams: int,
     stamps: Sequence[float],
     tokens: int,
+    wall_s: float,
     engine_cpu_s: float | None,
-    gpu_busy: float | None,
-) -> Level:
-    """A level from the step signals' times over the measured window (``len(stamps) - 1``
-    steps), the tokens delivered in it and the engine core's CPU seconds over it."""
+    frontend_cpu_s: float,
+    phases: tuple[dict[str, float], dict[str, float]] | None = None,
+) -> EngineLevel:
+    """One engine's share of a level: its step signals' times in the window, the tokens it
+    delivered in the window (``wall_s`` long) and the CPU seconds its processes used."""
     steps = intervals_ms(stamps)
     if not steps:
         raise ValueError("a level needs at least two step signals")
-    wall = stamps[-1] - stamps[0]
-    return Level(
-        variant=variant,
+    return EngineLevel(
+        engine=engine,
         streams=streams,
+        steps=len(steps),
         step_ms_p50=round(quantile(steps, 0.5), 3),
         step_ms_p99=round(quantile(steps, 0.99), 3),
         engine_cpu_ms_per_step=(
             None if engine_cpu_s is None else round(engine_cpu_s * 1e3 / len(steps), 3)
         ),
-        gpu_busy_fraction=None if gpu_busy is None else round(gpu_busy, 3),
-        tokens_per_s=round(tokens / wall, 1) if wall > 0 else 0.0,
+        tokens=tokens,
+        tokens_per_s=round(tokens / wall_s, 1) if wall_s > 0 else 0.0,
+        frontend_cpu_ms_per_step=round(frontend_cpu_s * 1e3 / len(steps), 3),
+        phases_us_per_request_step=(phases[0] or None) if phases else None,
+        requests_per_step=(phases[1] or None) if phases else None,
     )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def combine(
+    variant: str, engines: Sequence[EngineLevel], gpu_busy: float | None, mps: bool | None
+) -> Level:
+    """A level from its engines' shares: the slowest engine's step times, the mean engine
+    core CPU per step, the summed tokens/s, the mean µs per request-step of each phase that
+    every engine reported."""
+    if not engines:
+        raise ValueError("a level needs at least one engine")
+    cpu = [e.engine_cpu_ms_per_step for e in engines]
+    phases: dict[str, float] | None = None
+    tables = [e.phases_us_per_request_step for e in engines]
+    if all(tables):
+        common = set.intersection(*(set(t) for t in tables if t))
+        phases = {
+            p: round(_mean([t[p] for t in tables if t]), 3) for p in sorted(common, key=_phase_key)
+        }
+    return Level(
+        variant=variant,
+        streams=sum(e.streams for e in engines),
+        step_ms_p50=max(e.step_ms_p50 for e in engines),
+        step_ms_p99=max(e.step_ms_p99 for e in engines),
+        engine_cpu_ms_per_step=(
+            None if any(c is None for c in cpu) else round(_mean([c or 0.0 for c in cpu]), 3)
+        ),
+        gpu_busy_fraction=None if gpu_busy is None else round(gpu_busy, 3),
+        tokens_per_s=round(sum(e.tokens_per_s for e in engines), 1),
+        engines=len(engines),
+        mps=mps,
+        per_engine=list(engines),
+        phases_us_per_request_step=phases,
+    )
+
+
+def _phase_key(name: str) -> tuple[int, str]:
+    return (PHASE_ORDER.index(name) if name in PHASE_ORDER else len(PHASE_ORDER), name)
 
 
 # -- the variants ----------------------------------------------------------------------------
@@ -177,6 +293,32 @@ def not_applicable(name: str, device: str) -> str | None:
     return None
 
 
+def device_share(config: Any, device: str, engines: int) -> Any:
+    """The engine's ``LLMConfig`` when ``engines`` share the device: on CUDA, an even share
+    of ``gpu_memory_utilization`` and of ``kv_cache_memory_bytes`` where set (on CPU the KV
+    cache already follows each engine's ``max_num_seqs``)."""
+    if device != "cuda" or engines == 1:
+        return config
+    kv = config.kv_cache_memory_bytes
+    return msgspec.structs.replace(
+        config,
+        gpu_memory_utilization=config.gpu_memory_utilization / engines,
+        kv_cache_memory_bytes=None if kv is None else kv // engines,
+    )
+
+
+def core_shares(cores: Sequence[int], engines: int) -> list[tuple[int, ...]]:
+    """Each engine's cores on CPU: consecutive, even shares (an engine shares a core with
+    another only where there are fewer cores than engines)."""
+    ordered = sorted(cores)
+    if len(ordered) < engines:
+        return [(ordered[i % len(ordered)],) for i in range(engines)]
+    return [
+        tuple(ordered[i * len(ordered) // engines : (i + 1) * len(ordered) // engines])
+        for i in range(engines)
+    ]
+
+
 def check_head(variant: str, head: Any, lever_head: str = "full") -> None:
     """Raise where the head the engine will run is not the one the variant names."""
     from llm_worker.output_head import HeadKind
@@ -185,13 +327,18 @@ def check_head(variant: str, head: Any, lever_head: str = "full") -> None:
     want = HeadKind.AUDIO if name == "audio" else HeadKind.FULL
     if head.space.kind is not want:
         raise RuntimeError(f"{variant}: the engine would run {head.describe()}")
-    plugins = {e.value for e in metadata.entry_points(group="vllm.general_plugins")}
-    if want is HeadKind.AUDIO and "llm_worker.vllm_plugin:register" not in plugins:
+    if want is HeadKind.AUDIO and not plugin_registered():
         raise RuntimeError(
             "the audio head's vLLM plugin is not registered in this environment (entry point "
             "vllm.general_plugins, llm_worker.vllm_plugin:register); fix: reinstall the "
             "project (pip install -e .)"
         )
+
+
+def plugin_registered() -> bool:
+    """Whether vLLM will load the project's plugin (audio head, phase timers)."""
+    plugins = {e.value for e in metadata.entry_points(group="vllm.general_plugins")}
+    return "llm_worker.vllm_plugin:register" in plugins
 
 
 def parse_variants(text: str) -> list[str]:
@@ -211,6 +358,18 @@ def parse_streams(text: str) -> list[int]:
     if not levels or min(levels) < 1:
         raise ValueError("--streams needs at least one level, each >= 1")
     return levels
+
+
+def parse_engines(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--engines takes comma-separated integers, not {text!r}") from None
+    if not counts or min(counts) < 1 or max(counts) > MAX_ENGINES:
+        raise ValueError(f"--engines needs at least one count, each in 1..{MAX_ENGINES}")
+    if len(set(counts)) != len(counts):
+        raise ValueError(f"an engine count is named twice in {text!r}")
+    return counts
 
 
 # -- measurement helpers -----------------------------------------------------------------------
@@ -278,6 +437,43 @@ class GpuBusy:
                 self._nvml.nvmlShutdown()
 
 
+class PhaseReader:
+    """The per-phase totals an engine's vLLM processes write (llm_worker.phase_timers)."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory
+        self._before: dict[int, dict[str, Any]] = {}
+
+    def _read(self) -> dict[int, dict[str, Any]]:
+        if self.directory is None:
+            return {}
+        from llm_worker.phase_timers import read_snapshots
+
+        return read_snapshots(self.directory)
+
+    def start(self) -> None:
+        self._before = self._read()
+
+    def stop(self) -> tuple[dict[str, float], dict[str, float]] | None:
+        if self.directory is None:
+            return None
+        from llm_worker.phase_timers import us_per_request_step
+
+        phases, batch = us_per_request_step(self._before, self._read())
+        return dict(sorted(phases.items(), key=lambda kv: _phase_key(kv[0]))), batch
+
+    def describe(self) -> str | None:
+        """Which methods were wrapped and which the installed vLLM lacks (one line)."""
+        snaps = self._read()
+        if self.directory is None:
+            return None
+        if not snaps:
+            return "no timers file appeared (is the project's vLLM plugin loaded?)"
+        installed = sorted({m for s in snaps.values() for m in s.get("installed", [])})
+        missing = sorted({m for s in snaps.values() for m in s.get("missing", [])} - set(installed))
+        return f"timed: {', '.join(installed)}; not in this vLLM: {', '.join(missing) or '-'}"
+
+
 # -- the closed loop ---------------------------------------------------------------------------
 
 
@@ -331,8 +527,10 @@ class Loop:
 
     async def wait_steps(self, n: int, pump: asyncio.Task[None]) -> None:
         """Until ``n`` more steps were signalled (raises what ended the pump, if it ended)."""
-        target = len(self.stamps) + n
-        while len(self.stamps) < target:
+        await self.wait_until(len(self.stamps) + n, pump)
+
+    async def wait_until(self, count: int, pump: asyncio.Task[None]) -> None:
+        while len(self.stamps) < count:
             if pump.done():
                 pump.result()
                 raise RuntimeError("the closed loop's pump stopped")
@@ -344,65 +542,162 @@ class Loop:
         await asyncio.sleep(0.5)
 
 
+# -- the control channel between the parent and each engine process -------------------------
+#
+# One JSON object a line over a socketpair. The parent: {"level": n}, {"go": true},
+# {"stop": true}, {"quit": true}. An engine: {"ready": {...}}, {"warm": true},
+# {"reached": true}, {"result": EngineLevel}, {"error": "one line"}.
+
+
+class Channel:
+    """The parent's end: blocking, with a deadline, watching the engine's process."""
+
+    def __init__(self, sock: socket.socket, proc: subprocess.Popen[bytes]) -> None:
+        self.sock = sock
+        self.proc = proc
+        self._buf = b""
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.sock.sendall(msgspec.json.encode(msg) + b"\n")
+
+    def recv(self, deadline: float) -> dict[str, Any]:
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no answer from the engine process in time")
+            ready, _, _ = select.select([self.sock], [], [], min(left, 1.0))
+            if not ready:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the engine process exited ({self.proc.returncode})")
+                continue
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise RuntimeError(f"the engine process closed its channel ({self.proc.poll()})")
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        msg = msgspec.json.decode(line)
+        if "error" in msg:
+            raise RuntimeError(str(msg["error"]))
+        return msg
+
+    def expect(self, key: str, deadline: float) -> Any:
+        msg = self.recv(deadline)
+        if key not in msg:
+            raise RuntimeError(f"the engine process said {msg!r}, expected {key!r}")
+        return msg[key]
+
+
+class EngineSide:
+    """The engine process's end (asyncio)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, fd: int) -> EngineSide:
+        sock = socket.socket(fileno=fd)
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        return cls(reader, writer)
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        self.writer.write(msgspec.json.encode(msg) + b"\n")
+        await self.writer.drain()
+
+    async def recv(self) -> dict[str, Any]:
+        line = await self.reader.readline()
+        if not line:
+            raise RuntimeError("the benchmark's parent closed the channel")
+        return msgspec.json.decode(line)
+
+
+# -- one engine's process ----------------------------------------------------------------------
+
+
 async def run_level(
+    side: EngineSide,
     engine: Any,
-    variant: str,
+    index: int,
     streams: int,
     args: argparse.Namespace,
     make_params: Any,
     prompts: list[list[int]],
     core: Any,
-    gpu: GpuBusy,
-) -> tuple[Level, float]:
+    phases: PhaseReader,
+) -> EngineLevel:
+    """One level of this engine: fill, warm up, then measure from the parent's ``go`` to
+    its ``stop`` (which it sends once every engine has run ``--steps`` steps)."""
     import psutil
 
     loop = Loop(engine, make_params, prompts, streams, args.tokens)
     engine.on_step(loop.on_step)
     pump = asyncio.create_task(loop.pump(), name="pump")
+    me = psutil.Process()
     try:
         await loop.fill()
         await loop.wait_steps(args.warmup_steps, pump)
-        me = psutil.Process()
+        await side.send({"warm": True})
+        msg = await side.recv()
+        if not msg.get("go"):
+            raise RuntimeError(f"expected go, got {msg!r}")
+        t_go = time.perf_counter()
         first = len(loop.stamps) - 1
         tokens0 = loop.delivered
         core0 = cpu_seconds(core) if core is not None else None
         me0 = cpu_seconds(me)
-        gpu.start()
-        await loop.wait_steps(args.steps, pump)
-        last = first + args.steps
-        stamps = loop.stamps[first : last + 1]
-        # Tokens of the window's steps: read by the pump just after each signal; the last
-        # step's are read within a moment of the window's end.
+        phases.start()
+        recv = asyncio.create_task(side.recv())
+        reach = asyncio.create_task(loop.wait_until(first + 1 + args.steps, pump))
+        await asyncio.wait({recv, reach}, return_when=asyncio.FIRST_COMPLETED)
+        if reach.done():
+            reach.result()
+            await side.send({"reached": True})
+            msg = await recv
+        else:
+            reach.cancel()
+            msg = recv.result()
+        if not msg.get("stop"):
+            raise RuntimeError(f"expected stop, got {msg!r}")
+        t_stop = time.perf_counter()
+        # Tokens of the window's steps: read by the pump just after each signal.
         await asyncio.sleep(0)
         tokens = loop.delivered - tokens0
         core_s = cpu_seconds(core) - core0 if core is not None and core0 is not None else None
         me_s = cpu_seconds(me) - me0
-        busy = gpu.stop()
+        timed = phases.stop()
+        stamps = [t for t in loop.stamps[max(first, 0) :] if t <= t_stop]
     finally:
         engine.on_step(None)
         pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pump
-        await loop.stop()
-    level = summarize(variant, streams, stamps, tokens, core_s, busy)
-    return level, me_s * 1e3 / args.steps
+    level = summarize_engine(
+        index, streams, stamps, tokens, t_stop - t_go, core_s, me_s, timed
+    )  # fmt: skip
+    await side.send({"result": msgspec.to_builtins(level)})
+    await loop.stop()
+    return level
 
 
-async def measure_variant(args: argparse.Namespace, variant: str) -> VariantResult:
-    """One engine with the variant's settings, every level (runs in the variant's process)."""
+async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
+    """Build this engine (its share of the device), say ready, then run the levels the
+    parent asks for until it says quit."""
     from llm_worker.engine import GenerationEngine, describe_engine
     from llm_worker.prompt import PromptBuilder
     from llm_worker.requests import RequestPlan, segment_params
     from llm_worker.sampling_setup import setup_sampling
     from orchestrator.settings import load_config
 
+    variant = args.run_variant
+    most = max(max(shares(n, args.engine_count)) for n in args.streams if n >= args.engine_count)
     llm: dict[str, Any] = {
         "model": args.model,
-        "max_num_seqs": max(args.streams),
+        "max_num_seqs": most,
         "max_model_len": max(MIN_MODEL_LEN, args.tokens + PROMPT_ROOM),
         **variant_overrides(variant, args.lever_head),
     }
     cfg = load_config(None, {"device": args.device, "llm": llm}).llm
+    cfg = device_share(cfg, args.device, args.engine_count)
     sampling = setup_sampling(cfg, board_name(os.getpid()), args.device)
     generation = None
     try:
@@ -429,61 +724,74 @@ async def measure_variant(args: argparse.Namespace, variant: str) -> VariantResu
             return segment_params(cfg, plan, 0, chars, prompt_len, tokens, kwargs, stop_id)
 
         core = engine_core_process()
-        gpu = GpuBusy(args.device)
-        levels: list[Level] = []
-        frontend: dict[str, float] = {}
-        try:
-            for n in args.streams:
-                level, me_ms = await run_level(
-                    generation, variant, n, args, make_params, prompts, core, gpu
-                )
-                levels.append(level)
-                frontend[str(n)] = round(me_ms, 3)
-                print(
-                    f"  {variant} N={n}: step p50 {level.step_ms_p50:.2f} ms, "
-                    f"p99 {level.step_ms_p99:.2f} ms, {level.tokens_per_s:.0f} tokens/s",
-                    flush=True,
-                )
-        finally:
-            gpu.close()
-        return VariantResult(
-            variant, "ok", engine=f"{info}; output head: {sampling.head.describe()}",
-            sampling=sampling.description, levels=levels,
-            frontend_cpu_ms_per_step=frontend,
-        )  # fmt: skip
+        env_dir = os.environ.get(PHASES_ENV, "").strip()
+        phases = PhaseReader(Path(env_dir) if env_dir else None)
+        await side.send({
+            "ready": {
+                "engine": f"{info}; output head: {sampling.head.describe()}",
+                "sampling": sampling.description,
+                "gpu_memory_utilization": cfg.gpu_memory_utilization,
+                "max_num_seqs": cfg.max_num_seqs,
+            }
+        })  # fmt: skip
+        while True:
+            msg = await side.recv()
+            if msg.get("quit"):
+                await side.send({"phase_timers": phases.describe()})
+                return
+            n = int(msg["level"])
+            level = await run_level(
+                side, generation, args.engine_index, n, args, make_params, prompts, core, phases
+            )  # fmt: skip
+            print(
+                f"  {variant} K={args.engine_count} engine {args.engine_index} N={n}: step p50 "
+                f"{level.step_ms_p50:.2f} ms, p99 {level.step_ms_p99:.2f} ms, "
+                f"{level.tokens_per_s:.0f} tokens/s, {level.phases_us_per_request_step}",
+                flush=True,
+            )
     finally:
         if generation is not None:
             generation.llm.shutdown()
         sampling.close()
 
 
-def variant_main(args: argparse.Namespace) -> int:
-    """The variant's own process: measure, write the result to ``--variant-out``."""
+def engine_main(args: argparse.Namespace) -> int:
+    """An engine's own process: serve the parent over the control channel."""
     import uvloop
 
-    try:
-        result = uvloop.run(measure_variant(args, args.run_variant))
-    except Exception as e:  # the one line the table shows; the log has the rest
-        first = " ".join(str(e).split())
-        result = VariantResult(
-            args.run_variant, "failed", reason=f"{type(e).__name__}: {first}"[:300]
-        )
-        import traceback
+    if args.cores:
+        os.sched_setaffinity(0, [int(c) for c in args.cores.split(",")])
 
-        traceback.print_exc()
-    Path(args.variant_out).write_bytes(msgspec.json.encode(result))
-    return 0 if result.status == "ok" else 1
+    async def main() -> int:
+        side = await EngineSide.open(args.control_fd)
+        try:
+            await serve_engine(args, side)
+            return 0
+        except Exception as e:  # the one line the table shows; the log has the rest
+            import traceback
+
+            traceback.print_exc()
+            first = " ".join(str(e).split())
+            with contextlib.suppress(Exception):
+                await side.send({"error": f"{type(e).__name__}: {first}"[:300]})
+            return 1
+
+    return uvloop.run(main())
 
 
-# -- the parent: one process per variant, then the table, JSON and plot -----------------------
+# -- the parent: K engine processes per variant, then the table, JSON and plot ---------------
 
 
-def _child_argv(args: argparse.Namespace, variant: str, out: Path) -> list[str]:
+def _child_argv(
+    args: argparse.Namespace, variant: str, count: int, index: int, fd: int, cores: str
+) -> list[str]:
     return [
         sys.executable, "-m", "bench.engine", "--model", args.model, "--device", args.device,
         "--streams", ",".join(map(str, args.streams)), "--steps", str(args.steps),
         "--tokens", str(args.tokens), "--warmup-steps", str(args.warmup_steps),
-        "--lever-head", args.lever_head, "--run-variant", variant, "--variant-out", str(out),
+        "--lever-head", args.lever_head, "--run-variant", variant,
+        "--engine-count", str(count), "--engine-index", str(index), "--control-fd", str(fd),
+        "--cores", cores,
     ]  # fmt: skip
 
 
@@ -499,7 +807,7 @@ def _last_error_line(log: Path) -> str:
 
 
 def _end_session(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the variant's process group: SIGTERM, then SIGKILL after a grace period."""
+    """Stop an engine's process group: SIGTERM, then SIGKILL after a grace period."""
     for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
@@ -517,7 +825,7 @@ def _end_session(proc: subprocess.Popen[bytes]) -> None:
         break
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=1)
-    # The prevented-token board of a variant that was killed (it closes it otherwise).
+    # The prevented-token board of an engine that was killed (it closes it otherwise).
     with contextlib.suppress(FileNotFoundError):
         os.unlink(segment_path(board_name(proc.pid)))
 
@@ -526,41 +834,140 @@ def board_name(pid: int) -> str:
     return f"orpheus-bench-{pid}-prevented"
 
 
-def run_variant(args: argparse.Namespace, variant: str, work: Path) -> VariantResult:
-    reason = not_applicable(variant, args.device)
-    if reason is not None:
-        return VariantResult(variant, "skipped", reason=reason)
-    out = work / f"{variant}.json"
-    log = work / f"{variant}.log"
-    print(f"{variant}: starting an engine (log: {log})", flush=True)
+@dataclass
+class EngineProc:
+    index: int
+    proc: subprocess.Popen[bytes]
+    channel: Channel
+    log: Path
+    ready: dict[str, Any] = field(default_factory=dict)
+
+
+def _start_engine(
+    args: argparse.Namespace, variant: str, count: int, index: int, work: Path, cores: str
+) -> EngineProc:
+    tag = f"{variant}-k{count}-e{index}"
+    log = work / f"{tag}.log"
+    env = dict(os.environ)
+    if args.phase_timers:
+        phases = work / f"phases-{tag}"
+        phases.mkdir(parents=True, exist_ok=True)
+        env[PHASES_ENV] = str(phases)
+    if cores:
+        env[VLLM_BIND_ENV] = cores
+    parent, child = socket.socketpair()
     with log.open("wb") as f:
         # Its own session: whatever it leaves (vLLM's engine processes) goes with it.
         proc = subprocess.Popen(
-            _child_argv(args, variant, out), stdout=f, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            _child_argv(args, variant, count, index, child.fileno(), cores), stdout=f,
+            stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(child.fileno(),),
+            env=env,
         )  # fmt: skip
-        try:
-            proc.wait(timeout=args.variant_timeout)
-        except subprocess.TimeoutExpired:
-            return VariantResult(
-                variant, "failed", reason=f"no result within {args.variant_timeout} s"
+    child.close()
+    return EngineProc(index, proc, Channel(parent, proc), log)
+
+
+def run_group(args: argparse.Namespace, variant: str, count: int, work: Path) -> VariantResult:
+    """``count`` engines of one variant, every level with at least one stream per engine."""
+    reason = not_applicable(variant, args.device)
+    if reason is not None:
+        return VariantResult(variant, "skipped", reason=reason, engines=count)
+    levels = [n for n in args.streams if n >= count]
+    if not levels:
+        return VariantResult(
+            variant, "skipped", reason=f"no level has a stream for each of {count} engines",
+            engines=count,
+        )  # fmt: skip
+    mps = mps_active() if args.device == "cuda" else None
+    cores = [""] * count
+    if args.device == "cpu" and count > 1 and VLLM_BIND_ENV not in os.environ:
+        cores = [",".join(map(str, c)) for c in core_shares(os.sched_getaffinity(0), count)]
+    deadline = time.monotonic() + args.variant_timeout
+    print(
+        f"{variant}, {count} engine(s): starting (logs: {work}/{variant}-k{count}-e*.log"
+        + (f"; MPS {'active' if mps else 'not active'})" if mps is not None else ")"),
+        flush=True,
+    )
+    engines: list[EngineProc] = []
+    gpu = GpuBusy(args.device)
+    measured: list[Level] = []
+    frontend: dict[str, float] = {}
+    timers: str | None = None
+    try:
+        for i in range(count):
+            engines.append(_start_engine(args, variant, count, i, work, cores[i]))
+            if args.device == "cuda":  # vLLM's memory profiling: one engine at a time
+                engines[-1].ready = engines[-1].channel.expect("ready", deadline)
+        for e in engines:
+            if not e.ready:
+                e.ready = e.channel.expect("ready", deadline)
+        for n in levels:
+            for e, share in zip(engines, shares(n, count), strict=True):
+                e.channel.send({"level": share})
+            for e in engines:
+                e.channel.expect("warm", deadline)
+            gpu.start()
+            for e in engines:
+                e.channel.send({"go": True})
+            for e in engines:
+                e.channel.expect("reached", deadline)
+            for e in engines:
+                e.channel.send({"stop": True})
+            busy = gpu.stop()
+            parts = [
+                msgspec.convert(e.channel.expect("result", deadline), EngineLevel) for e in engines
+            ]
+            level = combine(variant, parts, busy, mps)
+            measured.append(level)
+            frontend[str(n)] = round(_mean([p.frontend_cpu_ms_per_step for p in parts]), 3)
+            print(
+                f"  {variant} K={count} N={n}: step p50 {level.step_ms_p50:.2f} ms (slowest "
+                f"engine), p99 {level.step_ms_p99:.2f} ms, {level.tokens_per_s:.0f} tokens/s",
+                flush=True,
             )
-        finally:
-            _end_session(proc)
-    if out.exists():
-        result = msgspec.json.decode(out.read_bytes(), type=VariantResult)
-    else:
-        result = VariantResult(
-            variant, "failed", reason=f"exit {proc.returncode}: {_last_error_line(log)}"
-        )
-    if result.status != "ok":
-        print(f"{variant}: FAILED: {result.reason} (log: {log})", flush=True)
-    return result
+        for e in engines:
+            e.channel.send({"quit": True})
+        timers = engines[0].channel.expect("phase_timers", deadline) if args.phase_timers else None
+        for e in engines[1:]:
+            with contextlib.suppress(Exception):
+                e.channel.expect("phase_timers", deadline)
+        for e in engines:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                e.proc.wait(timeout=max(1.0, min(120.0, deadline - time.monotonic())))
+    except Exception as e:
+        first = " ".join(str(e).split())
+        logs = ", ".join(str(x.log) for x in engines)
+        line = f"{type(e).__name__}: {first}"[:300]
+        # An engine that died or hung says why in its log, not over the channel.
+        if engines and (not isinstance(e, RuntimeError) or "engine process" in first):
+            dead = next((x for x in engines if x.proc.poll() is not None), engines[-1])
+            line += f" ({_last_error_line(dead.log)})"
+        print(f"{variant} K={count}: FAILED: {line} (logs: {logs})", flush=True)
+        return VariantResult(
+            variant, "failed", reason=line, engines=count, mps=mps, levels=measured,
+            frontend_cpu_ms_per_step=frontend,
+        )  # fmt: skip
+    finally:
+        gpu.close()
+        for e in engines:
+            with contextlib.suppress(OSError):
+                e.channel.sock.close()
+            _end_session(e.proc)
+    first_ready = engines[0].ready
+    return VariantResult(
+        variant, "ok", engines=count, mps=mps, engine=first_ready.get("engine"),
+        sampling=first_ready.get("sampling"), levels=measured,
+        frontend_cpu_ms_per_step=frontend, phase_timers=timers,
+    )  # fmt: skip
 
 
 def _reference(results: list[VariantResult]) -> VariantResult | None:
-    """The variant the others are compared with: the first one measured."""
+    """The run the others are compared with: the first one measured."""
     return next((r for r in results if r.levels), None)
+
+
+def _key(r: VariantResult) -> str:
+    return f"{r.variant} K={r.engines}"
 
 
 def _rows(results: list[VariantResult], streams: list[int]) -> list[Sequence[str] | None]:
@@ -574,26 +981,81 @@ def _rows(results: list[VariantResult], streams: list[int]) -> list[Sequence[str
                     continue
                 base = ref.get(n)
                 ratio = f"{lv.step_ms_p50 / base.step_ms_p50:.2f}" if base else "-"
+                gain = f"{lv.tokens_per_s / base.tokens_per_s:.2f}" if base else "-"
                 cpu = lv.engine_cpu_ms_per_step
+                each = "/".join(f"{e.step_ms_p50:.1f}" for e in lv.per_engine) or "-"
                 rows.append((
-                    r.variant, str(n), f"{lv.step_ms_p50:.2f}", f"{lv.step_ms_p99:.2f}", ratio,
+                    r.variant, str(lv.engines), str(n), f"{lv.step_ms_p50:.2f}",
+                    f"{lv.step_ms_p99:.2f}", each, ratio,
                     "-" if cpu is None else f"{cpu:.2f}",
                     "-" if lv.gpu_busy_fraction is None else f"{lv.gpu_busy_fraction:.2f}",
-                    f"{lv.tokens_per_s:.0f}",
+                    f"{lv.tokens_per_s:.0f}", gain,
                 ))  # fmt: skip
         rows.append(None)
     return rows
 
 
+def _phase_rows(results: list[VariantResult]) -> tuple[list[str], list[Sequence[str]]]:
+    names: list[str] = []
+    for r in results:
+        for lv in r.levels:
+            for p in lv.phases_us_per_request_step or {}:
+                if p not in names:
+                    names.append(p)
+    names.sort(key=_phase_key)
+    rows: list[Sequence[str]] = []
+    for r in results:
+        for lv in r.levels:
+            ph = lv.phases_us_per_request_step
+            if not ph:
+                continue
+            batch = _mean([e.streams for e in lv.per_engine]) if lv.per_engine else lv.streams
+            total = sum(ph.values())
+            rows.append((
+                r.variant, str(lv.engines), str(lv.streams),
+                *(f"{ph[p]:.1f}" if p in ph else "-" for p in names), f"{total:.1f}",
+                f"{total * batch / 1e3:.2f}", f"{lv.step_ms_p50:.2f}",
+            ))  # fmt: skip
+    return names, rows
+
+
+PHASE_HEADERS = {
+    "schedule": "schedule", "update_from_output": "update", "runner_update_states": "states",
+    "runner_prepare_inputs": "inputs", "runner_bookkeeping": "bookkeep", "serialize": "serialize",
+}  # fmt: skip
+"""Short column names of the phases (docs/benchmarks.md says what each holds)."""
+
+
 def print_table(results: list[VariantResult], streams: list[int]) -> None:
     first = _reference(results)
-    columns = ("variant", "N", "p50 ms", "p99 ms",
-               f"p50 / {first.variant if first else '-'}",
-               "core CPU ms/step", "GPU busy", "tokens/s")  # fmt: skip
-    title = "engine step against streams (closed loop of fixed-length requests)"
-    lines = [f"{r.variant}: {r.status}: {r.reason}" for r in results if r.status != "ok"]
+    ref = _key(first) if first else "-"
+    columns = ("variant", "K", "N", "p50 ms", "p99 ms", "p50 per engine", "p50/ref",
+               "core ms/step", "GPU busy", "tokens/s", "tok/s/ref")  # fmt: skip
+    title = "engine step against total streams N over K engines (closed loop, fixed length)"
+    lines = [f"{_key(r)}: {r.status}: {r.reason}" for r in results if r.status != "ok"]
     rows = _rows(results, streams)
-    show(table(title, columns, rows, left=("variant",), no_wrap=True), *lines, min_width=110)
+    out: list[Any] = [
+        table(title, columns, rows, left=("variant",), no_wrap=True),
+        f"ref: {ref}; p50/p99: the slowest engine's; core: each engine core's CPU per step, "
+        "the engines' mean",
+    ]
+    names, phase_rows = _phase_rows(results)
+    if phase_rows:
+        headers = [PHASE_HEADERS.get(n, n) for n in names]
+        out.append(
+            table(
+                "engine-core host time by phase, µs per request-step (engines' mean)",
+                ("variant", "K", "N", *headers, "sum", "sum×N/K ms", "p50 ms"),
+                phase_rows,
+                left=("variant",),
+                no_wrap=True,
+            )
+        )
+    for r in results:
+        if r.phase_timers:
+            missing = r.phase_timers.rpartition("not in this vLLM: ")[2]
+            out.append(f"{_key(r)} phase timers: methods not in this vLLM: {missing}")
+    show(*out, *lines, min_width=150)
 
 
 def plot(results: list[VariantResult], path: Path, title: str) -> None:
@@ -602,22 +1064,31 @@ def plot(results: list[VariantResult], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5), constrained_layout=True)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5), constrained_layout=True)
+    markers = "os^DvPX*"
     for i, r in enumerate(x for x in results if x.levels):
+        color = f"C{i}"  # a colour per (variant, K), a marker per K
+        marker = "-" + markers[(r.engines - 1) % len(markers)]
         xs = [lv.streams for lv in r.levels]
-        color = f"C{i}"
-        ax.plot(xs, [lv.step_ms_p50 for lv in r.levels], "-o", color=color,
-                label=f"{r.variant} p50")  # fmt: skip
-        ax.plot(xs, [lv.step_ms_p99 for lv in r.levels], "--", color=color, alpha=0.6,
-                label=f"{r.variant} p99")  # fmt: skip
+        label = f"{r.variant}, K={r.engines}"
+        ax.plot(xs, [lv.step_ms_p50 for lv in r.levels], marker, color=color,
+                label=f"{label} p50")  # fmt: skip
+        ax.plot(xs, [lv.step_ms_p99 for lv in r.levels], ":", color=color, alpha=0.6)
+        ax2.plot(xs, [lv.tokens_per_s for lv in r.levels], marker, color=color, label=label)
     ax.axhline(REAL_TIME_STEP_MS, color="red", linestyle=":",
                label=f"real time ({REAL_TIME_STEP_MS} ms)")  # fmt: skip
-    ax.set_xlabel("concurrent streams N")
-    ax.set_ylabel("engine step time t(N), ms")
+    ax.set_xlabel("concurrent streams N (all engines)")
+    ax.set_ylabel("step time t(N), ms (slowest engine; p99 dotted)")
     ax.set_title(title)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    ax2.set_xlabel("concurrent streams N (all engines)")
+    ax2.set_ylabel("tokens/s (all engines)")
+    ax2.set_title("aggregate throughput")
+    ax2.set_ylim(bottom=0)
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -633,19 +1104,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", help="Orpheus checkpoint (default: the tiny model, in a temp dir)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--streams", default=",".join(map(str, STREAMS)), help="levels, e.g. 16,64")
+    p.add_argument("--streams", default=",".join(map(str, STREAMS)),
+                   help="total streams per level (over all engines), e.g. 16,64")  # fmt: skip
+    p.add_argument("--engines", default="1",
+                   help="engine counts K sharing the device, e.g. 1,2,3: each level's streams "
+                   "are split over K engine processes, measured over one window")  # fmt: skip
     p.add_argument("--steps", type=int, help="measured steps per level (default 300 cuda, 60 cpu)")
     p.add_argument("--tokens", type=int, help="tokens per request (default 840 cuda, 48 cpu)")
     p.add_argument("--warmup-steps", type=int, help="steps before measuring (default --tokens)")
     p.add_argument("--variants", default="full-head", help=", ".join(VARIANT_NAMES))
     p.add_argument("--lever-head", choices=["full", "audio"], default="full",
                    help="the head the lever variants (top-p-off ... kv-fp8) run")  # fmt: skip
+    p.add_argument("--phase-timers", action=argparse.BooleanOptionalAction, default=True,
+                   help="time the engine core's phases (µs per request-step; "
+                   "llm_worker.phase_timers, through the project's vLLM plugin)")  # fmt: skip
+    p.add_argument("--mps", action="store_true",
+                   help="CUDA, K > 1: refuse to run unless the CUDA MPS control daemon is "
+                   "active (common.mps). This benchmark never starts it: the GPU plan does "
+                   "(scripts/gpu/run_capacity.sh); without the flag MPS is only recorded")  # fmt: skip
     p.add_argument("--json", type=Path, help="write the results here")
-    p.add_argument("--png", type=Path, help="plot t(N) per variant here")
+    p.add_argument("--png", type=Path, help="plot t(N) and tokens/s per variant and K here")
     p.add_argument("--variant-timeout", type=int, default=VARIANT_TIMEOUT_S,
-                   help="seconds one variant (engine start and all levels) may take")  # fmt: skip
+                   help="seconds one variant and K (engine starts and all levels) may take")  # fmt: skip
     p.add_argument("--run-variant", help=argparse.SUPPRESS)
-    p.add_argument("--variant-out", help=argparse.SUPPRESS)
+    p.add_argument("--engine-count", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--engine-index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--cores", default="", help=argparse.SUPPRESS)
     return p
 
 
@@ -654,6 +1139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         args.streams = parse_streams(args.streams)
+        args.engines = parse_engines(args.engines)
         variants = parse_variants(args.variants)
     except ValueError as e:
         p.error(str(e))
@@ -665,11 +1151,23 @@ def main(argv: list[str] | None = None) -> int:
         args.warmup_steps = args.tokens
     if args.steps < 2 or args.tokens < 1:
         p.error("--steps must be >= 2 and --tokens >= 1")
-    if args.run_variant:
-        return variant_main(args)
+    if args.control_fd is not None:
+        return engine_main(args)
+    mps = mps_active() if args.device == "cuda" else None
+    if args.mps and args.device == "cuda" and max(args.engines) > 1 and not mps:
+        p.error(
+            f"--mps: no CUDA MPS control daemon at {pipe_directory()} (start it with "
+            "nvidia-cuda-mps-control -d, with the same CUDA_MPS_PIPE_DIRECTORY)"
+        )
+    if args.phase_timers and not plugin_registered():
+        print(
+            "phase timers: the project's vLLM plugin is not registered here (fix: pip install "
+            "-e .); no phases will be measured",
+            file=sys.stderr,
+        )
 
     # SIGTERM (a timeout, a supervisor) ends the run through the finally blocks that stop
-    # the variant's processes.
+    # the engines' processes.
     signal.signal(signal.SIGTERM, _terminated)
     with tempfile.TemporaryDirectory(prefix="orpheus-bench-engine-") as tmp:
         work = Path(tmp)
@@ -679,7 +1177,7 @@ def main(argv: list[str] | None = None) -> int:
             write_tiny_model(work / "model")
             args.model = str(work / "model")
         t0 = time.monotonic()
-        results = [run_variant(args, v, work) for v in variants]
+        results = [run_group(args, v, k, work) for v in variants for k in args.engines]
         elapsed = time.monotonic() - t0
         print_table(results, args.streams)
         env = environment()
@@ -693,22 +1191,30 @@ def main(argv: list[str] | None = None) -> int:
                 "model": args.model,
                 "device": args.device,
                 "streams": args.streams,
+                "engines": args.engines,
                 "steps": args.steps,
                 "tokens": args.tokens,
                 "warmup_steps": args.warmup_steps,
                 "variants": variants,
                 "lever_head": args.lever_head,
+                "phase_timers": args.phase_timers,
+                "mps": mps,
+                "mps_pipe_directory": pipe_directory() if mps is not None else None,
                 "elapsed_s": round(elapsed, 1),
-                "step_time": "intervals between the worker's step signals (closed loop)",
+                "step_time": "intervals between the worker's step signals (closed loop); "
+                "with K engines, a level's step times are its slowest engine's",
             },
             "variants": [
                 {
                     "variant": r.variant,
+                    "engines": r.engines,
                     "status": r.status,
                     "reason": r.reason,
+                    "mps": r.mps,
                     "engine": r.engine,
                     "sampling": r.sampling,
                     "frontend_cpu_ms_per_step": r.frontend_cpu_ms_per_step,
+                    "phase_timers": r.phase_timers,
                 }
                 for r in results
             ],

@@ -14,5 +14,8 @@ warm-up and ready). Modules, each with one job:
 - ``warmup``: the warm-up batch before ready (every batch size the sampler switches at)
 - ``custom_voices``, ``lora``, ``lora_cpu``: zero-shot and LoRA voices
 - ``model_info``, ``tokens``: the model's voices and Orpheus's token ids
-- ``metrics``, ``profiling``: Prometheus metrics; the profiler hook
+- ``metrics``, ``profiling``: Prometheus metrics (labelled by engine); the profiler hook
+- ``phase_timers``: the engine core's host time by phase, loaded by ``vllm_plugin`` into
+  vLLM's processes only when ``ORPHEUS_PROFILE_PHASES`` names a directory (a measurement
+  tool of ``bench engine``)
 """

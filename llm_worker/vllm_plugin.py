@@ -1,4 +1,7 @@
-"""orpheus-serve's vLLM plugin: registers the audio-head model class with vLLM's registry.
+"""orpheus-serve's vLLM plugin: registers the audio-head model class with vLLM's registry,
+and, only when ``ORPHEUS_PROFILE_PHASES`` names a directory, loads the per-phase host timers
+into vLLM's engine core (:mod:`llm_worker.phase_timers`, a measurement tool; unset, nothing
+is imported or wrapped).
 
 Declared in pyproject.toml under the ``vllm.general_plugins`` entry point group, which vLLM
 loads in every process it starts (the engine core and its workers included), so the class is
@@ -9,14 +12,24 @@ string): nothing of the model is imported until vLLM builds it.
 
 from __future__ import annotations
 
+import os
+
 from llm_worker.output_head import AUDIO_HEAD_ARCHITECTURE
+
+PHASE_TIMERS_ENV = "ORPHEUS_PROFILE_PHASES"
+"""Mirrors :data:`llm_worker.phase_timers.ENV` (not imported: nothing of it loads when off)."""
 
 MODEL_CLASS = "llm_worker.audio_head_model:OrpheusAudioHeadForCausalLM"
 
 
 def register() -> None:
-    """vLLM's plugin hook: make ``OrpheusAudioHeadForCausalLM`` a known architecture."""
+    """vLLM's plugin hook: make ``OrpheusAudioHeadForCausalLM`` a known architecture; with
+    ``ORPHEUS_PROFILE_PHASES`` set, time the engine core's phases."""
     from vllm import ModelRegistry
 
     if AUDIO_HEAD_ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(AUDIO_HEAD_ARCHITECTURE, MODEL_CLASS)
+    if os.environ.get(PHASE_TIMERS_ENV, "").strip():
+        from llm_worker.phase_timers import install_from_environment
+
+        install_from_environment()

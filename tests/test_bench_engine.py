@@ -1,5 +1,6 @@
-"""``orpheus-serve bench engine``: its statistics, its variants, and one real run on the tiny
-model (CPU, tiny N) checked for the JSON's shape and sanity."""
+"""``orpheus-serve bench engine``: its statistics, its variants, the engines dimension, and
+one real run on the tiny model (CPU, tiny N, K = 1 and 2, phase timers on) checked for the
+JSON's shape and sanity."""
 
 from __future__ import annotations
 
@@ -18,22 +19,30 @@ from hypothesis import strategies as st
 
 from bench.doubles.tiny_model import write_tiny_model
 from bench.engine import (
+    EngineLevel,
     Level,
+    combine,
+    core_shares,
+    device_share,
     first_wave_lengths,
     intervals_ms,
     not_applicable,
+    parse_engines,
     parse_streams,
     parse_variants,
     quantile,
-    summarize,
+    shares,
+    summarize_engine,
     variant_overrides,
 )
 from llm_worker.engine import OutputLoopHook
 
-LEVEL_KEYS = {
+LEGACY_LEVEL_KEYS = {
     "variant", "streams", "step_ms_p50", "step_ms_p99", "engine_cpu_ms_per_step",
     "gpu_busy_fraction", "tokens_per_s",
 }  # fmt: skip
+"""A level's fields before the engines dimension: readers of older files rely on them."""
+LEVEL_KEYS = LEGACY_LEVEL_KEYS | {"engines", "mps", "per_engine", "phases_us_per_request_step"}
 
 
 def test_quantile_interpolates_between_order_statistics() -> None:
@@ -68,18 +77,76 @@ def test_first_wave_ends_evenly_over_one_generation(streams: int, tokens: int) -
     assert all(0 <= g <= -(-tokens // streams) for g in gaps)
 
 
-def test_summarize_a_window() -> None:
+def test_summarize_an_engine_window() -> None:
     stamps = [10.0 + 0.01 * i for i in range(101)]  # 100 steps of 10 ms
     stamps[50] += 0.005  # one step of 15 ms, then one of 5 ms
-    level = summarize("full-head", 64, stamps, tokens=6400, engine_cpu_s=0.5, gpu_busy=None)
-    assert isinstance(level, Level)
-    assert level.step_ms_p50 == pytest.approx(10.0)
-    assert 10.0 < level.step_ms_p99 <= 15.0
-    assert level.engine_cpu_ms_per_step == pytest.approx(5.0)
-    assert level.tokens_per_s == pytest.approx(6400.0)
-    assert level.gpu_busy_fraction is None
+    e = summarize_engine(0, 64, stamps, 6400, 1.0, engine_cpu_s=0.5, frontend_cpu_s=0.2)
+    assert isinstance(e, EngineLevel)
+    assert e.step_ms_p50 == pytest.approx(10.0)
+    assert 10.0 < e.step_ms_p99 <= 15.0
+    assert e.engine_cpu_ms_per_step == pytest.approx(5.0)
+    assert e.frontend_cpu_ms_per_step == pytest.approx(2.0)
+    assert e.tokens_per_s == pytest.approx(6400.0)
+    assert e.steps == 100 and e.phases_us_per_request_step is None
     with pytest.raises(ValueError):
-        summarize("x", 1, [1.0], 1, None, None)
+        summarize_engine(0, 1, [1.0], 1, 1.0, None, 0.0)
+
+
+def _engine_level(i: int, streams: int, p50: float, p99: float, cpu: float | None, tps: float,
+                  phases: dict[str, float] | None = None) -> EngineLevel:  # fmt: skip
+    return EngineLevel(
+        engine=i, streams=streams, steps=100, step_ms_p50=p50, step_ms_p99=p99,
+        engine_cpu_ms_per_step=cpu, tokens=int(tps), tokens_per_s=tps,
+        frontend_cpu_ms_per_step=1.0, phases_us_per_request_step=phases,
+    )  # fmt: skip
+
+
+def test_a_level_of_several_engines_is_paced_by_the_slowest() -> None:
+    a = _engine_level(0, 108, 9.0, 11.0, 8.0, 12000.0, {"schedule": 10.0, "serialize": 2.0})
+    b = _engine_level(1, 108, 9.5, 10.5, 9.0, 11000.0, {"schedule": 12.0})
+    level = combine("audio-head", [a, b], gpu_busy=0.9, mps=True)
+    assert isinstance(level, Level)
+    assert (level.streams, level.engines, level.mps) == (216, 2, True)
+    assert (level.step_ms_p50, level.step_ms_p99) == (9.5, 11.0)
+    assert level.engine_cpu_ms_per_step == pytest.approx(8.5)
+    assert level.tokens_per_s == pytest.approx(23000.0)
+    assert level.gpu_busy_fraction == 0.9
+    assert level.phases_us_per_request_step == {"schedule": 11.0}  # what every engine has
+    assert level.per_engine == [a, b]
+    one = combine("audio-head", [a], None, None)
+    assert (one.step_ms_p50, one.engine_cpu_ms_per_step, one.tokens_per_s) == (9.0, 8.0, 12000.0)
+    assert one.phases_us_per_request_step == {"schedule": 10.0, "serialize": 2.0}
+    no_cpu = combine("x", [a, _engine_level(1, 1, 1.0, 1.0, None, 1.0)], None, None)
+    assert no_cpu.engine_cpu_ms_per_step is None and no_cpu.phases_us_per_request_step is None
+    with pytest.raises(ValueError):
+        combine("x", [], None, None)
+
+
+@given(st.integers(1, 2000), st.integers(1, 8))
+def test_streams_split_evenly_over_the_engines(streams: int, engines: int) -> None:
+    if streams < engines:
+        with pytest.raises(ValueError):
+            shares(streams, engines)
+        return
+    s = shares(streams, engines)
+    assert len(s) == engines and sum(s) == streams and max(s) - min(s) <= 1 and min(s) >= 1
+
+
+def test_each_engine_gets_its_share_of_the_device() -> None:
+    from common.llm_config import LLMConfig
+
+    cfg = LLMConfig(gpu_memory_utilization=0.9, kv_cache_memory_bytes=None)
+    half = device_share(cfg, "cuda", 2)
+    assert half.gpu_memory_utilization == pytest.approx(0.45)
+    assert half.kv_cache_memory_bytes is None
+    third = device_share(LLMConfig(kv_cache_memory_bytes=3 * 2**30), "cuda", 3)
+    assert third.kv_cache_memory_bytes == 2**30
+    assert device_share(cfg, "cuda", 1) is cfg
+    assert device_share(cfg, "cpu", 2) is cfg  # the CPU KV cache follows max_num_seqs
+    assert core_shares([0, 1], 2) == [(0,), (1,)]
+    assert core_shares([3, 2, 1, 0], 2) == [(0, 1), (2, 3)]
+    assert core_shares([0, 1, 2], 2) == [(0,), (1, 2)]
+    assert core_shares([0], 2) == [(0,), (0,)]
 
 
 def test_variants_change_one_thing_from_the_full_head() -> None:
@@ -98,6 +165,10 @@ def test_variants_change_one_thing_from_the_full_head() -> None:
 
 
 def test_parse_flags() -> None:
+    assert parse_engines("1,2,3") == [1, 2, 3]
+    for bad in ("", "0", "9", "1,1", "x"):
+        with pytest.raises(ValueError):
+            parse_engines(bad)
     assert parse_variants("full-head, audio-head") == ["full-head", "audio-head"]
     assert parse_streams("64,96,128") == [64, 96, 128]
     for bad in ("full-head,full-head", "full-head,nope"):
@@ -132,8 +203,11 @@ async def test_output_loop_hook_signals_before_each_fetch() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_bench_engine_runs_on_the_tiny_model(tmp_path: Path) -> None:
+@pytest.mark.timeout(1500)
+def test_bench_engine_runs_one_and_two_engines_on_the_tiny_model(tmp_path: Path) -> None:
+    """K = 1 and K = 2 at the same total N, with the phase timers on: the per-phase host
+    time comes back from the engine's vLLM processes through the plugin, each phase positive
+    and their sum below the step time."""
     model = tmp_path / "model"
     write_tiny_model(model)
     out = tmp_path / "engine.json"
@@ -141,30 +215,47 @@ def test_bench_engine_runs_on_the_tiny_model(tmp_path: Path) -> None:
     argv = [
         sys.executable, "-m", "orpheus_serve", "bench", "engine", "--model", str(model),
         "--device", "cpu", "--streams", "2,4", "--steps", "20", "--tokens", "24",
-        "--variants", "full-head,kv-fp8", "--json", str(out), "--png", str(png),
+        "--engines", "1,2", "--variants", "full-head,kv-fp8", "--json", str(out),
+        "--png", str(png),
     ]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1100, env=os.environ)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1400, env=os.environ)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["benchmark"] == "engine"
     assert {"cpu_model", "cores"} <= doc["machine"].keys()
     assert {"vllm", "torch", "git_commit"} <= doc["versions"].keys()
-    assert "commit" in doc
-    status = {v["variant"]: v["status"] for v in doc["variants"]}
-    assert status == {"full-head": "ok", "kv-fp8": "skipped"}
+    assert "commit" in doc and doc["config"]["engines"] == [1, 2]
+    status = {(v["variant"], v["engines"]): v["status"] for v in doc["variants"]}
+    assert status == {
+        ("full-head", 1): "ok", ("full-head", 2): "ok",
+        ("kv-fp8", 1): "skipped", ("kv-fp8", 2): "skipped",
+    }  # fmt: skip
     levels = doc["levels"]
-    assert [(lv["variant"], lv["streams"]) for lv in levels] == [
-        ("full-head", 2),
-        ("full-head", 4),
-    ]
+    assert [(lv["variant"], lv["engines"], lv["streams"]) for lv in levels] == [
+        ("full-head", 1, 2), ("full-head", 1, 4), ("full-head", 2, 2), ("full-head", 2, 4),
+    ]  # fmt: skip
     for lv in levels:
         assert set(lv) == LEVEL_KEYS
         assert 0 < lv["step_ms_p50"] <= lv["step_ms_p99"]
         assert lv["tokens_per_s"] > 0
         assert lv["engine_cpu_ms_per_step"] is not None and lv["engine_cpu_ms_per_step"] >= 0
-        assert lv["gpu_busy_fraction"] is None
+        assert lv["gpu_busy_fraction"] is None and lv["mps"] is None
+        engines = lv["per_engine"]
+        assert [e["engine"] for e in engines] == list(range(lv["engines"]))
+        assert sum(e["streams"] for e in engines) == lv["streams"]
+        assert lv["step_ms_p50"] == max(e["step_ms_p50"] for e in engines)
+        assert lv["tokens_per_s"] == pytest.approx(sum(e["tokens_per_s"] for e in engines))
+        for e in engines:
+            assert e["steps"] >= 20
+            phases = e["phases_us_per_request_step"]
+            assert phases, e
+            assert {"schedule", "update_from_output", "runner_prepare_inputs"} <= phases.keys()
+            assert all(us > 0 for us in phases.values()), phases
+            # every phase's time is part of a step: per step, their sum is below it
+            assert sum(phases.values()) * e["streams"] / 1e3 < e["step_ms_p50"], e
     assert png.stat().st_size > 0
-    assert "kv-fp8: skipped" in proc.stdout
+    assert "kv-fp8 K=1: skipped" in proc.stdout
+    assert "µs per request-step" in proc.stdout
 
 
 def test_a_variant_refuses_the_wrong_head() -> None:

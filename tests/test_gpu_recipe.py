@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -254,7 +255,7 @@ IMPORT_TO_DIST = {
 }
 RUNTIME_PACKAGES = (
     "orpheus_serve", "bench", "orchestrator", "orpheus_client", "llm_worker", "codec_worker",
-    "gateway", "common", "shm",
+    "gateway", "common", "shm", "orpheus_wire",
 )  # fmt: skip
 
 
@@ -416,21 +417,32 @@ def _plan() -> list[dict]:
     for line in (GPU / "plan.tsv").read_text().splitlines():
         if not line or line.startswith("#"):
             continue
-        call, carry, args, minutes, go, expect = line.split("\t")
+        call, carry, args, minutes, go, expect, need = line.split("\t")
         rows.append({"call": int(call), "carry": carry, "args": args, "minutes": float(minutes),
-                     "go": int(go), "expect": expect.split()})  # fmt: skip
+                     "go": int(go), "expect": expect.split(), "need": need})  # fmt: skip
     return rows
 
 
 def test_the_plan_fits_fifteen_minutes_and_docs_state_it() -> None:
     plan = _plan()
     assert [r["call"] for r in plan] == list(range(1, len(plan) + 1))
+    assert {r["need"] for r in plan} <= {"essential", "optional"}
+    needs = [r["need"] for r in plan]
+    assert needs == sorted(needs), "optional calls come last"
+    essential = [r for r in plan if r["need"] == "essential"]
     setup = [r for r in plan if r["args"].split()[0] in ("first", "part", "last")]
     assert sum(r["minutes"] for r in setup) < 3.0  # setup under 3 minutes
-    assert sum(r["minutes"] for r in plan) < 13.0  # the whole plan, machine start included
+    # The essential calls, machine start included, leave at least 1.5 of the 15 minutes for
+    # the gaps between calls (each reply read, the next call sent) and estimates that run over.
+    assert sum(r["minutes"] for r in essential) <= 13.5
     # every go/no-go threshold covers at least the call itself
     for r in plan:
         assert r["go"] >= r["minutes"] * 60, r
+    # the engines calls and the confirmation (which needs the sweeps) are in the plan
+    args = [r["args"] for r in essential]
+    assert args.index("engines audio-head 2 on") < args.index("confirm")
+    assert any(r["args"].startswith("engine ") and "audio-head" in r["args"] for r in essential)
+    assert plan[-1]["args"] == "soak" and plan[-1]["need"] == "optional"
     # the carries are the parts prepare_wheels.sh lays out, one a call, each carried once
     carries = [r["carry"] for r in plan if r["carry"] != "-"]
     assert carries == [f".whl/part-{i}" for i in range(1, len(carries) + 1)]
@@ -439,6 +451,7 @@ def test_the_plan_fits_fifteen_minutes_and_docs_state_it() -> None:
     for r in plan:
         row = next(line for line in table.splitlines() if line.startswith(f"| {r['call']} |"))
         assert f"`{r['args']}`" in row and f"{r['minutes']:g}" in row and str(r["go"]) in row
+        assert r["need"] in row
     recipe = (GPU / "run_capacity.sh").read_text()
     for r in plan:  # each call is a case of the recipe
         assert re.search(rf"^  {r['args'].split()[0]}\)", recipe, re.M), r["args"]
@@ -491,6 +504,121 @@ def test_confirm_levels_come_from_the_sweep(tmp_path: Path) -> None:
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True,
                          env={**os.environ, "CONFIRM_LEVELS": "200,180"})  # fmt: skip
     assert out.stdout.split() == ["200", "180"]
+
+
+def _k(engines: int, mps: bool | None, steps: dict[int, tuple[float, float]]) -> list[dict]:
+    return [dict(lv, engines=engines, mps=mps) for lv in _engine("audio-head", steps)]
+
+
+def test_the_sweeps_choose_the_engine_count() -> None:
+    """K engines' levels are read apart (a level without ``engines`` is one engine), with
+    or without MPS, and the best predicts the most published-criterion streams."""
+    one = _engine("audio-head", {128: (8.0, 9.0), 256: (10.0, 11.0), 384: (13.0, 15.0)})
+    two_mps = _k(2, True, {128: (6.0, 7.0), 256: (8.0, 9.0), 384: (10.0, 12.0)})
+    two_slice = _k(2, False, {256: (12.0, 14.0), 384: (16.0, 20.0)})
+    doc = {"levels": one + two_mps + two_slice}
+    assert tools.predict(doc)["published"] == 320  # K = 1, as before the engines dimension
+    k2 = tools.predict(doc, engines=2, mps=True)
+    # p50 under the line at 384 (10 ms): the last slope (2 ms per 128) reaches 11.5 at 480
+    assert (k2["published"], k2["engines"], k2["mps"]) == (480, 2, True)
+    assert tools.predict(doc, engines=2, mps=False)["published"] == 240  # 12 ms at 256
+    best = tools.best_engines(doc)
+    assert (best["engines"], best["mps"], best["published"]) == (2, True, 480)
+    assert len(best["candidates"]) == 3
+    with pytest.raises(ValueError, match="with 3 engine"):
+        tools.predict(doc, engines=3)
+    # equal predictions: fewer engines win
+    tie = {"levels": one + _k(2, True, {128: (8.0, 9.0), 256: (10.0, 11.0), 384: (13.0, 15.0)})}
+    assert tools.best_engines(tie)["engines"] == 1
+
+
+def test_confirm_uses_the_best_engines_and_passes_llm_engines(tmp_path: Path) -> None:
+    state = tmp_path / "gpu" / "state"
+    state.mkdir(parents=True)
+    one = _engine("audio-head", {128: (8.0, 9.0), 256: (10.0, 11.0), 384: (13.0, 15.0)})
+    two = _k(2, True, {128: (6.0, 7.0), 256: (8.0, 9.0), 384: (10.0, 12.0)})
+    (state / "engine_a.json").write_text(json.dumps({"levels": one}))
+    (state / "engine_b.json").write_text(json.dumps({"levels": two}))
+    fns = _bash_function("confirm_engines") + _bash_function("confirm_levels")
+    head = f"PY={sys.executable}; TOOLS={GPU / 'gpu_tools.py'}; STATE={state}\n{fns}"
+    out = subprocess.run(["bash", "-c", head + 'read -r k m <<<"$(confirm_engines)"; '
+                          'echo $k $m $(confirm_levels $k $m)'],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert out.stdout.split() == ["2", "on", "480", "360"]
+    out = subprocess.run(["bash", "-c", head + "confirm_engines"], capture_output=True,
+                         text=True, check=True, env={**os.environ, "CONFIRM_ENGINES": "3 off"})  # fmt: skip
+    assert out.stdout.split() == ["3", "off"]
+    serve = _bash_function("stage_serve")
+    assert "--set llm.engines=$engines" in serve and "${ENGINES:-1}" in serve
+    confirm = _bash_function("stage_confirm")
+    assert "ENGINES=$k stage_serve" in confirm and "mps_start" in confirm
+
+
+FAKE_MPS = """#!/usr/bin/env bash
+# A stand-in for nvidia-cuda-mps-control: -d makes the control pipe (the daemon), "quit" on
+# stdin removes it; every call is logged.
+echo "$* pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY" >>"$FAKE_MPS_LOG"
+if [[ ${1:-} == -d ]]; then mkfifo "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0; fi
+read -r cmd; [[ $cmd == quit ]] && rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
+"""
+
+
+def _mps_script(tmp_path: Path, body: str, with_binary: bool = True) -> tuple[int, str, str]:
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    if with_binary:
+        fake = bindir / "nvidia-cuda-mps-control"
+        fake.write_text(FAKE_MPS)
+        fake.chmod(0o755)
+    state, work = tmp_path / "state", tmp_path / "work"
+    state.mkdir(exist_ok=True)
+    work.mkdir(exist_ok=True)
+    fns = "".join(_bash_function(f) for f in ("mps_start", "mps_stop"))
+    script = (f'log() {{ echo "$*"; }}; note() {{ echo "NOTE $*"; }}; STATE={state}; '
+              f"WORK={work}\n{fns}{body}")  # fmt: skip
+    env = {**os.environ, "PATH": f"{bindir}:/usr/bin:/bin", "FAKE_MPS_LOG": str(tmp_path / "calls")}
+    p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    calls = (tmp_path / "calls").read_text() if (tmp_path / "calls").exists() else ""
+    return p.returncode, p.stdout, calls
+
+
+def test_the_recipe_starts_its_own_mps_daemon_and_always_stops_it(tmp_path: Path) -> None:
+    # started with its own pipe and log directories, visible to the children it starts
+    rc, out, calls = _mps_script(tmp_path, textwrap.dedent("""\
+        mps_start || exit 9
+        [[ -p $CUDA_MPS_PIPE_DIRECTORY/control ]] || exit 8
+        python3 -c 'import os; print("child sees", os.environ["CUDA_MPS_PIPE_DIRECTORY"])'
+        exit 3   # a failing stage: the EXIT trap still stops the daemon
+        """))  # fmt: skip
+    assert rc == 3, out
+    assert "child sees /tmp/orpheus-mps." in out
+    started, stopped = calls.splitlines()
+    assert (
+        started.startswith("-d pipe=/tmp/orpheus-mps.") and "/pipe log=/tmp/orpheus-mps." in started
+    )
+    assert stopped.startswith(" pipe=/tmp/orpheus-mps.")  # echo quit | nvidia-cuda-mps-control
+    assert "MPS control daemon stopped" in out
+    pipe = started.split("pipe=")[1].split()[0]
+    assert not Path(pipe).parent.exists()  # its temp dir is removed
+    assert not (tmp_path / "state" / "mps_dir").exists()
+
+
+def test_a_daemon_left_by_a_killed_call_is_stopped_by_the_next(tmp_path: Path) -> None:
+    rc, _, _ = _mps_script(tmp_path, "mps_start; trap - EXIT; exit 0")  # killed: no trap ran
+    assert rc == 0 and (tmp_path / "state" / "mps_dir").exists()
+    rc, _, calls = _mps_script(tmp_path, "mps_stop")
+    assert rc == 0 and calls.count("-d") == 1 and len(calls.splitlines()) == 2
+    assert not (tmp_path / "state" / "mps_dir").exists()
+    recipe = (GPU / "run_capacity.sh").read_text()
+    assert "[[ $cmd != status && -f $STATE/mps_dir ]] && mps_stop" in recipe
+
+
+def test_without_the_mps_binary_the_recipe_says_so_and_goes_on(tmp_path: Path) -> None:
+    _, out, calls = _mps_script(tmp_path, "mps_start; echo rc=$?", with_binary=False)
+    assert "NOTE MPS: nvidia-cuda-mps-control is not on this machine" in out
+    assert "rc=1" in out and calls == ""
+    stage = _bash_function("stage_engines")
+    assert "--engines" in stage and "--mps" in stage and "mps_stop" in stage
 
 
 def test_fixed_length_is_ten_seconds_of_audio() -> None:

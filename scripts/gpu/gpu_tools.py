@@ -9,8 +9,11 @@ except where a subcommand says (torch for ``facts --ceilings``, psutil for ``pro
         GPU busy time and the idle gaps between kernels, top kernels, top CPU ranges, from
         torch profiler traces (Chrome JSON, .gz or not): what bounds an engine step
     gpu_tools.py capacity REPORT [--criterion real-time]  a bench load report's capacity
-    gpu_tools.py predict ENGINE.json... [--variant V]   "PUBLISHED REAL_TIME": the capacities
-        a bench engine sweep predicts (where t(N)'s p50 and p99 reach the 11.5 ms line)
+    gpu_tools.py predict ENGINE.json... [--variant V] [--engines K] [--mps on|off]
+        "PUBLISHED REAL_TIME": the capacities a bench engine sweep predicts (where t(N)'s p50
+        and p99 reach the 11.5 ms line), for K engines (default 1)
+    gpu_tools.py best-engines ENGINE.json...   "K on|off PUBLISHED REAL_TIME": the engine
+        count (and MPS or not) whose levels predict the most streams
     gpu_tools.py stamp FILE... --commit SHA [--facts F]  fill versions.git_commit where it is
         null, and machine/versions from the facts where a result has none
     gpu_tools.py check-out OUT [--expect NAME...]  what the device would not return of OUT,
@@ -411,13 +414,23 @@ def _cross(points: list[tuple[int, float]], line: float) -> float:
     return 2 * nl
 
 
+def _engines_of(level: dict) -> int:
+    """A level's engine count (files from before the engines dimension: 1)."""
+    return int(level.get("engines") or 1)
+
+
 def predict(engine: dict, variant: str | None = None, line_ms: float = STEP_LINE_MS,
-            step: int = 8) -> dict:  # fmt: skip
+            step: int = 8, engines: int = 1, mps: bool | None = None) -> dict:  # fmt: skip
     """Capacities the engine sweep predicts for the full server: published where the step's
     p50 reaches the real-time line (the mean RTF stays under 1), real-time where its p99
     does (bursts are what underrun). Predictions, to choose the confirmation's levels; a
-    capacity is only ever a measured level."""
+    capacity is only ever a measured level. ``engines``: the levels of that engine count
+    (their step times are the slowest engine's, at the total N); ``mps``: only the levels
+    measured with (True) or without (False) CUDA MPS, for K > 1 (None: any)."""
     levels = [lv for lv in engine.get("levels", []) if isinstance(lv, dict)]
+    levels = [lv for lv in levels if _engines_of(lv) == engines]
+    if mps is not None and engines > 1:
+        levels = [lv for lv in levels if bool(lv.get("mps")) == mps]
     names = list(dict.fromkeys(str(lv.get("variant")) for lv in levels))
     if variant is None:
         # llm.output_head auto serves the audio head wherever it is supported (the GPU)
@@ -425,8 +438,10 @@ def predict(engine: dict, variant: str | None = None, line_ms: float = STEP_LINE
         variant = variant or (names[0] if names else None)
     mine = [lv for lv in levels if str(lv.get("variant")) == variant]
     if not mine:
-        raise ValueError(f"no levels of variant {variant!r} (have {names})")
-    out: dict = {"variant": variant, "line_ms": line_ms}
+        raise ValueError(
+            f"no levels of variant {variant!r} with {engines} engine(s) (have {names})"
+        )
+    out: dict = {"variant": variant, "line_ms": line_ms, "engines": engines, "mps": mps}
     for name, key in (("published", "step_ms_p50"), ("real-time", "step_ms_p99")):
         pts = [(int(lv["streams"]), float(lv[key])) for lv in mine if lv.get(key) is not None]
         n = _cross(pts, line_ms)
@@ -435,15 +450,41 @@ def predict(engine: dict, variant: str | None = None, line_ms: float = STEP_LINE
     return out
 
 
-def cmd_predict(args: argparse.Namespace) -> int:
+def best_engines(engine: dict, variant: str | None = None,
+                 line_ms: float = STEP_LINE_MS) -> dict:  # fmt: skip
+    """The engine count (and MPS or not) whose levels predict the most published-criterion
+    streams, real-time capacity breaking ties, then fewer engines; with every candidate's
+    prediction under ``candidates``."""
+    levels = [lv for lv in engine.get("levels", []) if isinstance(lv, dict)]
+    setups = sorted({(_engines_of(lv), bool(lv.get("mps")) and _engines_of(lv) > 1)
+                     for lv in levels})  # fmt: skip
+    candidates = []
+    for k, mps in setups:
+        try:
+            candidates.append(predict(engine, variant, line_ms, engines=k, mps=mps))
+        except ValueError:
+            continue
+    if not candidates:
+        raise ValueError("no engine levels to choose from")
+    best = max(candidates, key=lambda p: (p["published"], p["real-time"], -p["engines"]))
+    return {**best, "mps": bool(best["mps"]), "candidates": candidates}
+
+
+def _read_levels(files: list[str], who: str) -> dict:
     engine: dict = {"levels": []}
-    for f in args.engine:
+    for f in files:
         try:
             engine["levels"] += json.loads(Path(f).read_text()).get("levels", [])
         except (OSError, json.JSONDecodeError, AttributeError) as e:
-            print(f"predict: {f}: {e}", file=sys.stderr)
+            print(f"{who}: {f}: {e}", file=sys.stderr)
+    return engine
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    engine = _read_levels(args.engine, "predict")
     try:
-        p = predict(engine, args.variant, args.line_ms)
+        p = predict(engine, args.variant, args.line_ms, engines=args.engines,
+                    mps=None if args.mps is None else args.mps == "on")  # fmt: skip
     except ValueError as e:
         print(f"predict: {e}", file=sys.stderr)
         return 1
@@ -451,6 +492,19 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(json.dumps(p))
     else:
         print(p["published"], p["real-time"])
+    return 0
+
+
+def cmd_best_engines(args: argparse.Namespace) -> int:
+    try:
+        b = best_engines(_read_levels(args.engine, "best-engines"), args.variant, args.line_ms)
+    except ValueError as e:
+        print(f"best-engines: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(b))
+    else:
+        print(b["engines"], "on" if b["mps"] else "off", b["published"], b["real-time"])
     return 0
 
 
@@ -621,7 +675,16 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("engine", nargs="+", help="bench engine JSON file(s)")
     s.add_argument("--variant", default=None, help="default: audio-head, else full-head")
     s.add_argument("--line-ms", type=float, default=STEP_LINE_MS)
+    s.add_argument("--engines", type=int, default=1, help="the levels of K engines")
+    s.add_argument("--mps", choices=["on", "off"], default=None,
+                   help="K > 1: only the levels measured with / without CUDA MPS")  # fmt: skip
     s.add_argument("--json", action="store_true", help="the whole prediction as JSON")
+    s = sub.add_parser("best-engines", help="the engine count (and MPS) predicting the most "
+                       "streams: prints K, on|off, published, real-time")  # fmt: skip
+    s.add_argument("engine", nargs="+", help="bench engine JSON file(s)")
+    s.add_argument("--variant", default=None, help="default: audio-head, else full-head")
+    s.add_argument("--line-ms", type=float, default=STEP_LINE_MS)
+    s.add_argument("--json", action="store_true", help="the whole choice as JSON")
     s = sub.add_parser("stamp")
     s.add_argument("files", nargs="+")
     s.add_argument("--commit", default=os.environ.get("GIT_COMMIT"))
@@ -643,6 +706,7 @@ def main(argv: list[str] | None = None) -> int:
         "trace-summary": cmd_trace_summary,
         "capacity": cmd_capacity,
         "predict": cmd_predict,
+        "best-engines": cmd_best_engines,
         "stamp": cmd_stamp,
         "check-out": cmd_check_out,
         "pack": cmd_pack,

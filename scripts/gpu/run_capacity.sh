@@ -8,18 +8,28 @@
 #                                             the 3B model on the GPU (no codec bench, no check)
 #   2     .whl/part-2   part .whl/part-2      stage one part (+ install what became complete)
 #   3     .whl/part-3   last .whl/part-3      install vLLM; verify imports + FlashAttention 3
-#   4     -             engine full-head,audio-head   bench engine t(N), N = 64..384
-#   5     -             engine kv-fp8,top-p-off 256,384   two more variants at the high levels
-#   6     -             confirm               the server: a warm-up level, then the levels the
-#                                             sweep predicts (published, real-time capacity);
-#                                             CONFIRM_HOP2=1: again with codec.first_hop_frames=2
-#   later               capacity VARIANT (search + profile), baseline, compare-both, penalties
+#   4     -             engine full-head,audio-head 64,216,320,384   bench engine t(N), 1 engine,
+#                                             engine-core CPU, GPU busy, per-phase host µs
+#   5     -             engines audio-head 2 on   K = 2 engines at the same total N (128, 256,
+#                                             384) under CUDA MPS (this recipe's own daemon)
+#   6     -             confirm               the server with the best K (llm.engines, MPS when it
+#                                             won): a warm-up level, then the levels the sweeps
+#                                             predict; CONFIRM_HOP2=1: again with first_hop_frames=2
+#   7     -             engines audio-head 2 off  optional: K = 2 without MPS (N = 256, 384)
+#   8     -             soak                  optional, only with device time left: bench soak on
+#                                             the best configuration (SOAK_S, capped by the call)
+#   later               capacity VARIANT (search + profile), baseline, compare-both, penalties,
+#                       engine kv-fp8,top-p-off 256,384
 #
 # Prefix each command with GIT_COMMIT=<sha> (the device's copy has no .git): it is written
 # into every result JSON. Stages for reruns by hand: facts, model, codec, serve VARIANT,
 # wait-ready, single, search VARIANT, profile, stop, penalties, status.
 # Opt-in in call 1: CODEC_STREAMS="32 128" (the codec benchmark), MODEL_CHECK=1 (28 sampled
 # tokens checked valid); in call 3: PREFLIGHT_ONLY="" (the whole preflight, not just imports).
+# CUDA MPS (calls 5, 6, 7): the recipe starts its own control daemon (nvidia-cuda-mps-control -d,
+# pipe and log directories under a temp dir) and stops it (echo quit | nvidia-cuda-mps-control)
+# when the stage ends, when the call exits, and at the start of the next call if a killed call
+# left one; without the binary it records that and runs without.
 #
 # Results: the files under $OUT come back after each call (at most 8, 16 MiB each); logs,
 # nvidia-smi dmon samples, per-process CPU samples, py-spy and torch-profiler traces and
@@ -204,6 +214,10 @@ stage_serve() {
   local variant=$1
   local flags
   flags=$(variant_flags "$variant") || return 1
+  # llm.engines (issue 30): K vLLM engines sharing the GPU; the variant name records it
+  local engines=${ENGINES:-1}
+  flags="$flags --set llm.engines=$engines"
+  [[ $engines != 1 ]] && variant="$variant-k$engines"
   if server_alive && [[ $(cat "$STATE/server.variant" 2>/dev/null) == "$variant" ]]; then
     log "server ($variant) already running"; return 0
   fi
@@ -418,12 +432,121 @@ stage_engine() {
   return "$rc"
 }
 
+# ----------------------------------------------------------------------------- CUDA MPS
+# Several engines' kernels overlap on one GPU only under MPS. The daemon is this recipe's own:
+# its pipe and log directories live under a temp dir, and only processes started with
+# CUDA_MPS_PIPE_DIRECTORY pointing there become its clients. Its directory is remembered in
+# $STATE/mps_dir so that a call killed at its limit (no EXIT trap runs then) has its daemon
+# stopped by the next call.
+
+mps_start() {
+  mps_stop   # a daemon a killed call left
+  local bin
+  if ! bin=$(command -v nvidia-cuda-mps-control); then
+    note "MPS: nvidia-cuda-mps-control is not on this machine: the engines run without MPS"
+    return 1
+  fi
+  local dir
+  dir=$(mktemp -d /tmp/orpheus-mps.XXXXXX) || return 1
+  mkdir -p "$dir/pipe" "$dir/log"
+  echo "$dir" >"$STATE/mps_dir"
+  if ! CUDA_MPS_PIPE_DIRECTORY=$dir/pipe CUDA_MPS_LOG_DIRECTORY=$dir/log "$bin" -d \
+      >"$WORK/mps_start.txt" 2>&1; then
+    note "MPS: nvidia-cuda-mps-control -d failed ($(tr '\n' ' ' <"$WORK/mps_start.txt")): running without MPS"
+    mps_stop; return 1
+  fi
+  local _
+  for _ in $(seq 1 50); do [[ -p $dir/pipe/control ]] && break; sleep 0.1; done
+  if [[ ! -p $dir/pipe/control ]]; then
+    note "MPS: the daemon made no control pipe in 5 s: running without MPS"; mps_stop; return 1
+  fi
+  export CUDA_MPS_PIPE_DIRECTORY=$dir/pipe CUDA_MPS_LOG_DIRECTORY=$dir/log
+  trap 'mps_stop' EXIT
+  trap 'mps_stop; exit 143' TERM INT
+  log "MPS control daemon started (pipe $dir/pipe)"
+}
+
+mps_stop() {
+  local dir
+  dir=$(cat "$STATE/mps_dir" 2>/dev/null) || return 0
+  [[ -n $dir ]] || { rm -f "$STATE/mps_dir"; return 0; }
+  if [[ -p $dir/pipe/control ]] && command -v nvidia-cuda-mps-control >/dev/null; then
+    echo quit | CUDA_MPS_PIPE_DIRECTORY=$dir/pipe nvidia-cuda-mps-control >/dev/null 2>&1
+    local _
+    for _ in $(seq 1 100); do [[ -p $dir/pipe/control ]] || break; sleep 0.1; done
+    log "MPS control daemon stopped"
+  fi
+  mkdir -p "$WORK/mps_log" && cp -r "$dir/log/." "$WORK/mps_log/" 2>/dev/null
+  rm -rf "$dir" "$STATE/mps_dir"
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
+# K engines of one variant at the same total N as call 4's single engine: MODES "on" (under
+# this recipe's MPS daemon; where the binary is missing or the daemon does not start, the
+# engines run without it and the JSON's "mps" says so), "off" (time-slicing), or "on,off".
+# Call 4's audio-head levels are the K = 1 reference (same machine, warm-up and window).
+stage_engines() {
+  local variant=${1:-audio-head} counts=${2:-2} modes=${3:-on}
+  local tag=${counts//,/_}
+  local help
+  if ! help=$("${OS[@]}" bench engine --help 2>&1) || [[ $help != *--engines* ]]; then
+    log "ERROR: this tree's bench engine has no --engines: engines sweep not run"; return 1
+  fi
+  stage_stop
+  local mode streams rc=0 flags
+  for mode in ${modes//,/ }; do
+    flags=()
+    if [[ $mode == on ]]; then
+      streams=${ENGINE_STREAMS_FORCE:-${ENGINES_STREAMS:-128,256,384}}
+      if [[ $DEVICE == cuda ]] && mps_start; then flags=(--mps)
+      else note "engines sweep (MPS on) runs without MPS (device $DEVICE)"; fi
+    else
+      streams=${ENGINE_STREAMS_FORCE:-${ENGINES_NOMPS_STREAMS:-256,384}}
+    fi
+    local name=h100_engines_${tag}_mps-$mode
+    log "engines sweep: $variant, K=$counts, MPS $mode, streams $streams"
+    start_samplers "engines_${tag}_mps-$mode"
+    # shellcheck disable=SC2086
+    run_for 600 25 "${OS[@]}" bench engine --model "$MODEL" --device "$DEVICE" \
+      --streams "$streams" --engines "$counts" --steps "${ENGINE_STEPS:-300}" \
+      --warmup-steps "${ENGINE_WARMUP:-480}" --variants "$variant" "${flags[@]}" \
+      ${ENGINE_EXTRA:-} --json "$OUT/$name.json" --png "$OUT/$name.png" \
+      2>&1 | tee "$WORK/$name.log" | tail -30
+    (( PIPESTATUS[0] == 0 )) || rc=1
+    stop_samplers "engines_${tag}_mps-$mode" >/dev/null
+    mps_stop
+    if [[ -s $OUT/$name.json ]]; then
+      cp "$OUT/$name.json" "$STATE/engine_$name.json"   # for the confirmation's choice
+    else
+      log "engines sweep (MPS $mode) wrote no JSON"; rc=1
+    fi
+  done
+  local all=("$STATE"/engine_*.json)
+  [[ -f ${all[0]} ]] && "$PY" "$TOOLS" best-engines "${all[@]}" --json \
+    | tee "$STATE/best_engines.json" | sed 's/^/best engines: /'
+  return "$rc"
+}
+
+# The confirmation's engines and MPS: CONFIRM_ENGINES="K on|off", else the best of this
+# session's sweeps (gpu_tools.py best-engines), else one engine.
+confirm_engines() {
+  if [[ -n ${CONFIRM_ENGINES:-} ]]; then echo "$CONFIRM_ENGINES"; return; fi
+  local sweeps=("$STATE"/engine_*.json) best
+  if [[ -f ${sweeps[0]} ]] && best=$("$PY" "$TOOLS" best-engines "${sweeps[@]}" 2>/dev/null); then
+    read -r k mps _ <<<"$best"; echo "$k $mps"; return
+  fi
+  echo "1 off"
+}
+
 # The levels the confirmation runs: CONFIRM_LEVELS="PUBLISHED REAL_TIME", else what the
-# engine sweeps of this session predict, else the last H100 figures (96 and 78).
+# engine sweeps of this session predict for K engines (MPS on|off), else the last H100
+# figures (96 and 78).
 confirm_levels() {
+  local k=${1:-1} mps=${2:-off}
   if [[ -n ${CONFIRM_LEVELS:-} ]]; then echo "${CONFIRM_LEVELS//,/ }"; return; fi
   local sweeps=("$STATE"/engine_*.json)
-  if [[ -f ${sweeps[0]} ]] && "$PY" "$TOOLS" predict "${sweeps[@]}" 2>/dev/null; then return; fi
+  if [[ -f ${sweeps[0]} ]] && "$PY" "$TOOLS" predict "${sweeps[@]}" --engines "$k" \
+      --mps "$mps" 2>/dev/null; then return; fi
   echo "96 78"
 }
 
@@ -432,11 +555,15 @@ confirm_levels() {
 # three capacities computed over them (bench load). CONFIRM_HOP2=1: the same again with the
 # first chunk of two frames (codec.first_hop_frames=2), when the call has time for it.
 stage_confirm() {
-  local variant=${1:-bf16} pub rt
-  read -r pub rt <<<"$(confirm_levels)"
+  local variant=${1:-bf16} pub rt k mps
+  read -r k mps <<<"$(confirm_engines)"
+  read -r pub rt <<<"$(confirm_levels "$k" "$mps")"
   [[ -n $pub && -n $rt ]] || { log "no levels to confirm"; return 1; }
-  log "confirmation ($variant): warm-up level c=$pub, then c=$rt and c=$pub"
-  stage_serve "$variant" || return 1
+  log "confirmation ($variant, llm.engines=$k, MPS $mps): warm-up level c=$pub, then c=$rt and c=$pub"
+  if [[ $mps == on ]] && ! mps_start; then mps=off; fi
+  printf '{"engines": %s, "mps": %s, "published_predicted": %s, "real_time_predicted": %s}\n' \
+    "$k" "$([[ $mps == on ]] && echo true || echo false)" "$pub" "$rt" >"$OUT/h100_confirm_setup.json"
+  ENGINES=$k stage_serve "$variant" || return 1
   local levels=$rt
   [[ $pub != "$rt" ]] && levels="$rt,$pub"
   start_samplers "confirm_$variant"
@@ -448,6 +575,26 @@ stage_confirm() {
     2>&1 | tee "$WORK/confirm_$variant.log" | tail -14
   stop_samplers "confirm_$variant" >/dev/null
   [[ -s $OUT/h100_confirm_$variant.json ]]
+}
+
+# The soak on the best configuration (optional, last): the server with the confirmation's
+# engines and MPS, then bench soak for SOAK_S seconds (1200), cut to what the call has left.
+stage_soak() {
+  local k mps
+  read -r k mps <<<"$(confirm_engines)"
+  if [[ $mps == on ]] && ! mps_start; then mps=off; fi
+  ENGINES=$k stage_serve bf16 || return 1
+  local pid secs=${SOAK_S:-1200} room=$(( $(left) - 60 ))
+  pid=$(server_pid)
+  (( secs > room )) && secs=$room
+  (( secs >= 10 )) || { log "soak skipped: $(left) s left in this call"; return 1; }
+  log "soak: ${secs} s (asked ${SOAK_S:-1200}), llm.engines=$k, MPS $mps, ${SOAK_USERS:-64} users"
+  start_samplers soak
+  run_for 600 30 "${OS[@]}" bench soak --url "$URL" --pid "$pid" --device "$DEVICE" \
+    --duration "$secs" --users "${SOAK_USERS:-64}" --interval "${SOAK_INTERVAL_S:-15}" \
+    --json "$OUT/h100_soak.json" --plot "$OUT/h100_soak.png" 2>&1 \
+    | tee "$WORK/soak.log" | tail -25
+  stop_samplers soak >/dev/null
 }
 
 stage_baseline() {
@@ -517,11 +664,17 @@ finish() {
 # ----------------------------------------------------------------------------- calls
 
 cmd=${1:-}; shift || true
+# A call killed at its limit runs no EXIT trap: stop the MPS daemon it may have left, unless
+# this call only reads the state.
+[[ $cmd != status && -f $STATE/mps_dir ]] && mps_stop
 case $cmd in
   first)   # call 1: carry .whl/part-1
     stage_receive "$@"; stage_install_partial
     stage_facts; stage_model
     [[ -n ${CODEC_STREAMS:-} ]] && stage_codec   # opt-in (docs/gpu.md)
+    finish call1 ;;
+  setup-stages)   # call 1 without the wheels (the CPU rehearsal on a shared machine)
+    stage_facts; stage_model
     finish call1 ;;
   part)    # calls 2..N-1: carry .whl/part-K
     stage_receive "$@"; stage_install_partial
@@ -538,17 +691,26 @@ case $cmd in
       log "install or verify failed: see above (and $OUT/h100_install.json)"
     fi
     finish call_last ;;
-  engine)  # calls 4, 5: the engine sweep of the variants named (comma list) [at these streams]
+  engine)  # call 4: the engine sweep of the variants named (comma list) [at these streams]
     stage_engine "${1:-full-head,audio-head}" "${2:-}"
     finish "call_engine_$(echo "${1:-full-head,audio-head}" | tr ',' '_')" ;;
-  confirm) # call 6: the server at the sweep's predicted capacities
+  engines) # calls 5, 7: VARIANT, engine counts (comma list), MPS modes (on, off, on,off)
+    stage_engines "${1:-audio-head}" "${2:-2}" "${3:-on}"
+    finish "call_engines_$(echo "${2:-2}_${3:-on}" | tr ',' '_')" ;;
+  confirm) # call 6: the server with the best K at the sweeps' predicted capacities
     stage_confirm bf16
     if [[ -n ${CONFIRM_HOP2:-} ]]; then
       if (( $(left) > ${HOP2_NEEDS_S:-240} )); then stage_confirm bf16hop2
       else log "first_hop_frames=2 skipped: $(left) s left in this call"; fi
     fi
     stage_stop
+    mps_stop
     finish call_confirm ;;
+  soak)    # call 8 (optional): bench soak on the best configuration, as long as the call allows
+    stage_soak
+    stage_stop
+    mps_stop
+    finish call_soak ;;
   capacity)
     variant=${1:-bf16}
     if stage_serve "$variant"; then
@@ -569,7 +731,7 @@ case $cmd in
   single) stage_single "$@"; finish single ;;
   search) stage_search "${1:-bf16}"; finish "search_${1:-bf16}" ;;
   profile) stage_profile; finish profile ;;
-  stop) stage_stop; finish stop ;;
+  stop) stage_stop; mps_stop; finish stop ;;
   status) stage_status ;;
   *) sed -n '2,28p' "$0"; exit 2 ;;
 esac
