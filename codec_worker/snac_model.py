@@ -47,6 +47,13 @@ class SnacConfigError(ValueError):
     """The checkpoint is not a SNAC that decodes Orpheus frames."""
 
 
+class SnacCheckpointUnreadable(ValueError):
+    """The weights file exists but is not a checkpoint torch can read. A damaged file makes
+    torch's unpickler raise whatever its bytes lead it to (``UnpicklingError``, ``EOFError``,
+    a ``KeyError`` of its memo, ...): one type here, so the failure is classified as
+    permanent whichever it was."""
+
+
 def check_orpheus_compatible(model: SNAC) -> None:
     """Orpheus frames (1 + 2 + 4 codes) need strides [4, 2, 1] and 2048 samples per frame."""
     if list(model.vq_strides) != [4, 2, 1]:
@@ -101,7 +108,12 @@ def _read_checkpoint(name_or_path: str) -> tuple[dict[str, Any], dict[str, torch
         weights_path = _hub_file(name_or_path, WEIGHTS_FILE)
     with open(config_path) as f:
         config = json.load(f)
-    state = torch.load(weights_path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(weights_path, map_location="cpu", weights_only=True)
+    except (OSError, MemoryError):
+        raise
+    except Exception as e:
+        raise SnacCheckpointUnreadable(f"{weights_path}: {type(e).__name__}: {e}") from e
     return config, state
 
 

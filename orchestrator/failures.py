@@ -136,6 +136,8 @@ def _classify_codec(chain: list[BaseException], config: ServeConfig) -> Failure 
             "PytorchStreamReader" in text or "loading state_dict" in text
         ):
             return Failure(f"SNAC checkpoint {model!r} is unreadable: {_short(e)}", fix)
+        if type(e).__name__ == "SnacCheckpointUnreadable":
+            return Failure(f"SNAC checkpoint {model!r} is unreadable: {_short(e)}", fix)
         if type(e).__name__ == "SnacConfigError":
             return Failure(f"SNAC checkpoint {model!r} is not Orpheus' codec: {_short(e)}", fix)
         if isinstance(e, TypeError) and "SNAC" in text:

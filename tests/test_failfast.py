@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -55,6 +56,23 @@ def test_codec_missing_and_unreadable_checkpoints_are_permanent(tmp_path: Path) 
         load_snac(str(bad))
     f = classify("codec", unreadable.value, cfg)
     assert f is not None and "unreadable" in f.cause and "--codec-model" in f.fix
+
+
+def test_any_damaged_codec_checkpoint_is_permanent(tmp_path: Path) -> None:
+    """Random bytes make torch's unpickler fail in many ways (UnpicklingError, EOFError, a
+    KeyError of its memo...): each is one permanent failure, never a restart loop (the e2e
+    test below once drew a KeyError)."""
+    cfg = _cfg(tmp_path)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{}")
+    rng = random.Random(5)
+    for _ in range(40):
+        (bad / "pytorch_model.bin").write_bytes(rng.randbytes(4096))
+        with pytest.raises(Exception) as damaged:
+            load_snac(str(bad))
+        f = classify("codec", damaged.value, cfg)
+        assert f is not None and "unreadable" in f.cause, repr(damaged.value)
 
 
 def test_gateway_port_in_use_is_permanent_and_named(tmp_path: Path) -> None:
