@@ -18,7 +18,8 @@ a 20-minute soak saw it step 452 -> 800 -> 950 -> 1,150 MB at floods (docs/perfo
 it). The batches that follow fault their working set in again, once per interval: a few
 milliseconds every 15 s for steady traffic. So the worker's RSS is its live memory plus what
 the batches of the last interval used: a flood's high-water goes back within ``TRIM_EVERY_S``
-of its end.
+of its end, and at once when the worker runs out of streams (``when_idle``, called by the
+service between polls).
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ class HeapBound:
         self.every_s = every_s
         self.trims = 0
         self._next = 0.0
+        self._batched = False
+        """A batch ran since the last trim (an idle worker trims once, then not again)."""
         libc = _glibc()
         mallinfo2 = getattr(libc, "mallinfo2", None)
         trim = getattr(libc, "malloc_trim", None)
@@ -104,11 +107,25 @@ class HeapBound:
     def after_batch(self, now: float) -> bool:
         """Trim if the interval has passed and more than ``keep_bytes`` is free. True if it
         trimmed."""
+        self._batched = True
         if self._trim is None or now < self._next:
             return False
         self._next = now + self.every_s
+        return self._trim_if_free()
+
+    def when_idle(self) -> bool:
+        """The worker has nothing to decode: trim now (once per idle spell) if more than
+        ``keep_bytes`` is free, so an idle worker holds no flood's memory. True if it
+        trimmed."""
+        if self._trim is None or not self._batched:
+            return False
+        return self._trim_if_free()
+
+    def _trim_if_free(self) -> bool:
+        self._batched = False
         if self.free_bytes() <= self.keep_bytes:
             return False
+        assert self._trim is not None
         self._trim(0)
         self.trims += 1
         return True
