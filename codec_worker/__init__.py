@@ -11,6 +11,6 @@ Modules, each with one job:
   levels, position-keyed noise
 - ``encoder``: SNAC's encoder for custom-voice clips (a thread; the ROUTER socket of ``EncodeRequest``)
 - ``snac_model``, ``host_memory``, ``quality``: loading checkpoints; keeping freed host
-  blocks for CPU decoding; the seam-error check
+  blocks for CPU decoding, up to a bound; the seam-error check
 - ``metrics``, ``profiling``: Prometheus metrics; the profiler hook
 """

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from codec_worker.decoder import WindowDecoder, WindowKey, WindowPlan
+from codec_worker.host_memory import HeapBound
 from common.codec_config import CodecConfig
 from shm.records import CODE_DTYPE, FRAME_CODES
 
@@ -137,6 +138,8 @@ class DecodeEngine:
             self._stream = torch.cuda.Stream(device)
             self._event = torch.cuda.Event(blocking=True)
         self.hot_keys = list(dict.fromkeys(hot_keys))
+        self.heap: HeapBound | None = None if self.cuda else HeapBound()
+        """On CPU: the free host memory a flood's batches leave goes back (host_memory.py)."""
         self._compiled: nn.Module | None = None
         if cfg.compile:
             self._compiled = self._compile()
@@ -254,6 +257,8 @@ class DecodeEngine:
                 pcm_off += n * samples
             if self._event is not None:
                 self._event.record(self._stream)
+        if self.heap is not None:  # CPU: the batch is done and its activations are freed
+            self.heap.after_batch(time.monotonic())
         return PendingBatch(pcm_out, self._event, t0)
 
     def _run(

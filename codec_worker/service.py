@@ -239,6 +239,8 @@ class CodecService:
         self._flush()
         if now >= self._next_expiry:
             self._expire_dead(now)
+        if self.engine.heap is not None and self._inflight is None and not self.streams:
+            self.engine.heap.when_idle()  # no stream left: a flood's memory goes back now
         metrics.ACTIVE_STREAMS.set(len(self.streams))
         return did
 

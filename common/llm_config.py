@@ -46,6 +46,12 @@ class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     """"auto" or "fp8" (roughly doubles the streams the KV cache can hold)."""
     quantization: str | None = None
     """None or "fp8" (online FP8 weight quantization)."""
+    cpu_onednn_cache: int = 64
+    """CPU build: primitives oneDNN keeps in its cache in vLLM's engine core and worker
+    (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``; one set in the environment wins). vLLM's linear
+    layers keep their last 32 shapes each; oneDNN's own cache otherwise grew with every new
+    batch row count, about 100 KB a primitive and several MB per load peak
+    (docs/performance.md, "Memory over hours")."""
     async_scheduling: bool = True
     """Used wherever the installed vLLM supports it (never on the CPU build)."""
     enforce_eager: bool = False

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -112,12 +112,32 @@ def check_device(device: str) -> None:
         )
 
 
-def prepare_engine_environment() -> None:
-    """Environment vLLM reads while it builds the engine (inherited by the engine core)."""
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+
+
+def prepare_engine_environment(onednn_cache: int | None = None) -> None:
+    """Environment vLLM reads while it builds the engine (inherited by the engine core and
+    the worker). ``onednn_cache``: ``llm.cpu_onednn_cache``, applied on the CPU build."""
+    from vllm.platforms import current_platform
+
     from llm_worker.sampling.runner import prepare_sampler_environment
 
     if note := prepare_sampler_environment():
         log.info("%s", note)
+    if onednn_cache is not None and current_platform.is_cpu():
+        if note := bound_onednn_cache(onednn_cache):
+            log.info("%s", note)
+
+
+def bound_onednn_cache(capacity: int, environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """Cap oneDNN's primitive cache in the processes vLLM starts (an operator's setting wins).
+    Returns a line for the start-up log."""
+    if capacity < 0:
+        raise ValueError(f"llm.cpu_onednn_cache must be >= 0, not {capacity}")
+    if ONEDNN_CACHE_ENV in environ:
+        return None
+    environ[ONEDNN_CACHE_ENV] = str(capacity)
+    return f"oneDNN keeps at most {capacity} primitives per vLLM process ({ONEDNN_CACHE_ENV})"
 
 
 def kv_bytes_per_token(model: str, kv_cache_dtype: str = "auto") -> int | None:
@@ -278,7 +298,7 @@ def start_engine(
 ) -> AsyncLLM:
     """Build the engine (blocking: loads the model). Call from the event loop's thread."""
     check_device(device)
-    prepare_engine_environment()
+    prepare_engine_environment(config.cpu_onednn_cache)
     args = engine_args(config, device, logits_processors, profiler, head)
     if not config.engine_stats:
         llm = AsyncLLM.from_engine_args(args)

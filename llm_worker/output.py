@@ -38,7 +38,7 @@ class RecordSink(Protocol):
 
 
 class RingSink:
-    """Writes to the code ring (``RingWriter`` on ``layout.code_ring``)."""
+    """Writes to the code ring (``RingWriter`` on the engine's ``layout.engine_code_ring(e)``)."""
 
     def __init__(self, writer: RingWriter, timeout_s: float) -> None:
         self._writer = writer

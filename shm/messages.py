@@ -140,7 +140,7 @@ class EncodeReply(msgspec.Struct, tag="encoded", frozen=True):
 
 
 class LoraLoad(msgspec.Struct, tag="lora_load", frozen=True):
-    """gateway -> llm_worker (DEALER -> ROUTER ``layout.admin``): load a LoRA voice."""
+    """gateway -> llm_worker (DEALER -> ROUTER ``layout.engine_admin(e)``): load a LoRA voice."""
 
     request_id: int
     name: str

@@ -84,13 +84,29 @@ def segment_path(segment: str) -> str:
 
 
 def create_ring(ep: RingEndpoints, capacity_bytes: int) -> None:
-    """Create and initialise the segment; fails if it already exists (names are per instance)."""
+    """Create and initialise the segment; fails if it already exists (names are per instance).
+
+    Every page of the segment is allocated now (``posix_fallocate``), not as the write
+    position first reaches it: the instance's /dev/shm use is flat from the start, and a
+    /dev/shm too small for the rings fails here, at start-up, instead of killing a worker with
+    SIGBUS on a write mid-stream hours later.
+    """
     capacity = _align8(capacity_bytes)
     if capacity < 4096:
         raise ValueError(f"ring capacity {capacity_bytes} is below the 4096-byte minimum")
-    fd = os.open(segment_path(ep.segment), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    path = segment_path(ep.segment)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.ftruncate(fd, HEADER_BYTES + capacity)
+        try:
+            os.posix_fallocate(fd, 0, HEADER_BYTES + capacity)
+        except OSError as e:
+            os.unlink(path)
+            raise OSError(
+                e.errno,
+                f"cannot allocate the {(HEADER_BYTES + capacity) / (1 << 20):.1f} MiB ring "
+                f"{ep.segment} in {SHM_DIR} ({e.strerror}): make /dev/shm larger "
+                "(Docker: --shm-size) or the rings smaller (shm.*_ring_bytes)",
+            ) from e
         with mmap.mmap(fd, HEADER_BYTES + capacity) as mm:
             struct.pack_into("<QQ", mm, _OFF_MAGIC, MAGIC, capacity)
     finally:

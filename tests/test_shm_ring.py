@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import multiprocessing as mp
+import os
 import time
 
 import numpy as np
@@ -11,7 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shm.layout import InstanceLayout, RingEndpoints
-from shm.ring import RingFull, RingReader, RingWriter, create_ring, record_bytes, unlink_ring
+from shm.ring import (
+    RingFull,
+    RingReader,
+    RingWriter,
+    create_ring,
+    record_bytes,
+    segment_path,
+    unlink_ring,
+)
 
 CAPACITY = 4096
 
@@ -200,3 +210,27 @@ def test_async_append_times_out_under_uvloop(ring) -> None:
             await writer.append_async(1, 0, 0, b"x" * 1000, timeout_s=0.3)
 
     uvloop.run(asyncio.wait_for(full(), 5))
+
+
+def test_a_new_ring_has_all_its_pages_allocated(layout: InstanceLayout) -> None:
+    ep = layout.engine_code_ring(0)
+    create_ring(ep, 1 << 20)
+    try:
+        st = os.stat(segment_path(ep.segment))
+        assert st.st_blocks * 512 >= st.st_size >= 1 << 20  # not sparse: flat in /dev/shm
+    finally:
+        unlink_ring(ep)
+
+
+def test_a_dev_shm_too_small_fails_at_creation_and_leaves_nothing(
+    layout: InstanceLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    ep = layout.pcm_ring(0)
+    with pytest.raises(OSError, match=r"cannot allocate the 64\.0 MiB ring .*--shm-size") as e:
+        create_ring(ep, 64 << 20)
+    assert e.value.errno == errno.ENOSPC
+    assert not os.path.exists(segment_path(ep.segment))

@@ -1,7 +1,8 @@
 """Load generation, capacity search and the side-by-side baseline (docs/benchmarks.md).
 
 - ``cli``: ``orpheus-serve bench load``; ``compare``: ``orpheus-serve bench compare``
-  (``comparison``: the ratios it reports); ``soak``: ``orpheus-serve bench soak``.
+  (``comparison``: the ratios it reports); ``soak``: ``orpheus-serve bench soak`` (``growth``:
+  its verdict on memory growth after the warm-up, per process).
 - ``session``: load levels against one server; ``runner``: closed and open loops;
   ``schedule``: precomputed Poisson arrivals; ``clients``: HTTP and ZeroMQ speech clients;
   ``texts`` + ``corpus/``: the text mix; ``progress``: a live line per level.

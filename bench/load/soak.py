@@ -45,6 +45,7 @@ import msgspec
 
 from bench.environment import Machine, Versions, machine, versions
 from bench.load.cli import add_output_arguments
+from bench.load.growth import GrowthCheck, check_growth, default_warmup_s
 from bench.report import write_json
 from orchestrator import proctree
 from shm.ring import SHM_DIR
@@ -83,6 +84,9 @@ class ProcSample(msgspec.Struct, frozen=True):
     pid: int
     rss_bytes: int
     fds: int
+    shmem_bytes: int = 0
+    """The part of ``rss_bytes`` that is shared memory (the rings' pages this process has
+    touched: bounded by the ring sizes, and counted once in the instance's /dev/shm)."""
 
 
 class Sample(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,6 +98,10 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
     """Bytes of the instance's /dev/shm segments and of those its processes map."""
     shm_total_bytes: int
     """All of /dev/shm (machine-wide: other jobs share it)."""
+    shm_segments: int = 0
+    """How many /dev/shm segments the instance has (its own and those its processes map)."""
+    shm_size_bytes: int = 0
+    """Their apparent sizes (``shm_bytes`` counts only the pages touched so far)."""
     streams: int
     """Streams started in the interval that ended here."""
     ttfb_p99_s: float | None
@@ -118,6 +126,8 @@ class SoakReport(msgspec.Struct, kw_only=True):
     end: Sample
     growth: dict[str, float]
     """end - start: rss_mb, fds, shm_mb (the instance's)."""
+    after_warmup: GrowthCheck | None = None
+    """Growth per process after the warm-up, with the bounds it was judged by."""
     failures: list[str]
     """Details of the first streams whose outcome was not the expected one."""
     machine: Machine
@@ -155,15 +165,19 @@ def _name(pid: int) -> str:
     return os.path.basename(argv[0])[:40]
 
 
-def _status_rss(pid: int) -> int:
+def _status_rss(pid: int) -> tuple[int, int]:
+    """(RSS, its shared-memory part) in bytes; zeros for a process that is gone."""
+    rss = shmem = 0
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
+                    rss = int(line.split()[1]) * 1024
+                elif line.startswith("RssShmem:"):
+                    shmem = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return rss, shmem
 
 
 def _fds(pid: int) -> int:
@@ -190,10 +204,25 @@ def segment_bytes(names: set[str]) -> int:
     return total
 
 
+def segment_sizes(names: set[str]) -> int:
+    """The apparent sizes of the /dev/shm segments (those still there)."""
+    total = 0
+    for n in names:
+        try:
+            total += os.stat(os.path.join(SHM_DIR, n)).st_size
+        except OSError:
+            pass
+    return total
+
+
 def sample_instance(instance: str, t_s: float, ttfbs: list[float]) -> Sample:
     pids = proctree.instance_processes(int(instance.rsplit("-", 1)[1]))
-    procs = [ProcSample(_name(p), p, _status_rss(p), _fds(p)) for p in pids]
-    shm = segment_bytes(instance_segments(instance, pids))
+    procs = []
+    for p in pids:
+        rss, shmem = _status_rss(p)
+        procs.append(ProcSample(_name(p), p, rss, _fds(p), shmem))
+    segments = instance_segments(instance, pids)
+    shm, size = segment_bytes(segments), segment_sizes(segments)
     ordered = sorted(ttfbs)
     return Sample(
         t_s=round(t_s, 1),
@@ -202,6 +231,8 @@ def sample_instance(instance: str, t_s: float, ttfbs: list[float]) -> Sample:
         fds=sum(p.fds for p in procs),
         shm_bytes=shm,
         shm_total_bytes=proctree.shm_bytes(),
+        shm_segments=len(segments),
+        shm_size_bytes=size,
         streams=len(ttfbs),
         ttfb_p99_s=_pct(ordered, 0.99),
         ttfb_p50_s=_pct(ordered, 0.5),
@@ -442,6 +473,7 @@ def build_report(soak: Soak, start: Sample, end: Sample) -> SoakReport:
         if s.outcome not in EXPECTED[s.scenario]
     ][:50]
     a = soak.args
+    warmup = a.warmup if a.warmup is not None else default_warmup_s(a.duration)
     return SoakReport(
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         duration_s=a.duration,
@@ -462,9 +494,34 @@ def build_report(soak: Soak, start: Sample, end: Sample) -> SoakReport:
             "shm_mb": round((end.shm_bytes - start.shm_bytes) / 1e6, 2),
         },
         failures=failures,
+        after_warmup=check_growth(
+            [start, *soak.samples, end],
+            warmup,
+            bound_pct=a.growth_bound_pct,
+            floor_mb=a.growth_floor_mb,
+        ),
         machine=machine(),
         versions=versions(),
     )
+
+
+def print_growth(g: GrowthCheck) -> None:
+    print(f"\nprivate RSS (RSS less shared ring pages) after the warm-up ({g.warmup_s:.0f} s), over "
+          f"the last {g.window_s:.0f} s; bound: {g.bound_pct:g}% of it at warm-up, at least "
+          f"{g.floor_mb:g} MB")  # fmt: skip
+    print(f"{'process':28s} {'at warm-up MB':>14s} {'end MB':>8s} {'peak MB':>8s} "
+          f"{'growth MB':>10s} {'%':>6s} {'MB/h':>8s} {'bound MB':>9s}")  # fmt: skip
+    for p in g.processes:
+        flag = "" if p.ok else "  <- over"
+        print(f"{p.name:28s} {p.base_mb:14.1f} {p.end_mb:8.1f} {p.peak_mb:8.1f} "
+              f"{p.growth_mb:+10.1f} {p.growth_pct:+6.1f} {p.slope_mb_per_h:+8.1f} "
+              f"{p.bound_mb:9.1f}{flag}")  # fmt: skip
+    print(f"fds {g.fds_growth:+d}; /dev/shm {g.shm_segments_growth:+d} segments, "
+          f"{g.shm_size_growth_mb:+.1f} MB")  # fmt: skip
+    if g.passed:
+        print("growth: PASS (every process within its bound; fds and /dev/shm flat)")
+    for line in g.problems:
+        print(f"growth: FAIL: {line}")
 
 
 def _by_name(sample: Sample) -> dict[str, tuple[int, int]]:
@@ -496,6 +553,8 @@ def print_report(r: SoakReport) -> None:
     for smp in r.samples:
         p99 = f"{smp.ttfb_p99_s * 1000:.0f} ms" if smp.ttfb_p99_s is not None else "-"
         print(f"  t={smp.t_s:5.0f}s  {smp.streams:4d} streams  p99 {p99}")
+    if r.after_warmup is not None:
+        print_growth(r.after_warmup)
     if r.failures:
         print(f"\nunexpected outcomes ({len(r.failures)} shown):")
         for f in r.failures[:10]:
@@ -525,6 +584,8 @@ def plot_report(r: SoakReport, path: Path) -> None:
     for name in names:
         ax.plot(t, [_by_name(s).get(name, (0, 0))[0] / 1e6 for s in samples], label=name)
     ax.plot(t, [s.rss_bytes / 1e6 for s in samples], "k-", lw=2, label="total")
+    if r.after_warmup is not None:
+        ax.axvline(r.after_warmup.warmup_s, color="grey", ls=":", label="end of warm-up")
     ax.set(title="RSS by process", xlabel="time (s)", ylabel="MB")
     ax.legend(fontsize=7)
     ax = axes[2]
@@ -558,6 +619,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-frames", type=int, default=6)
     p.add_argument("--max-frames", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="seconds before growth is judged (default: half the duration, at most 900)",
+    )
+    p.add_argument(
+        "--growth-bound-pct",
+        type=float,
+        default=2.0,
+        help="a process may grow this %% of its RSS at warm-up (default 2)",
+    )
+    p.add_argument(
+        "--growth-floor-mb",
+        type=float,
+        default=8.0,
+        help="... or this many MB if more (default 8: small processes' noise)",
+    )
     add_output_arguments(p, progress=False)
     p.add_argument("--server-log", type=Path, default=Path("runs/soak-server.log"))
     return p
@@ -567,6 +646,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.url and args.pid is None:
         print("orpheus-serve bench soak: --url needs --pid (the orchestrator's)", file=sys.stderr)
+        return 2
+    warmup = args.warmup if args.warmup is not None else default_warmup_s(args.duration)
+    if warmup > args.duration - 2 * args.interval:
+        print(f"orpheus-serve bench soak: a warm-up of {warmup:.0f} s leaves fewer than two "
+              f"samples (every {args.interval:.0f} s) of a {args.duration:.0f} s run to judge "
+              "growth by", file=sys.stderr)  # fmt: skip
         return 2
     server = None
     if args.model:
@@ -598,7 +683,11 @@ def main(argv: list[str] | None = None) -> int:
         plot_report(report, args.plot)
         print(f"wrote {args.plot}")
     unexpected = sum(1 for s in soak.streams if s.outcome not in EXPECTED[s.scenario])
-    return 1 if report.hung or unexpected else 0
+    grew = report.after_warmup is not None and not report.after_warmup.passed
+    print(f"soak: {'FAIL' if report.hung or unexpected or grew else 'PASS'}: {report.hung} hung, "
+          f"{unexpected} unexpected outcomes, growth after warm-up "
+          f"{'over its bound' if grew else 'within bounds'}")  # fmt: skip
+    return 1 if report.hung or unexpected or grew else 0
 
 
 if __name__ == "__main__":
