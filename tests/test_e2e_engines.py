@@ -1,5 +1,6 @@
 """Two vLLM engines in one server (``llm.engines = 2``) on CPU with the tiny model: streams
-land on both engines, and a kill -9 of one engine's llm worker under load ends only that
+land on both engines, a WebSocket barge-in cancels on the engine its unit was placed on, and a
+kill -9 of one engine's llm worker under load ends only that
 engine's streams (each with a clear error, within seconds) while the other engine's streams
 finish whole; the node stays ready throughout, the dead engine is restarted, and nothing is
 left behind when the server stops.
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 from e2e_harness import Server, start_server, stop_server, wait_no_instance_pids
 from test_e2e_faults import Outcome, _stream, log_on_failure
+from test_e2e_server import _BARGE_IN_TRIES, _LLM_OUTCOMES, _elevenlabs_barge_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
@@ -80,6 +82,44 @@ def test_the_startup_log_states_each_engine(server: Server) -> None:
     assert re.search(r"ready in [\d.]+s: http://\S+ \(instance \S+, 2 llm engines\)", log)
     status, body = ready_state(server.url)
     assert status == 200 and body["engines_ready"] == body["engines"] == 2
+
+
+def _engine_outcomes(server: Server, engine: int) -> dict[str, float]:
+    return {o: server.metric("orpheus_llm_streams_total", engine=str(engine), outcome=o)
+            for o in _LLM_OUTCOMES}  # fmt: skip
+
+
+async def _barge_in_beside_a_held_stream(server: Server) -> bool:
+    """Hold one long HTTP stream (placed on engine 0), then speak on the ElevenLabs socket
+    (its unit placed on engine 1) and barge in. True once the barge-in's context is final."""
+    held, first = Outcome(), asyncio.Event()
+    holder = asyncio.create_task(_stream(server.url, 7 * FRAMES, 7, held, first))
+    try:
+        await asyncio.wait_for(first.wait(), 300)
+        return (await _elevenlabs_barge_in(server))[1]
+    finally:
+        holder.cancel()
+        await asyncio.gather(holder, return_exceptions=True)
+
+
+def test_a_barge_in_cancels_on_its_units_engine(server: Server) -> None:
+    """The WebSocket unit is placed on engine 1 (engine 0 holds a stream); its barge-in
+    reaches engine 1's worker as a cancel of the vLLM request. As in test_e2e_server, a try
+    whose generation ended by itself before the barge-in is repeated."""
+    server.wait_ready(600)
+    for _ in range(_BARGE_IN_TRIES):
+        before = _engine_outcomes(server, 1)
+        assert asyncio.run(_barge_in_beside_a_held_stream(server))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            after = _engine_outcomes(server, 1)
+            if sum(after.values()) > sum(before.values()):
+                break
+            time.sleep(0.5)
+        assert sum(after.values()) == sum(before.values()) + 1, "the unit ran on engine 1"
+        if after["cancelled"] == before["cancelled"] + 1:
+            return
+    raise AssertionError(f"no barge-in of {_BARGE_IN_TRIES} reached engine 1 as a cancel")
 
 
 def test_kill_one_engine_ends_only_its_streams(server: Server) -> None:
