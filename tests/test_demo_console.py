@@ -51,6 +51,9 @@ PHASES = (
 )
 
 
+SUPERVISOR_READY = re.compile(r"ready in [\d.]+s: http://")
+
+
 def _in_order(text: str, needles: tuple[str, ...]) -> list[str]:
     """The needles not found in ``text`` in this order."""
     missing, at = [], 0
@@ -68,7 +71,10 @@ def _stop_after_ready_line(srv: Server, log_path: Path) -> int:
     /ready a moment before the supervisor hears of it, and a stop signal ends the pass it
     lands in): the phases then read one start, then one stop. Returns the exit code."""
     deadline = time.monotonic() + 30  # past it, stop anyway: the phase check says what is missing
-    while "ready in " not in log_path.read_text(errors="replace") and time.monotonic() < deadline:
+    # the llm worker's own start-up line also ends "ready in 3.1s": wait for the supervisor's
+    while not SUPERVISOR_READY.search(log_path.read_text(errors="replace")):
+        if time.monotonic() > deadline:
+            break
         time.sleep(0.05)
     return stop_server(srv)
 
