@@ -116,6 +116,14 @@ class Admission:
         with self._node() as others:
             return self.active + others.active, len(self._waiters) + others.queued
 
+    def saturation(self) -> float:
+        """The node's active streams over ``capacity()``, in 0..1: 1 when it can take no
+        stream (no ready engine, or more streams than a shrunken capacity holds)."""
+        capacity = self.capacity()
+        if capacity <= 0:
+            return 1.0
+        return min(1.0, self.node_counts()[0] / capacity)
+
     @property
     def full(self) -> bool:
         return self.node_counts()[0] >= self.capacity()

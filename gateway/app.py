@@ -108,6 +108,9 @@ def build_app(gateway: Gateway) -> web.Application:
         return json_response(state, status=200 if state.ready else 503)
 
     async def metrics(_: web.Request) -> web.Response:
+        # The one node-wide ratio no stream event keeps current (another process's streams,
+        # an engine going down): computed at the scrape, the newest write of any process wins.
+        gateway.metrics.saturation.set(gateway.admission.saturation())
         body, content_type = gateway.metrics.exposition()
         return web.Response(body=body, headers={"Content-Type": content_type})
 

@@ -98,6 +98,13 @@ class GatewayMetrics:
             registry=registry,
             multiprocess_mode="livesum",
         )
+        self.saturation = Gauge(
+            "orpheus_gateway_saturation",
+            "Active streams over the streams the node can hold now (0..1; 1 while no engine is "
+            "ready); node-wide, refreshed at every scrape",
+            registry=registry,
+            multiprocess_mode="livemostrecent",
+        )
         self.requests = Counter(
             "orpheus_gateway_requests",
             "Speech requests by API and outcome",

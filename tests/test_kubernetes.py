@@ -888,5 +888,7 @@ def test_every_kubernetes_file_is_used_by_an_overlay_or_checked_here() -> None:
     used.add(KUBE / "prometheus-adapter" / "values.yaml")  # test_autoscaling_... reads it
     kustomization_files(INGRESS_NGINX, used)  # optional: test_ingress_... add it to gpu
     kustomization_files(MPS, used)  # optional: test_mps_component_... add it to gpu
+    # optional: tests/test_kubernetes_inference_gateway.py adds it to gpu
+    kustomization_files(KUBE / "components" / "inference-gateway", used)
     present = {p.resolve() for p in KUBE.rglob("*") if p.is_file()}
     assert present == used, f"unused or unchecked: {sorted(map(str, present ^ used))}"
