@@ -12,7 +12,9 @@ A ``RecordDir`` is one directory of records, one file each, ``<id><suffix>``:
 - only ``<id><suffix>`` with a valid id is a record (not the lock, not a temporary file).
 
 The custom voices (``shm.voices.VoiceStore``) and the pronunciation dictionaries
-(``gateway.text.store``) are each a ``RecordDir`` with their own encoding and rules.
+(``gateway.text.store``) are each a ``RecordDir`` with their own encoding and rules; the
+LoRA registry writes with ``write_file``, the jobs (``gateway.jobs.store``, files streamed
+in) fsync their directories with ``fsync_dir``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ TMP_PREFIX = ".tmp-"
 
 def fsync_dir(directory: Path) -> None:
     """Make the directory's entries (a link, a rename, an unlink) durable."""
-    fd = os.open(directory, os.O_RDONLY)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
