@@ -13,6 +13,7 @@ import logging
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -184,7 +185,7 @@ def test_warm_workers_start_the_gateways_then_the_server_is_announced(
 
 
 def test_on_cuda_each_engine_starts_once_the_one_before_is_ready(
-    tmp_path: object, launcher: Launcher, clock: Clock
+    tmp_path: Path, launcher: Launcher, clock: Clock
 ) -> None:
     layout = InstanceLayout(instance="orpheus-test-seq", run_dir=str(tmp_path), engines=3)
     sup = supervisor(layout, launcher, clock, device="cuda")
@@ -202,9 +203,7 @@ def test_on_cuda_each_engine_starts_once_the_one_before_is_ready(
     assert launcher.names() == ["codec-0", "llm-0", "llm-1", "llm-2"]
 
 
-def test_on_cpu_the_engines_start_at_once(
-    tmp_path: object, launcher: Launcher, clock: Clock
-) -> None:
+def test_on_cpu_the_engines_start_at_once(tmp_path: Path, launcher: Launcher, clock: Clock) -> None:
     layout = InstanceLayout(instance="orpheus-test-cpu", run_dir=str(tmp_path), engines=2)
     supervisor(layout, launcher, clock).start_workers()
     assert launcher.names() == ["codec-0", "llm-0", "llm-1"]
