@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from bench.report import environment, now_iso, show, table, write_json
+from shm.config import ShmConfig
 from shm.layout import InstanceLayout, RingEndpoints
 from shm.ring import ReaderGroup, RingReader, RingWriter, create_ring, unlink_ring
 
@@ -151,7 +152,7 @@ def per_call_ns(fn: Callable[[], object], calls: int, repeats: int) -> float:
 def hit(kind: str, n_rings: int, calls: int, repeats: int) -> dict[str, Any]:
     """``wait`` with a record already published (in the last ring): the check that returns
     at once; and ``has_data``, which the codec's loop asks before every sleep."""
-    with rings(n_rings, 50, 20) as readers:
+    with rings(n_rings, ShmConfig().spin_us, ShmConfig().recheck_ms) as readers:
         writer = RingWriter(readers[-1].endpoints)
         try:
             writer.try_append(1, 0, 0, b"x" * 8)
@@ -174,8 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=1500, help="records a hand-off case")
     ap.add_argument("--calls", type=int, default=100_000, help="waits a hit run")
     ap.add_argument("--repeats", type=int, default=7, help="hit runs (the best is kept)")
-    ap.add_argument("--spin-us", type=int, default=50, help="the consumer's spin (shm.spin_us)")
-    ap.add_argument("--recheck-ms", type=int, default=20, help="shm.recheck_ms")
+    shm = ShmConfig()
+    ap.add_argument(
+        "--spin-us", type=int, default=shm.spin_us, help="the consumer's spin (shm.spin_us)"
+    )
+    ap.add_argument("--recheck-ms", type=int, default=shm.recheck_ms, help="shm.recheck_ms")
     args = ap.parse_args(argv)
 
     handoffs = [
