@@ -11,9 +11,11 @@ and versions of ``environment.py``), one way to draw a table. Needs the ``bench`
   ``protocols`` (flush to first byte per streaming protocol), ``voices`` (custom voices),
   ``engine`` (the vLLM engine alone: step time against streams, per variant), ``jobs``
   (interactive TTFB with long-form jobs running and without), ``textnorm`` (the cost of
-  text normalisation and pronunciation dictionaries per sentence);
+  text normalisation and pronunciation dictionaries per sentence), ``ring`` (the shared-memory
+  ring's wait: publish to wake, and the check when data is there);
   ``lockstep.py``: the in-process engines stepped in lockstep that ``penalties`` and
-  ``voices`` time;
+  ``voices`` time; ``synthetic_gateway.py``: a gateway process as served in front of the
+  synthetic backend, what ``gateway``, ``jobs`` and ``protocols`` measure;
 - ``load/``: the end-to-end load generator, capacity search, soak and the side-by-side
   comparison with the reference approach (``load/baseline/``);
 - ``doubles/``: the tiny random-weight Orpheus model and SNAC writer, a synthetic llm+codec

@@ -74,6 +74,7 @@ import msgspec
 
 from bench.lockstep import TEXTS
 from bench.report import environment, show, table, write_json
+from common.cpu_plan import VLLM_BIND_ENV, CpuPlan
 from common.mps import mps_active, pipe_directory
 from shm.ring import segment_path
 
@@ -98,7 +99,6 @@ PHASE_ORDER = (
     "schedule", "update_from_output", "runner_update_states", "runner_prepare_inputs",
     "runner_bookkeeping", "serialize",
 )  # fmt: skip
-VLLM_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 class EngineLevel(msgspec.Struct, frozen=True):
@@ -293,30 +293,29 @@ def not_applicable(name: str, device: str) -> str | None:
     return None
 
 
-def device_share(config: Any, device: str, engines: int) -> Any:
-    """The engine's ``LLMConfig`` when ``engines`` share the device: on CUDA, an even share
-    of ``gpu_memory_utilization`` and of ``kv_cache_memory_bytes`` where set (on CPU the KV
-    cache already follows each engine's ``max_num_seqs``)."""
-    if device != "cuda" or engines == 1:
-        return config
-    kv = config.kv_cache_memory_bytes
-    return msgspec.structs.replace(
-        config,
-        gpu_memory_utilization=config.gpu_memory_utilization / engines,
-        kv_cache_memory_bytes=None if kv is None else kv // engines,
-    )
+def engine_config(args: argparse.Namespace, variant: str, max_num_seqs: int) -> Any:
+    """The server's ``LLMConfig`` of one of ``args.engine_count`` engines sharing the device:
+    ``llm.engines`` is K, so ``llm_worker.engine.engine_args`` gives it its share as it does
+    in the server (on CUDA ``gpu_memory_utilization / K``, and ``kv_cache_memory_bytes / K``
+    where set; on CPU the KV cache follows its own ``max_num_seqs``)."""
+    from orchestrator.settings import load_config
+
+    llm: dict[str, Any] = {
+        "model": args.model,
+        "engines": args.engine_count,
+        "max_num_seqs": max_num_seqs,
+        "max_model_len": max(MIN_MODEL_LEN, args.tokens + PROMPT_ROOM),
+        **variant_overrides(variant, args.lever_head),
+    }
+    return load_config(None, {"device": args.device, "llm": llm}).llm
 
 
-def core_shares(cores: Sequence[int], engines: int) -> list[tuple[int, ...]]:
-    """Each engine's cores on CPU: consecutive, even shares (an engine shares a core with
-    another only where there are fewer cores than engines)."""
-    ordered = sorted(cores)
-    if len(ordered) < engines:
-        return [(ordered[i % len(ordered)],) for i in range(engines)]
-    return [
-        tuple(ordered[i * len(ordered) // engines : (i + 1) * len(ordered) // engines])
-        for i in range(engines)
-    ]
+def engine_cores(cores: Sequence[int], engines: int) -> list[str]:
+    """Each engine's cores on CPU (``VLLM_CPU_OMP_THREADS_BIND``): the server's split of its
+    engine cores (``common.cpu_plan``), here over every core this benchmark may use (there is
+    no codec or gateway to keep cores for)."""
+    plan = CpuPlan(engine=tuple(sorted(cores)), others=(), engines=engines)
+    return [",".join(map(str, plan.engine_cores(e))) for e in range(engines)]
 
 
 def check_head(variant: str, head: Any, lever_head: str = "full") -> None:
@@ -686,18 +685,10 @@ async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
     from llm_worker.prompt import PromptBuilder
     from llm_worker.requests import RequestPlan, segment_params
     from llm_worker.sampling_setup import setup_sampling
-    from orchestrator.settings import load_config
 
     variant = args.run_variant
     most = max(max(shares(n, args.engine_count)) for n in args.streams if n >= args.engine_count)
-    llm: dict[str, Any] = {
-        "model": args.model,
-        "max_num_seqs": most,
-        "max_model_len": max(MIN_MODEL_LEN, args.tokens + PROMPT_ROOM),
-        **variant_overrides(variant, args.lever_head),
-    }
-    cfg = load_config(None, {"device": args.device, "llm": llm}).llm
-    cfg = device_share(cfg, args.device, args.engine_count)
+    cfg = engine_config(args, variant, most)
     sampling = setup_sampling(cfg, board_name(os.getpid()), args.device)
     generation = None
     try:
@@ -881,7 +872,7 @@ def run_group(args: argparse.Namespace, variant: str, count: int, work: Path) ->
     mps = mps_active() if args.device == "cuda" else None
     cores = [""] * count
     if args.device == "cpu" and count > 1 and VLLM_BIND_ENV not in os.environ:
-        cores = [",".join(map(str, c)) for c in core_shares(os.sched_getaffinity(0), count)]
+        cores = engine_cores(os.sched_getaffinity(0), count)
     deadline = time.monotonic() + args.variant_timeout
     print(
         f"{variant}, {count} engine(s): starting (logs: {work}/{variant}-k{count}-e*.log"

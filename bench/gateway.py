@@ -19,29 +19,23 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import shutil
-import signal
 import sys
-import tempfile
 import time
 import urllib.request
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 import numpy as np
 
 from bench.doubles.http_client import CHUNK_BYTES, LevelResult, LevelSpec, client_main
-from bench.doubles.local_server import free_port
 from bench.report import environment, show, table, write_json
+from bench.synthetic_gateway import SyntheticGateway
 from common.config import ServeConfig
 from common.gateway_config import GatewayConfig
 from common.llm_config import LLMConfig
 from shm.config import ShmConfig
-from shm.layout import InstanceLayout
-from shm.messages import WorkerReady, orchestrator_decoder
 from shm.records import SAMPLE_RATE
-from shm.ring import create_ring, unlink_ring
 
 TARGET_P99_LAG_MS = 20.0
 BYTES_PER_AUDIO_S = SAMPLE_RATE * 2
@@ -55,30 +49,11 @@ def _tokens(audio_seconds: float) -> int:
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-class _Flag(Protocol):
-    def is_set(self) -> bool: ...
-
-
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process, from /proc/<pid>/stat."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
-
-
-def _run_source(layout: InstanceLayout, stop: _Flag, ready: _Flag) -> None:
-    from bench.doubles.synthetic_backend import SyntheticBackend
-
-    # Real-time pacing, batched every 5 ms like the codec worker's decode batches.
-    src = SyntheticBackend(layout, realtime=True, stamp=True, tick_s=0.005)
-    ready.set()  # type: ignore[attr-defined]
-    src.run(stop)  # type: ignore[arg-type]
-
-
-def _run_gateway(config: ServeConfig, layout: InstanceLayout) -> None:
-    from gateway.main import run
-
-    run(config, layout, 0)
 
 
 def _active_streams(port: int) -> int:
@@ -270,41 +245,22 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
 
     ctx = mp.get_context("spawn")
-    run_dir = tempfile.mkdtemp(prefix="orpheus-bench-")
-    layout = InstanceLayout.for_pid(os.getpid(), run_dir, 1)
-    os.makedirs(layout.socket_dir)
-    shm = ShmConfig(run_dir=run_dir)
-    create_ring(layout.pcm_ring(0), shm.pcm_ring_bytes)
-    port = free_port()
-    config = ServeConfig(
-        device="cpu", log_level="WARNING", shm=shm,
-        gateway=GatewayConfig(port=port, max_active_streams=max(levels) + 64,
-                              max_queued_streams=1024, playground=False),
-        # the gateway refuses max_tokens over the cap (common.limits): room for --audio-seconds
-        llm=LLMConfig(max_tokens_cap=max(LLMConfig().max_tokens_cap, _tokens(args.audio_seconds))),
-    )  # fmt: skip
-    import zmq
 
-    orch = zmq.Context.instance().socket(zmq.PULL)
-    orch.setsockopt(zmq.LINGER, 0)
-    orch.bind(layout.orch)
-    stop, ready = ctx.Event(), ctx.Event()
-    source = ctx.Process(target=_run_source, args=(layout, stop, ready), daemon=True)
-    gateway = ctx.Process(target=_run_gateway, args=(config, layout), daemon=True)
+    def configure(shm: ShmConfig, port: int, _run_dir: str) -> ServeConfig:
+        return ServeConfig(
+            device="cpu", log_level="WARNING", shm=shm,
+            gateway=GatewayConfig(port=port, max_active_streams=max(levels) + 64,
+                                  max_queued_streams=1024, playground=False),
+            # the gateway refuses max_tokens over the cap (common.limits): room for --audio-seconds
+            llm=LLMConfig(max_tokens_cap=max(LLMConfig().max_tokens_cap, _tokens(args.audio_seconds))),
+        )  # fmt: skip
+
     env = header()
     machine = env["machine"]
     results: list[dict[str, Any]] = []
-    try:
-        source.start()
-        if not ready.wait(60):
-            raise RuntimeError("the synthetic source did not start")
-        gateway.start()
-        deadline = time.monotonic() + 60
-        while True:
-            if time.monotonic() > deadline or not gateway.is_alive():
-                raise RuntimeError("the gateway did not report ready")
-            if orch.poll(200) and isinstance(orchestrator_decoder.decode(orch.recv()), WorkerReady):
-                break
+    # Real-time pacing, batched every 5 ms like the codec worker's decode batches.
+    with SyntheticGateway(configure, stamp=True, tick_s=0.005) as served:
+        gateway, source = served.gateway, served.source
         assert gateway.pid is not None and source.pid is not None
         gateway_cores, others_cores = _split_cores(args.gateway_cores)
         _pin(gateway.pid, gateway_cores)
@@ -316,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(
                 _run_level(
                     ctx,
-                    port,
+                    served.port,
                     n,
                     args.client_procs,
                     args,
@@ -326,18 +282,6 @@ def main(argv: list[str] | None = None) -> int:
                     others_cores,
                 )
             )
-    finally:
-        if gateway.pid is not None and gateway.is_alive():
-            os.kill(gateway.pid, signal.SIGTERM)
-            gateway.join(20)
-        stop.set()
-        source.join(10)
-        for p in (gateway, source):
-            if p.is_alive():
-                p.kill()
-        orch.close(linger=0)
-        unlink_ring(layout.pcm_ring(0))
-        shutil.rmtree(run_dir, ignore_errors=True)
 
     machine["loadavg_after"] = os.getloadavg()
     _print_table(results)

@@ -28,46 +28,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing as mp
 import os
-import shutil
 import sys
-import tempfile
 import time
 from typing import Any
 
 import aiohttp
 import numpy as np
 
-from bench.doubles.local_server import free_port
 from bench.gateway import header
 from bench.report import show, table, write_json
+from bench.synthetic_gateway import SyntheticGateway
 from common.config import ServeConfig
 from common.gateway_config import GatewayConfig
 from common.jobs_config import JobsConfig
 from shm.config import ShmConfig
-from shm.layout import InstanceLayout
-from shm.messages import WorkerReady, orchestrator_decoder
 from shm.records import SAMPLE_RATE, SAMPLES_PER_FRAME
-from shm.ring import create_ring, unlink_ring
 
 BYTES_PER_S = SAMPLE_RATE * 2
 TARGET_RATIO = 1.2
 """The goal: interactive p99 TTFB with jobs within 20% of without."""
-
-
-def _run_source(layout: InstanceLayout, first_chunk_s: float, stop: Any, ready: Any) -> None:
-    from bench.doubles.synthetic_backend import SyntheticBackend
-
-    src = SyntheticBackend(layout, realtime=True, first_chunk_delay_s=first_chunk_s, tick_s=0.005)
-    ready.set()
-    src.run(stop)
-
-
-def _run_gateway(config: ServeConfig, layout: InstanceLayout) -> None:
-    from gateway.main import run
-
-    run(config, layout, 0)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -227,63 +207,22 @@ async def _joins(base: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"state": state, "faded": join_quality(joined, n), "raw": join_quality(raw, n)}
 
 
-def _serve(
-    args: argparse.Namespace, reserve: int | None
-) -> tuple[Any, Any, Any, Any, str, InstanceLayout, str]:
+def _serve(args: argparse.Namespace, reserve: int | None) -> SyntheticGateway:
     """A source and a gateway (with a jobs dir of its own); ``reserve`` None: default."""
-    ctx = mp.get_context("spawn")
-    run_dir = tempfile.mkdtemp(prefix="orpheus-bench-jobs-")
-    layout = InstanceLayout.for_pid(os.getpid(), run_dir, 1)
-    os.makedirs(layout.socket_dir)
-    shm = ShmConfig(run_dir=run_dir)
-    create_ring(layout.pcm_ring(0), shm.pcm_ring_bytes)
-    port = free_port()
-    jobs = JobsConfig(
-        dir=os.path.join(run_dir, "jobs"),
-        reserve_streams=JobsConfig().reserve_streams if reserve is None else reserve,
-        streams_per_job=args.streams_per_job,
-    )
-    config = ServeConfig(
-        device="cpu", log_level="WARNING", shm=shm, jobs=jobs,
-        gateway=GatewayConfig(port=port, max_active_streams=args.max_active,
-                              max_queued_streams=256, playground=False),
-    )  # fmt: skip
-    import zmq
 
-    orch = zmq.Context.instance().socket(zmq.PULL)
-    orch.setsockopt(zmq.LINGER, 0)
-    orch.bind(layout.orch)
-    stop, ready = ctx.Event(), ctx.Event()
-    source = ctx.Process(
-        target=_run_source, args=(layout, args.first_chunk_ms / 1000, stop, ready), daemon=True
-    )
-    source.start()
-    if not ready.wait(60):
-        raise RuntimeError("the synthetic source did not start")
-    gateway = ctx.Process(target=_run_gateway, args=(config, layout), daemon=True)
-    gateway.start()
-    deadline = time.monotonic() + 60
-    while True:
-        if time.monotonic() > deadline or not gateway.is_alive():
-            raise RuntimeError("the gateway did not report ready")
-        if orch.poll(200) and isinstance(orchestrator_decoder.decode(orch.recv()), WorkerReady):
-            break
-    orch.close()
-    return source, gateway, stop, ready, f"http://127.0.0.1:{port}", layout, run_dir
+    def configure(shm: ShmConfig, port: int, run_dir: str) -> ServeConfig:
+        jobs = JobsConfig(
+            dir=os.path.join(run_dir, "jobs"),
+            reserve_streams=JobsConfig().reserve_streams if reserve is None else reserve,
+            streams_per_job=args.streams_per_job,
+        )
+        return ServeConfig(
+            device="cpu", log_level="WARNING", shm=shm, jobs=jobs,
+            gateway=GatewayConfig(port=port, max_active_streams=args.max_active,
+                                  max_queued_streams=256, playground=False),
+        )  # fmt: skip
 
-
-def _stop(source: Any, gateway: Any, stop: Any, layout: InstanceLayout, run_dir: str) -> None:
-    if gateway.is_alive():
-        gateway.terminate()
-        gateway.join(30)
-        if gateway.is_alive():
-            gateway.kill()
-    stop.set()
-    source.join(10)
-    if source.is_alive():
-        source.kill()
-    unlink_ring(layout.pcm_ring(0))
-    shutil.rmtree(run_dir, ignore_errors=True)
+    return SyntheticGateway(configure, first_chunk_delay_s=args.first_chunk_ms / 1000, tick_s=0.005)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,13 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     joins: dict[str, Any] = {}
     for name, res, n_jobs in variants:
         print(f"variant {name} ...", file=sys.stderr, flush=True)
-        source, gateway, stop, _, base, layout, run_dir = _serve(args, res)
-        try:
-            results[name] = asyncio.run(_variant(base, args, n_jobs))
+        with _serve(args, res) as served:
+            results[name] = asyncio.run(_variant(served.url, args, n_jobs))
             if name == "no jobs":
-                joins = asyncio.run(_joins(base, args))
-        finally:
-            _stop(source, gateway, stop, layout, run_dir)
+                joins = asyncio.run(_joins(served.url, args))
     base_p99 = results["no jobs"]["ttfb_p99_ms"]
     for r in results.values():
         r["p99_vs_no_jobs"] = round(r["ttfb_p99_ms"] / base_p99, 3) if base_p99 else None

@@ -24,12 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing as mp
 import os
-import shutil
-import signal
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -37,16 +33,13 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from bench.doubles.local_server import free_port
 from bench.gateway import header
 from bench.report import show, table, write_json
+from bench.synthetic_gateway import SyntheticGateway
 from common.config import ServeConfig
 from common.gateway_config import GatewayConfig
 from common.text_config import TextConfig
 from shm.config import ShmConfig
-from shm.layout import InstanceLayout
-from shm.messages import WorkerReady, orchestrator_decoder
-from shm.ring import create_ring, unlink_ring
 
 PROTOCOLS = (
     "openai_http",
@@ -203,78 +196,17 @@ async def _level(base: str, proto: str, sessions: int, rounds: int, voice: str) 
     return [x for xs in per for x in xs]
 
 
-def _run_source(layout: InstanceLayout, stop: Any, ready: Any, first_chunk_s: float) -> None:
-    from bench.doubles.synthetic_backend import SyntheticBackend
-
-    src = SyntheticBackend(layout, realtime=True, first_chunk_delay_s=first_chunk_s)
-    ready.set()
-    src.run(stop)
-
-
-def _run_gateway(config: ServeConfig, layout: InstanceLayout) -> None:
-    from gateway.main import run
-
-    run(config, layout, 0)
-
-
-class _LocalServer:
+def _local_server(first_chunk_s: float, normalization: str = "on") -> SyntheticGateway:
     """A gateway process in front of the synthetic backend (another process)."""
 
-    def __init__(self, first_chunk_s: float, normalization: str = "on") -> None:
-        self.ctx = mp.get_context("spawn")
-        self.run_dir = tempfile.mkdtemp(prefix="orpheus-bench-")
-        self.layout = InstanceLayout.for_pid(os.getpid(), self.run_dir, 1)
-        os.makedirs(self.layout.socket_dir)
-        shm = ShmConfig(run_dir=self.run_dir)
-        create_ring(self.layout.pcm_ring(0), shm.pcm_ring_bytes)
-        self.port = free_port()
-        self.config = ServeConfig(
+    def configure(shm: ShmConfig, port: int, _run_dir: str) -> ServeConfig:
+        return ServeConfig(
             device="cpu", log_level="WARNING", shm=shm,
-            gateway=GatewayConfig(port=self.port, max_active_streams=256, playground=False),
+            gateway=GatewayConfig(port=port, max_active_streams=256, playground=False),
             text=TextConfig(normalization=normalization),  # type: ignore[arg-type]
         )  # fmt: skip
-        self.first_chunk_s = first_chunk_s
 
-    def __enter__(self) -> str:
-        import zmq
-
-        self.orch = zmq.Context.instance().socket(zmq.PULL)
-        self.orch.setsockopt(zmq.LINGER, 0)
-        self.orch.bind(self.layout.orch)
-        self.stop, ready = self.ctx.Event(), self.ctx.Event()
-        self.source = self.ctx.Process(
-            target=_run_source, args=(self.layout, self.stop, ready, self.first_chunk_s),
-            daemon=True,
-        )  # fmt: skip
-        self.gateway = self.ctx.Process(
-            target=_run_gateway, args=(self.config, self.layout), daemon=True
-        )
-        self.source.start()
-        if not ready.wait(60):
-            raise RuntimeError("the synthetic source did not start")
-        self.gateway.start()
-        deadline = time.monotonic() + 60
-        while True:
-            if time.monotonic() > deadline or not self.gateway.is_alive():
-                raise RuntimeError("the gateway did not report ready")
-            msg = self.orch.poll(200) and orchestrator_decoder.decode(self.orch.recv())
-            if isinstance(msg, WorkerReady):
-                break
-        return f"http://127.0.0.1:{self.port}"
-
-    def __exit__(self, *exc: object) -> None:
-        if self.gateway.pid is not None and self.gateway.is_alive():
-            os.kill(self.gateway.pid, signal.SIGTERM)
-            self.gateway.join(20)
-        self.stop.set()
-        self.source.join(10)
-        for p in (self.gateway, self.source):
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-        self.orch.close(linger=0)
-        unlink_ring(self.layout.pcm_ring(0))
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+    return SyntheticGateway(configure, first_chunk_delay_s=first_chunk_s)
 
 
 def _stats(xs: list[float]) -> dict[str, float]:
@@ -334,8 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         measure(args.url.rstrip("/"))
         backend = f"the server at {args.url}"
     else:
-        with _LocalServer(args.first_chunk_ms / 1000, args.text_normalization) as base:
-            measure(base)
+        with _local_server(args.first_chunk_ms / 1000, args.text_normalization) as served:
+            measure(served.url)
         backend = (f"one gateway process + synthetic backend (real-time paced, first chunk "
                    f"after {args.first_chunk_ms:g} ms)")  # fmt: skip
     machine["loadavg_after"] = os.getloadavg()

@@ -59,13 +59,19 @@ def worker_lost(old: ClusterStatus | None, new: ClusterStatus) -> Lost:
 
 
 class ClusterWatcher:
-    """Subscribes to ``ClusterStatus`` and reports every change to ``on_status``."""
+    """Subscribes to ``ClusterStatus`` and reports every change to its listeners."""
 
-    def __init__(self, endpoint: str, on_status: Callable[[ClusterStatus], None]) -> None:
+    def __init__(self, endpoint: str) -> None:
         self._endpoint = endpoint
-        self._on_status = on_status
+        self._listeners: list[Callable[[ClusterStatus], None]] = []
         self.status: ClusterStatus | None = None
         self._first = asyncio.Event()
+
+    def on_change(self, listener: Callable[[ClusterStatus], None]) -> None:
+        """Call ``listener`` with every new status, in the order listeners were added, while
+        ``status`` is still the one before (a listener compares the two). A listener that
+        raises ends ``run``: the gateway stops rather than go on without news of the workers."""
+        self._listeners.append(listener)
 
     async def wait_first(self, timeout_s: float) -> bool:
         """Wait for the first status (the orchestrator publishes it periodically)."""
@@ -89,7 +95,8 @@ class ClusterWatcher:
                     log.warning("undecodable ClusterStatus: %s", e)
                     continue
                 if status != self.status:
-                    self._on_status(status)
+                    for listener in self._listeners:
+                        listener(status)
                     self.status = status
                 self._first.set()
         except asyncio.CancelledError:

@@ -88,7 +88,8 @@ class Gateway:
             engines=layout.engines,
             ready_engines=self._ready_engines,
         )
-        self.cluster = ClusterWatcher(layout.status, self._on_status)
+        self.cluster = ClusterWatcher(layout.status)
+        self.cluster.on_change(self._on_status)
         self.requests = RequestTracker(
             g, self.admission, self.registry, self.upstream, self.metrics
         )

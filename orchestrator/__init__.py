@@ -4,6 +4,8 @@ shared-memory ownership, fail-fast checks. The ``orpheus-serve`` command is ``or
 - ``settings``: ``ServeConfig`` from the CPU profile, the TOML file, the environment, flags
 - ``supervisor``: starts, watches and restarts the workers of one instance (the codec, one
   llm worker per engine, the gateways); owns its segments
+- ``launcher``: how the supervisor starts a worker process (its own session), the seam tests
+  replace
 - ``mps``: the start-up line on CUDA saying whether MPS is active, and the warning when
   several engines run without it
 - ``child``: every worker's entry point (``python -m orchestrator.child ROLE [INDEX]``)

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -38,6 +39,7 @@ from common.cpu_plan import cpu_plan
 from orchestrator import proctree
 from orchestrator.child import SPEC_ENV, ChildSpec
 from orchestrator.failures import EXIT_PERMANENT, Failure
+from orchestrator.launcher import Launcher, Process, launch_in_own_session
 from orchestrator.logs import library_env
 from orchestrator.mps import log_mps
 from shm.layout import InstanceLayout
@@ -45,6 +47,7 @@ from shm.messages import (
     ClusterStatus,
     EngineStatus,
     Heartbeat,
+    OrchestratorMessage,
     WorkerFailed,
     WorkerReady,
     control_encoder,
@@ -83,7 +86,7 @@ class Child:
     index: int = 0
     numbered: bool = False
     """Named ``role-index`` (the gateways; the llm workers when there are several)."""
-    proc: subprocess.Popen[bytes] | None = None
+    proc: Process | None = None
     ready: bool = False
     generation: int = 0
     restarts: int = 0
@@ -111,8 +114,22 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, config: ServeConfig, layout: InstanceLayout | None = None) -> None:
+    """Supervises one instance. ``run`` is the whole life (segments, sockets, signals, the
+    loop, shutdown); the loop is ``receive`` for each worker message and one ``step`` a
+    pass, and both are public, so that a test can drive the supervision pass by pass with a
+    ``launcher`` and a ``clock`` of its own."""
+
+    def __init__(
+        self,
+        config: ServeConfig,
+        layout: InstanceLayout | None = None,
+        *,
+        launcher: Launcher = launch_in_own_session,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
+        self.launcher = launcher
+        self.clock = clock
         self.layout = layout or InstanceLayout.for_pid(
             os.getpid(), config.shm.run_dir, config.gateway.processes, config.llm.engines
         )
@@ -140,6 +157,10 @@ class Supervisor:
         self._give_up_code = EXIT_PERMANENT
         self._next_snapshot = 0.0
         self._next_reap = 0.0
+        self._started_at: float | None = None
+        """When the workers were started (or the first pass ran): the ready timeout and the
+        "ready in" line count from it."""
+        self._announced = False
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> int:
@@ -168,62 +189,85 @@ class Supervisor:
             self._status = self._ctx.socket(zmq.PUB)
             self._status.setsockopt(zmq.LINGER, 0)
             self._status.bind(self.layout.status)
-            self._start(self.codec)
-            self._start_engines()
+            self.start_workers()
             code = self._loop()
         finally:
             self._shutdown()
         return code
 
     def _on_signal(self, signum: int, _frame: object) -> None:
+        self.stop(signal.Signals(signum))
+
+    def stop(self, sig: signal.Signals) -> None:
+        """Stop on ``sig`` (SIGTERM, SIGINT): the pass under way starts and announces nothing
+        more, the loop ends, and ``run`` drains the gateways and stops the workers. A second
+        stop skips the drain."""
         if self.stopping:
             log.warning("second signal: stopping now")
             self.draining = True
-        log.info("received %s: draining and stopping", signal.Signals(signum).name)
+        log.info("received %s: draining and stopping", sig.name)
         self.stopping = True
+
+    def start_workers(self) -> None:
+        """Start the codec and the llm workers (on CUDA the first engine only: the others
+        follow, from ``step``, each once the one before is ready)."""
+        self._start(self.codec)
+        self._start_engines()
+        self._started_at = self.clock()
 
     def _loop(self) -> int:
         assert self._orch is not None
         poller = zmq.Poller()
         poller.register(self._orch, zmq.POLLIN)
-        t0 = time.monotonic()
-        announced = False
         while not self.stopping:
             for sock, _ in poller.poll(100):
                 self._drain_orch(sock)
-            now = time.monotonic()
-            self._watch(now)
-            if self.exit_failure is not None:
-                log.error("giving up: %s", self.exit_failure.line())
-                return self._give_up_code
-            watched = time.monotonic()
-            self._housekeeping(now)
-            self._note_stall(now, watched)
-            if self.stopping:  # a signal during this pass: start and announce nothing more
-                break
-            self._start_engines()
-            warm = all(c.ready for c in self.workers)
-            if warm and not any(g.proc for g in self.gateways):
-                for g in self.gateways:
-                    self._start(g)
-            if warm and all(g.ready for g in self.gateways) and not announced:
-                announced = True
-                g = self.config.gateway
-                log.info(
-                    "ready in %.1fs: http://%s:%d (instance %s, %d llm engine%s)",
-                    now - t0, g.host, g.port, self.layout.instance, len(self.llms),
-                    "s" if len(self.llms) > 1 else "",
-                )  # fmt: skip
-            if not warm and now - t0 > self.config.ready_timeout_s and not announced:
-                log.error("workers not ready after %.0fs: giving up", self.config.ready_timeout_s)
-                return 1
-            self._publish_status(now)
+            code = self.step()
+            if code is not None:
+                return code
         return 0
+
+    def step(self) -> int | None:
+        """One pass of supervision: notice deaths and silences (and restart), housekeeping,
+        start what is due (the next engine, the gateways once the workers are warm),
+        announce readiness, publish the status. Returns the exit code when the server must
+        stop (0 once stopping), None to go on."""
+        now = self.clock()
+        if self._started_at is None:
+            self._started_at = now
+        t0 = self._started_at
+        self._watch(now)
+        if self.exit_failure is not None:
+            log.error("giving up: %s", self.exit_failure.line())
+            return self._give_up_code
+        watched = self.clock()
+        self._housekeeping(now)
+        self._note_stall(now, watched)
+        if self.stopping:  # a signal during this pass: start and announce nothing more
+            return 0
+        self._start_engines()
+        warm = all(c.ready for c in self.workers)
+        if warm and not any(g.proc for g in self.gateways):
+            for g in self.gateways:
+                self._start(g)
+        if warm and all(g.ready for g in self.gateways) and not self._announced:
+            self._announced = True
+            g = self.config.gateway
+            log.info(
+                "ready in %.1fs: http://%s:%d (instance %s, %d llm engine%s)",
+                now - t0, g.host, g.port, self.layout.instance, len(self.llms),
+                "s" if len(self.llms) > 1 else "",
+            )  # fmt: skip
+        if not warm and now - t0 > self.config.ready_timeout_s and not self._announced:
+            log.error("workers not ready after %.0fs: giving up", self.config.ready_timeout_s)
+            return 1
+        self._publish_status(now)
+        return None
 
     def _note_stall(self, start: float, watched: float) -> None:
         """Warn when one pass of the loop took long: every death is noticed that much later
         (``_watch`` includes killing a dead worker's tree; housekeeping reads /proc)."""
-        end = time.monotonic()
+        end = self.clock()
         if end - start > LOOP_STALL_WARN_S:
             log.warning(
                 "supervision loop stalled %.1fs (children and trees %.1fs, housekeeping %.1fs)",
@@ -241,24 +285,29 @@ class Supervisor:
             except msgspec.DecodeError:
                 log.warning("undecodable message on the orchestrator socket")
                 continue
-            child = self._by_pid(msg.pid)
-            if child is None:
-                continue
-            child.last_seen = time.monotonic()
-            if isinstance(msg, WorkerReady) and not child.ready:
-                child.ready = True
-                child.ever_ready = True
-                child.failed_starts = 0
-                child.ready_since = child.last_seen
-                self._snapshot(child)
-                log.info(
-                    "%s ready (pid %d, %.1fs)%s", child.name, msg.pid,
-                    child.last_seen - child.started_at, f": {msg.detail}" if msg.detail else "",
-                )  # fmt: skip
-            elif isinstance(msg, WorkerFailed):
-                child.failure = Failure(msg.cause, msg.fix)
-            elif isinstance(msg, Heartbeat):
-                pass
+            self.receive(msg)
+
+    def receive(self, msg: OrchestratorMessage) -> None:
+        """A worker's message (ready, failed, heartbeat); one from no current child's pid
+        (a worker already replaced) is dropped."""
+        child = self._by_pid(msg.pid)
+        if child is None:
+            return
+        child.last_seen = self.clock()
+        if isinstance(msg, WorkerReady) and not child.ready:
+            child.ready = True
+            child.ever_ready = True
+            child.failed_starts = 0
+            child.ready_since = child.last_seen
+            self._snapshot(child)
+            log.info(
+                "%s ready (pid %d, %.1fs)%s", child.name, msg.pid,
+                child.last_seen - child.started_at, f": {msg.detail}" if msg.detail else "",
+            )  # fmt: skip
+        elif isinstance(msg, WorkerFailed):
+            child.failure = Failure(msg.cause, msg.fix)
+        elif isinstance(msg, Heartbeat):
+            pass
 
     def _by_pid(self, pid: int) -> Child | None:
         for c in (*self.workers, *self.gateways):
@@ -292,12 +341,10 @@ class Supervisor:
         env = self._spec_env()
         if child.role == "llm":
             env[ENGINE_ENV] = str(child.index)
-        # Own session: a terminal's Ctrl-C reaches only the orchestrator, which stops the
-        # children in order (gateways drain first).
-        child.proc = subprocess.Popen(args, env=env, start_new_session=True)
+        child.proc = self.launcher(args, env)
         child.ready = False
         child.failure = None
-        child.started_at = child.last_seen = time.monotonic()
+        child.started_at = child.last_seen = self.clock()
         child.restart_at = None
         log.info("started %s (pid %d)", child.name, child.proc.pid)
 
@@ -315,8 +362,7 @@ class Supervisor:
                 self._mark_dead(child)
                 # Gateways learn at once (they fail the worker's streams and stop admitting);
                 # killing what the worker left can take a few seconds.
-                if self._status is not None:
-                    self._publish_status(now, force=True)
+                self._publish_status(now, force=True)
                 self._kill_tree(child)
                 if not child.ever_ready and self._start_failed(child, code):
                     return
@@ -410,7 +456,8 @@ class Supervisor:
                 pass
 
     def _publish_status(self, now: float, force: bool = False) -> None:
-        assert self._status is not None
+        if self._status is None:  # driven without ``run``: no socket, nobody to tell
+            return
         codec = self.codec
         status = ClusterStatus(
             engines=tuple(EngineStatus(c.ready, c.generation) for c in self.llms),
@@ -434,12 +481,12 @@ class Supervisor:
                     pass
 
     def _wait_all(self, children: list[Child], timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
+        deadline = self.clock() + timeout_s
         for c in children:
             if c.proc is None:
                 continue
             try:
-                c.proc.wait(max(0.0, deadline - time.monotonic()))
+                c.proc.wait(max(0.0, deadline - self.clock()))
             except subprocess.TimeoutExpired:
                 log.warning("%s did not stop in time: killing it", c.name)
                 c.proc.kill()
@@ -448,7 +495,7 @@ class Supervisor:
     def _shutdown(self) -> None:
         if self._status is not None:
             self.draining = True
-            self._publish_status(time.monotonic(), force=True)
+            self._publish_status(self.clock(), force=True)
         # Gateways drain (stop admitting, finish active streams) on SIGTERM.
         self._signal_all(self.gateways, signal.SIGTERM)
         self._wait_all(self.gateways, self.config.drain_timeout_s + STOP_GRACE_S)

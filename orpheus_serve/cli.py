@@ -26,6 +26,7 @@ BENCHES = {
     "voices": "bench.voices",
     "jobs": "bench.jobs",
     "textnorm": "bench.textnorm",
+    "ring": "bench.ring",
 }
 
 

@@ -7,4 +7,5 @@
 - ``segments``: their lifecycle (created, unlinked, a dead instance's removed)
 - ``admission``: node-wide admission counters of several gateway processes
 - ``config``, ``voices``: the ``[shm]`` and ``[voices]`` tables; custom voices on disk
+- ``durable``: records in the durable state directory (locked changes, whole-file writes)
 """

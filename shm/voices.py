@@ -2,12 +2,11 @@
 a state directory that every gateway and the llm_worker read.
 
 One file per voice, ``<state_dir>/voices/<id>.voice`` (a msgpack :class:`VoiceRecord`: the
-transcript and the reference audio's SNAC code frames). Files are written atomically: the
-record goes to a temporary file in the same directory, is fsynced, and is *linked* to its
-final name (``link`` fails if the name exists, so two gateways creating the same name race
-safely: one wins, the other answers 409); the directory is fsynced after. Creation holds an
-``flock`` on ``.lock`` so that the voice limit holds across processes. Deleting unlinks the
-file: a stream that already started keeps the prompt it was given.
+transcript and the reference audio's SNAC code frames), a ``shm.durable.RecordDir``: written
+atomically and *linked* to its final name (two gateways creating the same name race safely:
+one wins, the other answers 409); creation holds the directory's lock so that the voice
+limit holds across processes. Deleting unlinks the file: a stream that already started
+keeps the prompt it was given.
 
 Import-light (msgspec, numpy, the standard library): the gateway (which never touches torch)
 and the llm_worker both use it.
@@ -16,18 +15,17 @@ and the llm_worker both use it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
-import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Literal, NamedTuple
 
 import msgspec
 import numpy as np
 
+from shm.durable import RecordDir, write_file
 from shm.records import CODE_DTYPE, FRAME_BYTES, FRAME_CODES
 
 VOICE_SUFFIX = ".voice"
@@ -126,46 +124,27 @@ class VoiceStore:
     """The ``voices/`` directory of a state directory (created on first use)."""
 
     def __init__(self, state_dir: str | os.PathLike[str]) -> None:
-        self.directory = resolve_state_dir(str(state_dir)) / "voices"
-
-    def _ensure(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.records = RecordDir(resolve_state_dir(str(state_dir)) / "voices", VOICE_SUFFIX, ID_RE)
+        self.directory = self.records.directory
 
     def path(self, vid: str) -> Path:
-        if not ID_RE.match(vid):
+        path = self.records.path(vid)
+        if path is None:
             raise ValueError(f"not a voice id: {vid!r}")
-        return self.directory / f"{vid}{VOICE_SUFFIX}"
-
-    def _ids(self) -> Iterator[str]:
-        try:
-            names = os.listdir(self.directory)
-        except FileNotFoundError:
-            return
-        for n in names:
-            if n.endswith(VOICE_SUFFIX) and ID_RE.match(vid := n[: -len(VOICE_SUFFIX)]):
-                yield vid
+        return path
 
     def ids(self) -> list[str]:
-        return sorted(self._ids())
+        return self.records.ids()
 
     def get(self, vid: str) -> VoiceRecord | None:
         """The voice, or None if there is none by that id (or the id is malformed)."""
-        if not ID_RE.match(vid):
-            return None
-        try:
-            data = self.path(vid).read_bytes()
-        except FileNotFoundError:
-            return None
-        return _decoder.decode(data)
+        data = self.records.read(vid)
+        return None if data is None else _decoder.decode(data)
 
     def stat_key(self, vid: str) -> tuple[int, int] | None:
         """(inode, mtime ns) of the voice's file, None if absent: a cache key that changes
         when a voice is deleted and made again under the same id."""
-        try:
-            st = self.path(vid).stat()
-        except (FileNotFoundError, ValueError):
-            return None
-        return st.st_ino, st.st_mtime_ns
+        return self.records.stat_key(vid)
 
     def list(self) -> list[VoiceSummary]:
         out = []
@@ -187,54 +166,23 @@ class VoiceStore:
                 )
         return out
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        self._ensure()
-        fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-
     def create(self, record: VoiceRecord, max_voices: int) -> None:
         """Store ``record`` atomically. VoiceExists if the id is taken, TooManyVoices at the
         limit (both checked under the store's lock, so they hold across processes)."""
         final = self.path(record.id)
-        with self._locked():
+        with self.records.locked():
             if final.exists():
                 raise VoiceExists(record.id)
-            if sum(1 for _ in self._ids()) >= max_voices:
+            if self.records.count() >= max_voices:
                 raise TooManyVoices(max_voices)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
             try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(_encoder.encode(record))
-                    f.flush()
-                    os.fsync(f.fileno())
-                try:
-                    os.link(tmp, final)  # atomic, and never replaces an existing voice
-                except FileExistsError:
-                    raise VoiceExists(record.id) from None
-            finally:
-                os.unlink(tmp)
-            self._sync_dir()
+                self.records.write(record.id, _encoder.encode(record), replace=False)
+            except FileExistsError:
+                raise VoiceExists(record.id) from None
 
     def delete(self, vid: str) -> bool:
         """Remove a voice; False if there was none."""
-        try:
-            self.path(vid).unlink()
-        except (FileNotFoundError, ValueError):
-            return False
-        self._sync_dir()
-        return True
-
-    def _sync_dir(self) -> None:
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        return self.records.remove(vid)
 
 
 def new_record(
@@ -363,17 +311,7 @@ class LoraRegistry:
     def _write(self, final: Path, data: bytes) -> None:
         """``data`` to ``final`` atomically (a temporary file, fsynced, renamed over it)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        write_file(final, data, replace=True)
 
     def save(self, entry: LoraEntry) -> None:
         """Store ``entry`` (its adapter was loaded): written atomically, and a failure marker

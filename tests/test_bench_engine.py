@@ -22,8 +22,8 @@ from bench.engine import (
     EngineLevel,
     Level,
     combine,
-    core_shares,
-    device_share,
+    engine_config,
+    engine_cores,
     first_wave_lengths,
     intervals_ms,
     not_applicable,
@@ -132,21 +132,27 @@ def test_streams_split_evenly_over_the_engines(streams: int, engines: int) -> No
     assert len(s) == engines and sum(s) == streams and max(s) - min(s) <= 1 and min(s) >= 1
 
 
-def test_each_engine_gets_its_share_of_the_device() -> None:
-    from common.llm_config import LLMConfig
+def test_each_engine_gets_its_share_of_the_device_as_in_the_server() -> None:
+    """The bench's engine is configured as one of the server's K engines: the server's
+    ``engine_args`` splits the device, the server's CPU plan the cores."""
+    from llm_worker.engine import engine_args
 
-    cfg = LLMConfig(gpu_memory_utilization=0.9, kv_cache_memory_bytes=None)
-    half = device_share(cfg, "cuda", 2)
-    assert half.gpu_memory_utilization == pytest.approx(0.45)
-    assert half.kv_cache_memory_bytes is None
-    third = device_share(LLMConfig(kv_cache_memory_bytes=3 * 2**30), "cuda", 3)
-    assert third.kv_cache_memory_bytes == 2**30
-    assert device_share(cfg, "cuda", 1) is cfg
-    assert device_share(cfg, "cpu", 2) is cfg  # the CPU KV cache follows max_num_seqs
-    assert core_shares([0, 1], 2) == [(0,), (1,)]
-    assert core_shares([3, 2, 1, 0], 2) == [(0, 1), (2, 3)]
-    assert core_shares([0, 1, 2], 2) == [(0,), (1, 2)]
-    assert core_shares([0], 2) == [(0,), (0,)]
+    def args(device: str, engines: int) -> SimpleNamespace:
+        return SimpleNamespace(model="m", engine_count=engines, tokens=100, lever_head="full",
+                               device=device)  # fmt: skip
+
+    one = engine_args(engine_config(args("cuda", 1), "full-head", 4), "cuda", [])
+    half = engine_args(engine_config(args("cuda", 2), "full-head", 4), "cuda", [])
+    assert half.gpu_memory_utilization == pytest.approx(one.gpu_memory_utilization / 2)
+    assert half.kv_cache_memory_bytes is None and half.max_num_seqs == 4
+    cpu = engine_args(engine_config(args("cpu", 2), "full-head", 4), "cpu", [])
+    alone = engine_args(engine_config(args("cpu", 1), "full-head", 4), "cpu", [])
+    assert cpu.kv_cache_memory_bytes == alone.kv_cache_memory_bytes  # follows max_num_seqs
+    assert engine_cores([0, 1], 2) == ["0", "1"]
+    assert engine_cores([3, 2, 1, 0], 2) == ["0,1", "2,3"]
+    assert engine_cores([0, 1, 2], 2) == ["0", "1,2"]
+    assert engine_cores([0], 2) == ["0", "0"]
+    assert engine_cores(range(8), 3) == ["0,1", "2,3", "4,5,6,7"]  # the server's split
 
 
 def test_variants_change_one_thing_from_the_full_head() -> None:

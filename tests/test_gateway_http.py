@@ -331,7 +331,7 @@ async def test_a_background_task_that_dies_breaks_the_gateway(layout: InstanceLa
         def bug(_status: ClusterStatus) -> None:
             raise RuntimeError("a bug in the status handler")
 
-        h.gateway.cluster._on_status = bug
+        h.gateway.cluster.on_change(bug)
         h.backend.status = ClusterStatus(
             engines=(EngineStatus(True),), codec_ready=True, draining=False, codec_generation=1
         )

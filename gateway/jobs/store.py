@@ -34,6 +34,7 @@ from typing import BinaryIO, Literal
 
 import msgspec
 
+from shm.durable import fsync_dir
 from shm.messages import SamplingOverrides
 from shm.records import SAMPLE_RATE
 
@@ -128,14 +129,6 @@ def describe_os_error(e: OSError) -> str:
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"the jobs' disk is full ({e.strerror})"
     return f"{type(e).__name__}: {e.strerror or e}"
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_atomic(

@@ -2,12 +2,11 @@
 
 One file per dictionary, ``<state_dir>/pronunciation/<id>.json``: its name, owner and every
 version kept (each change makes a new version with a new id; the oldest are dropped past
-``text.max_dictionary_versions``). The store follows ``shm.voices.VoiceStore``'s rules:
-records are written to a temporary file in the same directory, fsynced, then linked
-(creation: never replaces) or renamed (a new version) into place, and the directory fsynced;
-every change holds an ``flock`` on ``.lock`` so that the count limit and read-modify-write
-updates hold across gateway processes (and nodes sharing the volume). A reader never sees
-half a file.
+``text.max_dictionary_versions``). The directory is a ``shm.durable.RecordDir``, as the
+custom voices' is: records are linked (creation: never replaces) or renamed (a new version)
+into place whole, and every change holds the directory's lock so that the count limit and
+read-modify-write updates hold across gateway processes (and nodes sharing the volume). A
+reader never sees half a file.
 
 Ownership: a dictionary belongs to the API key that made it (a SHA-256 prefix of it is
 stored, never the key); other keys neither see nor use it (404), admin keys see all. With no
@@ -16,19 +15,16 @@ API keys configured everything is everyone's.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import re
 import secrets
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 
 from gateway.text.lexicon import AliasRule
+from shm.durable import RecordDir
 
 ID_RE = re.compile(r"^[A-Za-z0-9]{8,40}$")
 SUFFIX = ".json"
@@ -84,37 +80,24 @@ def new_id() -> str:
 class DictionaryStore:
     def __init__(self, state_dir: str | os.PathLike[str]) -> None:
         base = Path(os.path.expanduser(os.path.expandvars(str(state_dir))))
-        self.directory = base / "pronunciation"
+        self.records = RecordDir(base / "pronunciation", SUFFIX, ID_RE)
+        self.directory = self.records.directory
 
     def path(self, did: str) -> Path:
-        if not ID_RE.match(did):
+        path = self.records.path(did)
+        if path is None:
             raise NoSuchDictionary(did)
-        return self.directory / f"{did}{SUFFIX}"
+        return path
 
     def ids(self) -> list[str]:
-        try:
-            names = os.listdir(self.directory)
-        except FileNotFoundError:
-            return []
-        return sorted(
-            n[: -len(SUFFIX)]
-            for n in names
-            if n.endswith(SUFFIX) and ID_RE.match(n[: -len(SUFFIX)])
-        )
+        return self.records.ids()
 
     def stat_key(self, did: str) -> tuple[int, int] | None:
-        try:
-            st = self.path(did).stat()
-        except (FileNotFoundError, NoSuchDictionary):
-            return None
-        return st.st_ino, st.st_mtime_ns
+        return self.records.stat_key(did)
 
     def get(self, did: str) -> DictionaryRecord | None:
-        try:
-            data = self.path(did).read_bytes()
-        except (FileNotFoundError, NoSuchDictionary):
-            return None
-        return _decoder.decode(data)
+        data = self.records.read(did)
+        return None if data is None else _decoder.decode(data)
 
     def list(self) -> list[DictionaryRecord]:
         out = []
@@ -127,36 +110,8 @@ class DictionaryStore:
                 out.append(r)
         return out
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-
     def _write(self, record: DictionaryRecord, *, replace: bool) -> None:
-        final = self.path(record.id)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(_encoder.encode(record))
-                f.flush()
-                os.fsync(f.fileno())
-            if replace:
-                os.replace(tmp, final)
-            else:
-                os.link(tmp, final)  # never replaces: an id collision fails
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        dfd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        self.records.write(record.id, _encoder.encode(record), replace=replace)
 
     def create(
         self,
@@ -176,7 +131,7 @@ class DictionaryStore:
             created_at=now,
             versions=[DictionaryVersion(version_id=new_id(), created_at=now, rules=rules)],
         )
-        with self._locked():
+        with self.records.locked():
             if len(self.ids()) >= max_dictionaries:
                 raise TooManyDictionaries(max_dictionaries)
             self._write(record, replace=False)
@@ -186,7 +141,7 @@ class DictionaryStore:
         """Apply ``change`` (rules of the latest version -> new rules; it may raise) under
         the lock and store the result as a new latest version."""
         assert callable(change)
-        with self._locked():
+        with self.records.locked():
             record = self.get(did)
             if record is None:
                 raise NoSuchDictionary(did)
@@ -201,7 +156,7 @@ class DictionaryStore:
 
     def rename(self, did: str, name: str) -> DictionaryRecord:
         """A new name (no new version: the rules are unchanged)."""
-        with self._locked():
+        with self.records.locked():
             record = self.get(did)
             if record is None:
                 raise NoSuchDictionary(did)
@@ -210,9 +165,5 @@ class DictionaryStore:
         return record
 
     def delete(self, did: str) -> bool:
-        with self._locked():
-            try:
-                self.path(did).unlink()
-            except (FileNotFoundError, NoSuchDictionary):
-                return False
-        return True
+        with self.records.locked():
+            return self.records.remove(did)

@@ -76,6 +76,22 @@ BENCHES = (
         ],
     ),
     Bench(
+        "ring",
+        ("ring", "--records", "1000"),
+        "ReaderGroup of 1 ring: has_data ns (the codec loop's check)",
+        True,
+        lambda d: next(r["ns_per_has_data"] for r in d["hit"] if r["case"] == "group of 1"),
+    ),
+    Bench(
+        "ring_wake",
+        ("ring", "--records", "1000"),
+        "ReaderGroup of 1 ring: publish to wake p50 us, 1 ms pace",
+        True,
+        lambda d: next(
+            r["p50_us"] for r in d["handoff"] if r["case"] == "group of 1" and r["pace"] == "sleep"
+        ),
+    ),
+    Bench(
         "gateway",
         tuple("gateway --levels 100 --duration 6 --ramp 1 --warmup 1".split()),
         "gateway CPU ms per stream-second, 100 streams",
