@@ -60,6 +60,7 @@ class ClientLink:
     __slots__ = (
         "_in_flight",
         "_links",
+        "_loop",
         "_unreported",
         "_writing",
         "api",
@@ -70,6 +71,7 @@ class ClientLink:
 
     def __init__(self, links: ClientLinks, api: str, on_abort: Callable[[], None] | None) -> None:
         self._links = links
+        self._loop = links.loop
         self.api = api
         self.on_abort = on_abort
         """Tears the client's connection down (None: nothing to tear down, e.g. a job)."""
@@ -93,9 +95,11 @@ class ClientLink:
         message, headers, an end) of ``unit`` (or of ``units``: audio held across units,
         written after some of them ended). The stall watchdog times it; once it returns
         the bytes are counted and each unit is told (its time to first audio)."""
-        if unit is not None or units:
-            self._writing = unit if unit is not None else units[-1]
-        loop = self._links.loop
+        if unit is not None:
+            self._writing = unit
+        elif units:
+            self._writing = units[-1]
+        loop = self._loop
         if not self._in_flight:
             self.write_started = loop.time()
         self._in_flight += 1
