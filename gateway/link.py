@@ -114,12 +114,19 @@ class ClientLink:
             else:
                 self.write_started = 0.0
                 self._writing = None
-        if n > 0:
-            self.wrote(n, unit, units)
+        if n > 0:  # ``wrote``, inlined: this is the per-chunk path
+            self.bytes_sent += n
+            self._unreported += n
+            if self._unreported >= BYTES_METRIC_BATCH:
+                self._report()
+            if unit is not None:
+                unit.audio_written(n)
+            if units:
+                self._credit(n, units)
 
     def wrote(self, n: int, unit: Unit | None = None, units: Sequence[Unit] = ()) -> None:
         """Account ``n`` audio bytes delivered without a wait to time (a job's unit goes to
-        its buffer, not to a socket); ``write`` calls it for what it wrote."""
+        its buffer, not to a socket), as ``write`` does for what it wrote."""
         if n <= 0:
             return
         self.bytes_sent += n
@@ -129,9 +136,14 @@ class ClientLink:
         if unit is not None:
             unit.audio_written(n)
         if units:
-            last = units[-1]
-            for u in units:
-                u.audio_written(n if u is last else 0)
+            self._credit(n, units)
+
+    @staticmethod
+    def _credit(n: int, units: Sequence[Unit]) -> None:
+        """Audio held across ``units``: each has its first audio, the latest the bytes."""
+        last = units[-1]
+        for u in units:
+            u.audio_written(n if u is last else 0)
 
     def abort(self) -> None:
         """Tear the connection down (a slow client, the gateway stopping)."""
