@@ -4,8 +4,11 @@ front ends of orpheus-serve.
 Process entry point: ``main`` (``gateway.main.run``). The core, each module with one job:
 
 - ``service``: ``Gateway``, the process's state: admission, streams, cluster, watchdog, drain
-- ``requests``: the owner of a request's life (``RequestTracker``: admit, track, finish) and
-  the client-writer contract of the ``ActiveRequest`` a front end drives; how a request ended
+- ``requests``: the owner of a request's life (``RequestTracker``: admit, track, finish; the
+  ``ActiveRequest`` a front end drives: its stream, outcome, time to first audio); how a
+  request ended
+- ``link``: every write to a client, one ``ClientLink`` per connection (``ClientLinks``):
+  the stall watchdog's clock, the audio bytes, the abort; audio that outlives its unit too
 - ``readiness``: whether the gateway can take a stream (``/ready``, admission's gate)
 - ``streams`` / ``pcm_pump``: PCM ring records routed into bounded per-stream buffers
 - ``admission``, ``cluster``, ``upstream``: slots and queue; ClusterStatus; control PUSH
@@ -15,7 +18,8 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
 - ``audio``: the audio output (formats, streaming encoders, the output pipeline)
 - ``jobs``: long-form speech as durable jobs (store, runner, routes)
 - ``text``: how a request's text is read (normalisation, pronunciation dictionaries)
-- ``custom_voices``: the voices API; ``metrics``: Prometheus metrics (``Api``, the label enum)
+- ``custom_voices``: the voices API; ``metrics``: Prometheus metrics (no front end imports
+  it); ``apis``: ``Api``, which front end served a request (the metrics' label)
 - ``app``: the aiohttp application: each front end's routes in one loop
 
 The front ends, one package each under ``frontends`` (``frontends.registry`` lists those on

@@ -9,7 +9,6 @@ scrape carries every gateway's, the workers' and vLLM's (``vllm:*``) metrics.
 from __future__ import annotations
 
 import os
-from enum import StrEnum
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -20,6 +19,10 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.multiprocess import MultiProcessCollector
+
+from gateway.apis import APIS, Api
+
+__all__ = ["APIS", "OUTCOMES", "Api", "GatewayMetrics", "multiprocess_dir"]
 
 OUTCOMES = (
     "ok",
@@ -34,23 +37,6 @@ OUTCOMES = (
     "internal_error",
 )
 
-
-class Api(StrEnum):
-    """The ``api`` label: which front end served a request. The values are exported (dashboards
-    and alerts select on them) and stay as they are; the names say what they mean."""
-
-    OPENAI_HTTP = "http"
-    OPENAI_SSE = "sse"
-    OMNI = "ws"
-    """vLLM-Omni's streaming WebSocket (the label predates the other WebSocket protocols)."""
-    ZMQ = "zmq"
-    ELEVENLABS = "elevenlabs"
-    BASETEN = "baseten"
-    JOBS = "jobs"
-    """A unit of a long-form job (``gateway.jobs``), spoken in the engines' spare capacity."""
-
-
-APIS = tuple(a.value for a in Api)
 
 TTFB_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 RTF_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5, 2.0, 5.0)

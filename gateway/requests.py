@@ -1,11 +1,12 @@
 """The life of a speech request in the gateway: admitted, streamed to its client, finished.
 
 ``RequestTracker`` is the one owner of that life (``Gateway.requests``). A front end opens a
-request with it and drives the ``ActiveRequest`` it gets::
+request on its connection's ``ClientLink`` (``gateway.link``) and drives the
+``ActiveRequest`` it gets::
 
-    async with gateway.requests.open(params, Api.OPENAI_HTTP, on_abort=abort) as request:
+    async with gateway.requests.open(params, link) as request:
         while chunks := await request.stream.next_chunks():
-            await request.write(resp.write(data), len(data))
+            await link.write(resp.write(data), len(data), request)
         request.complete()
 
 Entering admits the request (or raises ``APIError`` 429/503) and places it on an engine
@@ -13,23 +14,23 @@ Entering admits the request (or raises ``APIError`` 429/503) and places it on an
 its appends and its cancel go too; leaving frees the slot, cancels upstream work if the stream had not
 finished, records the outcome (``outcome_of``), the metrics and the stream's log line.
 
-The client-writer contract lives here and nowhere else: ``write`` marks a write to the
-client as started (the stall watchdog's clock) and accounts its bytes (TTFB on the first),
-``complete`` records that the client has everything (else the outcome is ``cancelled``),
-and ``on_abort`` (given to ``open``) tears the client's connection down when the request
-is dropped (a slow client, the gateway stopping).
+The contract is split by lifetime: the connection's ``ClientLink`` owns every write (the
+stall watchdog's clock, the bytes, the abort), the request owns admission, its stream, its
+outcome and its time to first audio (``first_audio``, told by the link when the first of
+its audio reaches the client: while it streams, or after it ended for audio held past it).
+``complete`` records that the client has everything (else the outcome is ``cancelled``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from types import TracebackType
 
 from common.gateway_config import GatewayConfig
 from gateway.admission import Admission
 from gateway.errors import APIError
+from gateway.link import ClientLink
 from gateway.metrics import GatewayMetrics
 from gateway.schemas import SpeechParams, check_text
 from gateway.streams import PcmStream, StreamRegistry
@@ -39,7 +40,6 @@ from shm.records import SAMPLE_RATE, StreamError
 stream_log = logging.getLogger("orpheus.streams")
 
 BYTES_PER_SECOND = SAMPLE_RATE * 2
-BYTES_METRIC_BATCH = 64 * 1024
 
 
 def outcome_of(error: StreamError) -> str:
@@ -74,41 +74,37 @@ class ActiveRequest:
         "_tracker",
         "api",
         "bytes_sent",
-        "bytes_unreported",
         "completed",
         "first_byte_at",
-        "on_abort",
+        "link",
         "params",
         "started_at",
         "stream",
         "text_chars",
         "text_open",
-        "write_started",
     )
 
     def __init__(
         self,
         tracker: RequestTracker,
         params: SpeechParams,
-        api: str,
+        link: ClientLink,
         started_at: float,
         text_open: bool,
-        on_abort: Callable[[], None] | None,
     ) -> None:
         self._tracker = tracker
         self.params = params
-        self.api = api
+        self.link = link
+        """The connection the request's audio goes out on (it owns every write)."""
+        self.api = link.api
         self.text_open = text_open
         self.started_at = started_at
-        self.on_abort = on_abort
         self.first_byte_at: float | None = None
         self.bytes_sent = 0
-        self.bytes_unreported = 0
+        """The request's audio bytes written to the client (its log line's)."""
         self.completed = False
         """Set by ``complete`` once the client has everything (the outcome is then ok)."""
         self.text_chars = len(params.text)
-        self.write_started = 0.0
-        """Loop time at which a write to the client began and has not finished (0: none)."""
         self.stream: PcmStream  # set by RequestTracker.admit
 
     async def __aenter__(self) -> ActiveRequest:
@@ -124,44 +120,22 @@ class ActiveRequest:
     def audio_seconds(self) -> float:
         return self.stream.bytes_received / BYTES_PER_SECOND
 
-    # -- the client-writer contract ------------------------------------------------------------
-    async def write(self, pending: Awaitable[object], n: int) -> None:
-        """Await ``pending``, a write of ``n`` audio bytes to the client: the stall watchdog
-        times it, and the bytes are accounted once it returns."""
-        self.write_started = self._tracker.loop.time()
-        await pending
-        self.write_started = 0.0
-        self.sent(n)
+    # -- what the link tells it ------------------------------------------------------------
+    def audio_written(self, n: int) -> None:
+        """``n`` bytes of this request's audio reached the client (``ClientLink.write``)."""
+        if self.first_byte_at is None:
+            self.first_audio(self._tracker.loop.time())
+        self.bytes_sent += n
 
-    async def write_counted(self, pending: Awaitable[int]) -> int:
-        """``write`` for a delivery that returns how many audio bytes it wrote."""
-        self.write_started = self._tracker.loop.time()
-        n = await pending
-        self.write_started = 0.0
-        self.sent(n)
-        return n
+    def first_audio(self, now: float) -> None:
+        """The request's first audio reached the client at loop time ``now``: its time to
+        first audio. The one place that moment is known, whichever front end wrote it."""
+        self.first_byte_at = now
+        self._tracker.metrics.ttfb_by_api[self.api].observe(now - self.started_at)
 
     def complete(self) -> None:
         """The client has everything: the request ends ``ok``."""
         self.completed = True
-
-    def sent(self, n: int) -> None:
-        """Account ``n`` bytes of audio written to the client (TTFB on the first)."""
-        if n <= 0:
-            return
-        if self.first_byte_at is None:
-            self.first_byte_at = now = self._tracker.loop.time()
-            self._tracker.metrics.ttfb_by_api[self.api].observe(now - self.started_at)
-        self.bytes_sent += n
-        self.bytes_unreported += n
-        if self.bytes_unreported >= BYTES_METRIC_BATCH:
-            self.report_bytes()
-
-    def report_bytes(self) -> None:
-        """Add the bytes sent so far to the counter (batched: a locked update per chunk costs)."""
-        if self.bytes_unreported:
-            self._tracker.metrics.bytes_sent_by_api[self.api].inc(self.bytes_unreported)
-            self.bytes_unreported = 0
 
     # -- the request's stream ------------------------------------------------------------------
     def append_text(self, text: str, *, final: bool) -> None:
@@ -174,8 +148,8 @@ class ActiveRequest:
         self._tracker.registry.fail(self.stream, error, cancel_upstream=True, discard_pending=True)
 
     def drop(self, why: str) -> None:
-        """Drop a client that stopped reading: fail the stream and tear down the connection."""
-        self.write_started = 0.0
+        """Drop a client that stopped reading: fail the stream and tear down the connection
+        (its link's ``drop``)."""
         self._tracker.registry.drop_slow_client(self.stream, why)
 
 
@@ -208,15 +182,15 @@ class RequestTracker:
     def open(
         self,
         params: SpeechParams,
-        api: str,
+        link: ClientLink,
         *,
         text_open: bool = False,
         started_at: float | None = None,
-        on_abort: Callable[[], None] | None = None,
     ) -> ActiveRequest:
-        """A request for ``params``, to enter with ``async with`` (admitted on entry)."""
+        """A request for ``params`` whose audio goes out on ``link`` (its ``api`` labels the
+        request), to enter with ``async with`` (admitted on entry)."""
         t0 = self.loop.time() if started_at is None else started_at
-        return ActiveRequest(self, params, api, t0, text_open, on_abort)
+        return ActiveRequest(self, params, link, t0, text_open)
 
     async def admit(self, request: ActiveRequest) -> None:
         with self.metrics.queued.track_inprogress():
@@ -249,14 +223,13 @@ class RequestTracker:
             raise APIError(
                 503, "upstream_unavailable", str(e), retry_after_s=self.config.retry_after_s
             ) from None
-        stream.on_abort = request.on_abort
+        stream.on_abort = request.link.abort
         request.stream = stream
         self.active.add(request)
         self.metrics.active.inc()
         self._engine_active[engine].inc()
 
     def finish(self, request: ActiveRequest, exc: BaseException | None) -> None:
-        request.report_bytes()
         stream = request.stream
         outcome = request_outcome(request, exc)
         self.registry.release(
@@ -311,24 +284,17 @@ class RequestTracker:
         if final:
             stream.text_closed = True
 
-    def abort_writers(self) -> None:
-        """Tear down the connections of the requests that are writing (the gateway stops)."""
-        for request in list(self.active):
-            if request.on_abort is not None and request.write_started:
-                request.on_abort()
-
     def sweep(
         self,
         now: float,
         *,
         idle_s: float,
         text_idle_s: float,
-        stall_s: float,
         upstream_timeout: StreamError,
         text_timeout: StreamError,
     ) -> None:
-        """The watchdog's pass: fail streams the workers or the client left idle, drop
-        clients that accept no data."""
+        """The watchdog's pass: fail streams the workers or the client left idle (clients that
+        accept no data are the links' to drop: ``ClientLinks.sweep``)."""
         for request in list(self.active):
             stream = request.stream
             if not stream.done:
@@ -343,6 +309,3 @@ class RequestTracker:
                     self.registry.fail(
                         stream, text_timeout, cancel_upstream=True, discard_pending=True
                     )
-            started = request.write_started
-            if started and now - started > stall_s:
-                request.drop(f"the client accepted no data for {stall_s:g} s")

@@ -3,7 +3,9 @@
 ``Gateway`` owns admission, the stream registry and the PCM pump, the cluster state, the
 watchdog and the drain. Front ends (``gateway.frontends``) build a request into
 ``SpeechParams`` (``gateway.schemas.build_params``), then drive it as an ``ActiveRequest``
-opened with ``Gateway.requests.open`` (``gateway.requests``, the owner of a request's life);
+opened with ``Gateway.requests.open`` (``gateway.requests``, the owner of a request's life)
+on the ``ClientLink`` of its connection (``Gateway.links.open``, ``gateway.link``: every
+write to the client);
 ``/ready`` and the admission gate come from ``gateway.readiness``.
 """
 
@@ -18,6 +20,7 @@ from gateway.admission import Admission
 from gateway.cluster import ClusterWatcher, worker_lost
 from gateway.custom_voices import CustomVoices
 from gateway.errors import APIError
+from gateway.link import ClientLinks
 from gateway.metrics import GatewayMetrics
 from gateway.pcm_pump import pump_pcm
 from gateway.readiness import Readiness, draining_error, readiness, refusal
@@ -94,6 +97,8 @@ class Gateway:
             g, self.admission, self.registry, self.upstream, self.metrics
         )
         """The owner of every request's life: ``gateway.requests.open(...)``."""
+        self.links = ClientLinks(metrics)
+        """Every client connection's writes: ``gateway.links.open(api, on_abort)``."""
         self.draining = False
         self._tasks: list[asyncio.Task[None]] = []
         self._reader: RingReader | None = None
@@ -107,6 +112,7 @@ class Gateway:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.requests.start(self.loop)
+        self.links.start(self.loop)
         shm = self.config.shm
         self._reader = RingReader(
             self.layout.pcm_ring(self.index), spin_us=shm.spin_us, recheck_ms=shm.recheck_ms
@@ -172,7 +178,7 @@ class Gateway:
 
     def _fail_everything(self, code: str, message: str) -> None:
         self.registry.fail_all(StreamError(code, message, 503), cancel_upstream=True)
-        self.requests.abort_writers()
+        self.links.abort_writers()
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -234,11 +240,12 @@ class Gateway:
         )
         while True:
             await asyncio.sleep(WATCHDOG_PERIOD_S)
+            now = self.loop.time()
+            self.links.sweep(now, stall_s)
             self.requests.sweep(
-                self.loop.time(),
+                now,
                 idle_s=idle_s,
                 text_idle_s=text_idle_s,
-                stall_s=stall_s,
                 upstream_timeout=upstream_timeout,
                 text_timeout=text_timeout,
             )

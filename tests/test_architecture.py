@@ -197,9 +197,9 @@ def test_every_front_end_is_served() -> None:
 
 
 def test_every_front_end_has_its_api_label() -> None:
-    """Step 3: each front end labels its requests with a member of ``metrics.Api``, and each
+    """Step 3: each front end labels its requests with a member of ``apis.Api``, and each
     member labels some front end's requests."""
-    from gateway.metrics import Api
+    from gateway.apis import Api
 
     used: dict[str, set[str]] = {}
     for name in _frontend_packages():

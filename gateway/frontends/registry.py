@@ -6,12 +6,15 @@ where the code can tell):
 1. A package ``gateway.frontends.<name>`` with ``routes(gateway) -> list[web.RouteDef]``.
    Its wire types are msgspec Structs with plain types; their values go through
    ``gateway.schemas.build_params`` (every field rule, the same 400s as every protocol).
-   Each utterance is a request of ``gateway.requests`` (``RequestTracker.open``, audio
-   through ``ActiveRequest.write``); a streaming protocol speaks its units on a ``Lane``
-   with ``speak_unit`` (``gateway.frontends.utterance``).
+   Each connection has one ``ClientLink`` (``gateway.links.open``, ``gateway.link``), and
+   every write to its client goes through its ``write`` (naming the units whose audio it
+   carries); each utterance is a request of ``gateway.requests`` on that link
+   (``RequestTracker.open``); a streaming protocol speaks its units on a ``Lane`` with
+   ``speak_unit`` (``gateway.frontends.utterance``). It never imports ``gateway.metrics``
+   (.importlinter's ``frontends-no-metrics``).
 2. One line in ``HTTP_FRONTENDS`` below (a protocol on its own socket is started by
    ``gateway.main`` instead, as ``zeromq`` is).
-3. Its ``api`` label: a member of ``gateway.metrics.Api`` (a new value: the exported values
+3. Its ``api`` label: a member of ``gateway.apis.Api`` (a new value: the exported values
    of the others stay as they are, dashboards and alerts select on them).
 4. The package in the ``frontends-independent`` contract of ``.importlinter`` (front ends
    import none of each other; what two share moves to ``shared`` or ``utterance``).

@@ -1,9 +1,10 @@
 """What every front end shares, written once: the handler type, the body read, the error
 conversion, the template of a streaming request, WebSocket JSON messages.
 
-The client-writer contract (``write``/``complete``/``on_abort``) belongs to the request's
-owner, ``gateway.requests.ActiveRequest``; the ``api`` metric label is
-``gateway.metrics.Api``.
+Every write to a client goes through the ``ClientLink`` of its connection
+(``gateway.link``: the stall clock, the bytes, the abort), a unit's life through its
+request (``gateway.requests.ActiveRequest``); the ``api`` label is ``gateway.apis.Api``. A
+front end never imports ``gateway.metrics``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import msgspec
 from aiohttp import web
 
 from gateway.errors import APIError
+from gateway.link import ClientLink
 from gateway.schemas import SpeechParams, build_params
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
@@ -87,13 +89,15 @@ def stream_template(
     )
 
 
-async def send_json(ws: web.WebSocketResponse, msg: msgspec.Struct) -> None:
-    """One JSON text message, unless the socket is closed."""
+async def send_json(link: ClientLink, ws: web.WebSocketResponse, msg: msgspec.Struct) -> None:
+    """One JSON text message on ``ws`` (through its ``link``), unless the socket is closed."""
     if not ws.closed:
-        await ws.send_str(_json.encode(msg).decode())
+        await link.write(ws.send_str(_json.encode(msg).decode()))
 
 
-async def send_json_quietly(ws: web.WebSocketResponse, msg: msgspec.Struct) -> None:
+async def send_json_quietly(
+    link: ClientLink, ws: web.WebSocketResponse, msg: msgspec.Struct
+) -> None:
     """``send_json`` for an error or an end: a client already gone is no further error."""
     with contextlib.suppress(ConnectionError):
-        await send_json(ws, msg)
+        await send_json(link, ws, msg)

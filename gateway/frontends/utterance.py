@@ -4,7 +4,8 @@ A connection of a voice-agent protocol (vLLM-Omni session, ElevenLabs context, B
 socket) turns its text into units (``gateway.frontends.text_units``) and speaks them in order on a
 ``Lane``: one unit at a time, each its own request through ``Gateway.requests`` (so
 admission, the idle and slow-client watchdogs, metrics and upstream cancellation are the
-same as for every other front end). Cancelling the lane (a barge-in, a client that went
+same as for every other front end), whose audio goes out on the connection's ``ClientLink``
+(``gateway.link``: every write, the connection's life). Cancelling the lane (a barge-in, a client that went
 away) cancels the unit being spoken, which sends ``LlmCancel`` and aborts the vLLM request,
 and drops the units queued behind it.
 """
@@ -21,6 +22,8 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import WSMessage, web
 
+from gateway.frontends.shared import abort_of
+from gateway.link import ClientLink
 from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams
 from gateway.service import Gateway
@@ -28,9 +31,10 @@ from shm.records import SAMPLE_RATE, StreamEnd
 
 log = logging.getLogger(__name__)
 
-Deliver = Callable[[list[bytes], bool], Awaitable[int]]
-"""Called with each batch of 24 kHz PCM chunks of a unit and whether it is the unit's last
-(then possibly empty); returns the bytes it wrote to the client."""
+Deliver = Callable[[ActiveRequest, list[bytes], bool], Awaitable[None]]
+"""Called with the unit's request, each batch of its 24 kHz PCM chunks and whether it is the
+unit's last (then possibly empty); writes what it sends through the link, naming the unit
+(or, for audio it holds, the units of that audio when it sends it)."""
 
 MS_PER_BYTE = 1000.0 / (SAMPLE_RATE * 2)
 
@@ -43,25 +47,23 @@ async def speak_unit(
     gateway: Gateway,
     template: SpeechParams,
     text: str,
-    api: str,
+    link: ClientLink,
     deliver: Deliver,
     *,
     started_at: float | None = None,
-    on_abort: Callable[[], None] | None = None,
 ) -> tuple[StreamEnd | None, ActiveRequest]:
     """Speak one unit: ``text`` (cut from text ``check_text`` took) with the voice and
     sampling of ``template`` (``build_params``'s, made when the protocol's session or context
     was configured), rewritten by its ``text_plan`` (dictionaries, normalisation) unless the
-    caller did that already. Returns how it ended. Raises ``APIError`` (not admitted) or
+    caller did that already, on the connection's ``link``. Returns how it ended. Raises ``APIError`` (not admitted) or
     ``StreamFailed`` (failed in the workers), after the audio that came before."""
     params = msgspec.structs.replace(template, text=text).spoken()
-    opened = gateway.requests.open(params, api, started_at=started_at, on_abort=on_abort)
-    async with opened as active:
+    async with gateway.requests.open(params, link, started_at=started_at) as active:
         stream = active.stream
         while True:
             chunks = await stream.next_chunks()
             last = stream.end is not None
-            await active.write_counted(deliver(chunks, last))
+            await deliver(active, chunks, last)
             if last or not chunks:
                 break
         active.complete()
@@ -225,16 +227,19 @@ WS_HEARTBEAT_S = 30.0
 async def serve_websocket(
     request: web.Request,
     gateway: Gateway,
-    serve: Callable[[web.WebSocketResponse], Awaitable[None]],
+    api: str,
+    serve: Callable[[web.WebSocketResponse, ClientLink], Awaitable[None]],
 ) -> web.WebSocketResponse:
-    """Upgrade ``request``, run one protocol's ``serve`` on the socket, close it however that
-    ended (a client gone mid-write is the normal end of a barge-in, not an error)."""
+    """Upgrade ``request``, run one protocol's ``serve`` on the socket and its link (every
+    write to the client), close it however that ended (a client gone mid-write is the
+    normal end of a barge-in, not an error)."""
     ws = web.WebSocketResponse(
         max_msg_size=gateway.config.gateway.max_body_bytes, heartbeat=WS_HEARTBEAT_S
     )
-    await ws.prepare(request)
-    with contextlib.suppress(ConnectionError):
-        await serve(ws)
-    if not ws.closed:
-        await ws.close()
+    with gateway.links.open(api, abort_of(request)) as link:
+        await link.write(ws.prepare(request))
+        with contextlib.suppress(ConnectionError):
+            await serve(ws, link)
+        if not ws.closed:
+            await link.write(ws.close())
     return ws

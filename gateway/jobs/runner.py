@@ -34,6 +34,7 @@ from typing import BinaryIO, TypeVar
 import numpy as np
 
 from common.jobs_config import JobsConfig
+from gateway.apis import Api
 from gateway.audio.formats import OutputFormat
 from gateway.audio.output import make_output
 from gateway.errors import APIError
@@ -49,7 +50,6 @@ from gateway.jobs.store import (
     describe_os_error,
     write_atomic,
 )
-from gateway.metrics import Api
 from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams
 from gateway.service import Gateway
@@ -466,8 +466,11 @@ class JobRunner:
                 await self._wait_for_room(job)
                 if job.stopping:
                     return None
+                # The unit's audio goes to its buffer, then to disk: its link has no
+                # connection to tear down, and counts its bytes as a client's.
+                link = stack.enter_context(self.gateway.links.open(Api.JOBS))
                 request = await stack.enter_async_context(
-                    self.gateway.requests.open(job.params(index), Api.JOBS)
+                    self.gateway.requests.open(job.params(index), link)
                 )
             job.active.add(request)
             if job.stopping:  # cancelled while it waited for its slot
@@ -481,7 +484,7 @@ class JobRunner:
                     for chunk in chunks:
                         pcm += chunk
                         n += len(chunk)
-                    request.sent(n)
+                    link.wrote(n, request)
                 request.complete()
                 return bytes(pcm)
             finally:

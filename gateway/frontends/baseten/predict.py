@@ -26,10 +26,10 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
+from gateway.apis import Api
 from gateway.auth import presented_key
 from gateway.frontends.openai.speech import respond
 from gateway.frontends.shared import Handler, read_body
-from gateway.metrics import Api
 from gateway.schemas import bad_request, build_params
 from gateway.service import Gateway
 from orpheus_wire.text import Locator

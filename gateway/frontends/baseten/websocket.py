@@ -27,9 +27,10 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from gateway.apis import Api
 from gateway.auth import presented_key
 from gateway.errors import APIError
-from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, api_error, stream_template
+from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, api_error, stream_template
 from gateway.frontends.text_units import Unit, UnitSplitter
 from gateway.frontends.utterance import (
     Lane,
@@ -39,7 +40,8 @@ from gateway.frontends.utterance import (
     serve_websocket,
     speak_unit,
 )
-from gateway.metrics import Api
+from gateway.link import ClientLink
+from gateway.requests import ActiveRequest
 from gateway.schemas import check_text
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
@@ -94,22 +96,26 @@ class _TextJoiner:
         return out
 
 
-async def _close(ws: web.WebSocketResponse, err: APIError) -> None:
+async def _close(link: ClientLink, ws: web.WebSocketResponse, err: APIError) -> None:
     if not ws.closed:
         with contextlib.suppress(ConnectionError):
-            await ws.close(code=close_code(err.status), message=err.message.encode()[:120])
+            await link.write(
+                ws.close(code=close_code(err.status), message=err.message.encode()[:120])
+            )
 
 
-async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gateway) -> None:
+async def _serve(
+    ws: web.WebSocketResponse, link: ClientLink, request: web.Request, gateway: Gateway
+) -> None:
     g = gateway.config.gateway
     try:
         first = await ws.receive(g.ws_start_timeout_s)
     except TimeoutError:
-        await _close(ws, APIError(400, "timeout", "no start message"))
+        await _close(link, ws, APIError(400, "timeout", "no start message"))
         return
     if first.type != WSMsgType.TEXT:
         if first.type == WSMsgType.BINARY:
-            await _close(ws, APIError(400, "invalid_message", "the first message is JSON"))
+            await _close(link, ws, APIError(400, "invalid_message", "the first message is JSON"))
         return
     try:
         start = _start_decoder.decode(first.data)
@@ -129,22 +135,22 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
             text_plan=plan,
         )
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        await _close(ws, APIError(400, "invalid_message", f"invalid start message: {e}"))
+        await _close(link, ws, APIError(400, "invalid_message", f"invalid start message: {e}"))
         return
     except APIError as e:
-        await _close(ws, e)
+        await _close(link, ws, e)
         return
-    on_abort = abort_of(request)
     cap = QueueCap(g.ws_max_queued_chars, g.ws_max_queued_sentences)
     lane = Lane("baseten-socket", cap)
     failure: list[APIError] = []
 
-    async def deliver(chunks: list[bytes], last: bool) -> int:
-        n = 0
+    async def send_all(chunks: list[bytes]) -> None:
         for c in chunks:
             await ws.send_bytes(c)
-            n += len(c)
-        return n
+
+    async def deliver(unit: ActiveRequest, chunks: list[bytes], last: bool) -> None:
+        if chunks:
+            await link.write(send_all(chunks), sum(map(len, chunks)), unit)
 
     def job(unit: Unit) -> Callable[[], Awaitable[None]]:
         started_at = gateway.loop.time()
@@ -153,13 +159,10 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
             if failure:
                 return
             try:
-                await speak_unit(
-                    gateway, params, unit.text, API, deliver,
-                    started_at=started_at, on_abort=on_abort,
-                )  # fmt: skip
+                await speak_unit(gateway, params, unit.text, link, deliver, started_at=started_at)
             except (APIError, StreamFailed) as e:
                 failure.append(api_error(e))
-                await _close(ws, failure[0])
+                await _close(link, ws, failure[0])
 
         return run
 
@@ -169,7 +172,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
         while not failure:
             msg = await receive_unless_idle(ws, g.ws_text_idle_timeout_s, lambda: lane.quiet_since)
             if msg.type == WSMsgType.BINARY:
-                await _close(ws, APIError(400, "invalid_message", "send text, not binary"))
+                await _close(link, ws, APIError(400, "invalid_message", "send text, not binary"))
                 return
             if msg.type != WSMsgType.TEXT:
                 if failure:  # a unit failed and is closing the socket with its code
@@ -182,27 +185,29 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
                 if not await drain_while_open(ws, lane):
                     return  # the client closed before the end: cancelled
                 if not failure and not ws.closed:
-                    await ws.close(code=WSCloseCode.OK, message=b"done")
+                    await link.write(ws.close(code=WSCloseCode.OK, message=b"done"))
                 return
             try:
                 check_text(text, None, param="text", allow_empty=True)
             except APIError as e:
-                await _close(ws, e)
+                await _close(link, ws, e)
                 return
             if not cap.admits(len(splitter.pending), len(text) + 1):
-                await _close(ws, APIError(429, "input_queue_full", cap.refusal()))
+                await _close(link, ws, APIError(429, "input_queue_full", cap.refusal()))
                 return
             if text:
                 for unit in splitter.feed(joiner.join(text)):
                     lane.push(job(unit), len(unit.text))
     except TimeoutError:
-        await _close(ws, APIError(408, "timeout", "no text for too long"))
+        await _close(link, ws, APIError(408, "timeout", "no text for too long"))
     finally:
         await lane.cancel()
 
 
 def websocket_handler(gateway: Gateway) -> Handler:
     async def orpheus_websocket(request: web.Request) -> web.WebSocketResponse:
-        return await serve_websocket(request, gateway, lambda ws: _serve(ws, request, gateway))
+        return await serve_websocket(
+            request, gateway, API, lambda ws, link: _serve(ws, link, request, gateway)
+        )
 
     return orpheus_websocket

@@ -20,6 +20,7 @@ long-form work, to be split into several requests.
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 
 import msgspec
 from aiohttp import web
@@ -34,6 +35,8 @@ from gateway.frontends.elevenlabs.messages import API, HttpAlignment, output_for
 from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, api_error, read_body
 from gateway.frontends.text_units import UnitSplitter
 from gateway.frontends.utterance import pcm_ms, speak_unit
+from gateway.link import ClientLink
+from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams, build_params, check_text
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
@@ -118,10 +121,11 @@ class _Dialogue:
     goes (``stream``) or gathered into one body."""
 
     def __init__(
-        self, request: web.Request, fmt: OutputFormat, enc: AudioEncoder,
+        self, request: web.Request, link: ClientLink, fmt: OutputFormat, enc: AudioEncoder,
         *, stream: bool, timestamps: bool,
     ) -> None:  # fmt: skip
         self.request = request
+        self.link = link
         self.fmt = fmt
         self.enc = enc
         self.stream = stream
@@ -135,8 +139,11 @@ class _Dialogue:
         self.pending_segments: list[VoiceSegment] = []
         self.audio = bytearray()
         """The whole audio, for ``.../with-timestamps`` (not streamed)."""
+        self.units: list[ActiveRequest] = []
+        """The units whose audio is held (by the encoder, or in ``audio``), not sent yet."""
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, n: int = 0, units: Sequence[ActiveRequest] = ()) -> None:
+        """``data`` to the client, carrying ``n`` audio bytes of ``units`` (none: a pause)."""
         if self.resp is None:
             json_body = self.timestamps
             self.resp = web.StreamResponse(
@@ -146,13 +153,19 @@ class _Dialogue:
                     "Cache-Control": "no-cache",
                 },
             )
-            await self.resp.prepare(self.request)
-        await self.resp.write(data)
+            await self.link.write(self.resp.prepare(self.request))
+        await self.link.write(self.resp.write(data), n, units=units)
+        if n and units:
+            del self.units[:-1]  # the others have their first audio
 
-    async def emit(self, data: bytes, times: CharTimes | None, ntimes: CharTimes | None) -> None:
+    async def emit(
+        self, data: bytes, times: CharTimes | None, ntimes: CharTimes | None, spoken: bool = True
+    ) -> None:
+        """Write ``data`` (spoken by the units, or a pause: ``spoken`` false)."""
+        units = self.units if spoken else ()
         if not self.timestamps:
             if data:
-                await self.write(data)
+                await self.write(data, len(data), units)
             return
         al = self.alignment.add(times, self.audio_ms)
         nal = self.normalized.add(ntimes, self.audio_ms)
@@ -167,22 +180,23 @@ class _Dialogue:
                 normalized_alignment=nal,
                 voice_segments=segments,
             )
-            await self.write(_json.encode(chunk) + b"\n")
+            await self.write(_json.encode(chunk) + b"\n", len(data), units)
 
-    async def deliver(self, chunks: list[bytes], last: bool) -> int:
+    async def deliver(self, unit: ActiveRequest, chunks: list[bytes], last: bool) -> None:
+        if not self.units or self.units[-1] is not unit:
+            self.units.append(unit)
         n = sum(map(len, chunks))
         data = b"".join(map(self.enc.encode, chunks))
         self.audio_ms += pcm_ms(n)
         times, ntimes = self.aligners.take(pcm_ms(n), last=last)
         await self.emit(data, times, ntimes)
-        return len(data)
 
     async def pause(self, ms: int) -> None:
         n = int(SAMPLE_RATE * ms / 1000) * 2
         data = self.enc.encode(bytes(n))
         self.audio_ms += pcm_ms(n)
         self.alignment.span_start_ms = self.normalized.span_start_ms = self.audio_ms
-        await self.emit(data, None, None)
+        await self.emit(data, None, None, spoken=False)
 
     def end_turn(self, index: int, voice_id: str, start_ms: float, first_char: int) -> None:
         seg = VoiceSegment(
@@ -206,13 +220,14 @@ class _Dialogue:
                 normalized_alignment=self.normalized.whole(),
                 voice_segments=self.segments,
             )
-            await self.write(_json.encode(body))
+            # Every unit's audio, after they all ended: written on their behalf.
+            await self.write(_json.encode(body), len(self.audio), self.units)
         elif tail or self.pending_segments:
             await self.emit(tail, None, None)
         if self.resp is None:
             await self.write(b"")
         assert self.resp is not None
-        await self.resp.write_eof()
+        await self.link.write(self.resp.write_eof())
         return self.resp
 
 
@@ -276,36 +291,35 @@ def dialogue_handler(gateway: Gateway, *, stream: bool, timestamps: bool) -> Han
             presented_key(request),
         )
         templates = _templates(gateway, body, fmt, plan)
-        out = _Dialogue(
-            request, fmt, make_output(templates[0].output), stream=stream, timestamps=timestamps
-        )
-        on_abort = abort_of(request)
+        enc = make_output(templates[0].output)
         first = True
         try:
-            for n, (turn, template) in enumerate(zip(body.inputs, templates, strict=True)):
-                if n > 0:
-                    same = body.inputs[n - 1].voice_id == turn.voice_id
-                    await out.pause(TURN_PAUSE_MS if same else SPEAKER_PAUSE_MS)
-                start_ms, first_char = out.audio_ms, len(out.alignment.chars)
-                splitter = UnitSplitter("sentence", UNIT_MAX_CHARS)
-                for unit in splitter.feed(turn.text) + splitter.flush():
-                    spoken = msgspec.structs.replace(template, text=unit.text).spoken()
-                    out.aligners = UnitAligners(unit.raw, spoken.text)
-                    await speak_unit(
-                        gateway, spoken, spoken.text, API, out.deliver,
-                        started_at=started_at if first else None, on_abort=on_abort,
-                    )  # fmt: skip
-                    first = False
-                out.end_turn(n, turn.voice_id, start_ms, first_char)
-            return await out.finish()
-        except (APIError, StreamFailed) as e:
-            if out.resp is None:
-                raise api_error(e) from None
-            if on_abort is not None:
-                on_abort()  # never let a cut stream pass for a whole one
-            return out.resp
+            with gateway.links.open(API, abort_of(request)) as link:
+                out = _Dialogue(request, link, fmt, enc, stream=stream, timestamps=timestamps)
+                try:
+                    for n, (turn, template) in enumerate(zip(body.inputs, templates, strict=True)):
+                        if n > 0:
+                            same = body.inputs[n - 1].voice_id == turn.voice_id
+                            await out.pause(TURN_PAUSE_MS if same else SPEAKER_PAUSE_MS)
+                        start_ms, first_char = out.audio_ms, len(out.alignment.chars)
+                        splitter = UnitSplitter("sentence", UNIT_MAX_CHARS)
+                        for unit in splitter.feed(turn.text) + splitter.flush():
+                            spoken = msgspec.structs.replace(template, text=unit.text).spoken()
+                            out.aligners = UnitAligners(unit.raw, spoken.text)
+                            await speak_unit(
+                                gateway, spoken, spoken.text, link, out.deliver,
+                                started_at=started_at if first else None,
+                            )  # fmt: skip
+                            first = False
+                        out.end_turn(n, turn.voice_id, start_ms, first_char)
+                    return await out.finish()
+                except (APIError, StreamFailed) as e:
+                    if out.resp is None:
+                        raise api_error(e) from None
+                    link.abort()  # never let a cut stream pass for a whole one
+                    return out.resp
         finally:
-            out.enc.close()
+            enc.close()
 
     return text_to_dialogue
 

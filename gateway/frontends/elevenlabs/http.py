@@ -11,6 +11,7 @@ with its status), a failure after the headers cuts the connection.
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 
 import msgspec
 from aiohttp import web
@@ -32,6 +33,8 @@ from gateway.frontends.elevenlabs.messages import (
 from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, api_error, read_body
 from gateway.frontends.text_units import UnitSplitter
 from gateway.frontends.utterance import pcm_ms, speak_unit
+from gateway.link import ClientLink
+from gateway.requests import ActiveRequest
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
 
@@ -39,12 +42,15 @@ _json = msgspec.json.Encoder()
 
 
 class _HttpStream:
-    """One response: its encoder, its headers (sent with the first bytes) and its clock."""
+    """One response: its link, its encoder, its headers (sent with the first bytes) and its
+    clock."""
 
     def __init__(
-        self, request: web.Request, fmt: OutputFormat, enc: AudioEncoder, timestamps: bool
-    ) -> None:
+        self, request: web.Request, link: ClientLink, fmt: OutputFormat, enc: AudioEncoder,
+        timestamps: bool,
+    ) -> None:  # fmt: skip
         self.request = request
+        self.link = link
         self.fmt = fmt
         self.enc = enc
         self.timestamps = timestamps
@@ -55,8 +61,11 @@ class _HttpStream:
         """Where the text of the next timestamped line starts, in ms (alignment, normalized)."""
         self.aligners = UnitAligners("", "")
         """The character times of the unit being spoken (set before each unit)."""
+        self.units: list[ActiveRequest] = []
+        """The units whose audio the encoder may hold, not sent yet (the last: the latest)."""
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, n: int = 0, units: Sequence[ActiveRequest] = ()) -> None:
+        """``data`` to the client, carrying ``n`` audio bytes of ``units``."""
         if self.resp is None:
             self.resp = web.StreamResponse(
                 status=200,
@@ -67,8 +76,10 @@ class _HttpStream:
                     "Cache-Control": "no-cache",
                 },
             )
-            await self.resp.prepare(self.request)
-        await self.resp.write(data)
+            await self.link.write(self.resp.prepare(self.request))
+        await self.link.write(self.resp.write(data), n, units=units)
+        if n:
+            del self.units[:-1]  # the others have their first audio
 
     def _alignment(self, times: CharTimes | None, which: int) -> HttpAlignment | None:
         if times is None:
@@ -92,20 +103,33 @@ class _HttpStream:
         chunk = TimestampChunk(base64.b64encode(data).decode() if data else None, al, nal)
         return _json.encode(chunk) + b"\n"
 
-    async def deliver(self, chunks: list[bytes], last: bool) -> int:
-        """Encode and write one batch of the current unit's PCM; the encoded bytes written."""
+    async def deliver(self, unit: ActiveRequest, chunks: list[bytes], last: bool) -> None:
+        """Encode and write one batch of the current unit's PCM."""
+        if not self.units or self.units[-1] is not unit:
+            self.units.append(unit)
         n = sum(map(len, chunks))
         enc = self.enc.encode
         data = b"".join(map(enc, chunks))
         self.audio_ms += pcm_ms(n)
         if not self.timestamps:
             if data:
-                await self.write(data)
-            return len(data)
+                await self.write(data, len(data), self.units)
+            return
         times, normalized = self.aligners.take(pcm_ms(n), last=last)
         if data or times is not None or normalized is not None:
-            await self.write(self.line(data, times, normalized))
-        return len(data)
+            await self.write(self.line(data, times, normalized), len(data), self.units)
+
+    async def finish(self) -> web.StreamResponse:
+        """The encoder's tail (the last units' audio, after they ended), then the end."""
+        tail = self.enc.finish()
+        if tail:
+            line = self.line(tail, None) if self.timestamps else tail
+            await self.write(line, len(tail), self.units)
+        if self.resp is None:
+            await self.write(b"")
+        assert self.resp is not None
+        await self.link.write(self.resp.write_eof())
+        return self.resp
 
 
 def stream_handler(gateway: Gateway, *, timestamps: bool) -> Handler:
@@ -133,33 +157,27 @@ def stream_handler(gateway: Gateway, *, timestamps: bool) -> Handler:
         )  # fmt: skip
         splitter = UnitSplitter("sentence", UNIT_MAX_CHARS)
         units = splitter.feed(params.text) + splitter.flush()
-        out = _HttpStream(request, fmt, make_output(params.output, params.speed), timestamps)
-        on_abort = abort_of(request)
+        enc = make_output(params.output, params.speed)
         try:
-            for i, unit in enumerate(units):
-                spoken = msgspec.structs.replace(params, text=unit.text).spoken()
-                out.aligners = UnitAligners(unit.raw, spoken.text)
-                # TTFB of the first unit counts from the request; of the others, from the
-                # moment they could start (the end of the one before).
-                await speak_unit(
-                    gateway, spoken, spoken.text, API, out.deliver,
-                    started_at=started_at if i == 0 else None, on_abort=on_abort,
-                )  # fmt: skip
-            tail = out.enc.finish()
-            if tail:
-                await out.write(out.line(tail, None) if timestamps else tail)
-            if out.resp is None:
-                await out.write(b"")
-            assert out.resp is not None
-            await out.resp.write_eof()
-            return out.resp
-        except (APIError, StreamFailed) as e:
-            if out.resp is None:
-                raise api_error(e) from None
-            if on_abort is not None:
-                on_abort()  # never let a cut stream pass for a whole one
-            return out.resp
+            with gateway.links.open(API, abort_of(request)) as link:
+                out = _HttpStream(request, link, fmt, enc, timestamps)
+                try:
+                    for i, unit in enumerate(units):
+                        spoken = msgspec.structs.replace(params, text=unit.text).spoken()
+                        out.aligners = UnitAligners(unit.raw, spoken.text)
+                        # TTFB of the first unit counts from the request; of the others, from
+                        # the moment they could start (the end of the one before).
+                        await speak_unit(
+                            gateway, spoken, spoken.text, link, out.deliver,
+                            started_at=started_at if i == 0 else None,
+                        )  # fmt: skip
+                    return await out.finish()
+                except (APIError, StreamFailed) as e:
+                    if out.resp is None:
+                        raise api_error(e) from None
+                    link.abort()  # never let a cut stream pass for a whole one
+                    return out.resp
         finally:
-            out.enc.close()
+            enc.close()
 
     return tts_stream

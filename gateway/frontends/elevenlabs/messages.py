@@ -6,10 +6,10 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
+from gateway.apis import Api
 from gateway.audio.formats import ELEVENLABS_FORMATS, OutputFormat
 from gateway.errors import APIError
 from gateway.frontends.alignment import CharTimes
-from gateway.metrics import Api
 from gateway.schemas import SpeechParams, build_params
 from gateway.service import Gateway
 from gateway.text.plan import TextPlan

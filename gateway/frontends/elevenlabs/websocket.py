@@ -48,6 +48,7 @@ from __future__ import annotations
 import base64
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -74,9 +75,7 @@ from gateway.frontends.elevenlabs.messages import (
 from gateway.frontends.shared import (
     UNIT_MAX_CHARS,
     Handler,
-    abort_of,
     api_error,
-    send_json,
     send_json_quietly,
 )
 from gateway.frontends.text_units import Unit, UnitSplitter
@@ -88,6 +87,8 @@ from gateway.frontends.utterance import (
     serve_websocket,
     speak_unit,
 )
+from gateway.link import ClientLink
+from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams, check_text
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
@@ -95,6 +96,7 @@ from gateway.streams import StreamFailed
 log = logging.getLogger(__name__)
 
 _decoder = msgspec.json.Decoder(ClientMessage)
+_encoder = msgspec.json.Encoder()
 SINGLE_CONTEXT = "default"
 """The one context of the single-context socket (``.../stream-input``)."""
 
@@ -107,6 +109,9 @@ class _Context:
         self.params = params
         """The context's template: the socket's, with its own ``voice_settings.speed``."""
         self.encoder: AudioEncoder | None = None
+        self.units: list[ActiveRequest] = []
+        """The units whose audio the encoder may hold, not sent yet (the last: the latest);
+        the context's tail goes out on their behalf."""
         self.after_flush = False
         """The last message was a flush with no text: a close now ends the turn gracefully."""
         self.closing = False
@@ -115,17 +120,18 @@ class _Context:
 
 class _Socket:
     def __init__(
-        self, ws: web.WebSocketResponse, request: web.Request, gateway: Gateway,
-        params: SpeechParams, fmt: OutputFormat, on_abort: Any,
+        self, ws: web.WebSocketResponse, link: ClientLink, request: web.Request,
+        gateway: Gateway, params: SpeechParams, fmt: OutputFormat,
     ) -> None:  # fmt: skip
         self.ws = ws
+        self.link = link
+        """Every write to the client (``gateway.link``), the contexts' included."""
         self.key = presented_key(request)
         self.normalization = request.query.get("apply_text_normalization")
         self.request = request
         self.gateway = gateway
         self.params = params
         self.fmt = fmt
-        self.on_abort = on_abort
         self.contexts: dict[str, _Context] = {}
         g = gateway.config.gateway
         self.cap = QueueCap(g.ws_max_queued_chars, g.ws_max_queued_sentences)
@@ -133,11 +139,18 @@ class _Socket:
         self.finished_at = float("-inf")
         """When a context last finished (``time.monotonic()``)."""
 
-    async def send(self, msg: msgspec.Struct) -> None:
-        await send_json(self.ws, msg)
+    async def send(
+        self, msg: msgspec.Struct, n: int = 0, units: Sequence[ActiveRequest] = ()
+    ) -> None:
+        """One JSON message; when it carries audio, ``n`` bytes of ``units``'."""
+        if not self.ws.closed:
+            text = _encoder.encode(msg).decode()
+            await self.link.write(self.ws.send_str(text), n, units=units)
 
     async def error(self, err: APIError, cid: str | None = None) -> None:
-        await send_json_quietly(self.ws, ErrorMessage(err.code, err.message, err.status, cid))
+        await send_json_quietly(
+            self.link, self.ws, ErrorMessage(err.code, err.message, err.status, cid)
+        )
 
     def quiet_since(self) -> float | None:
         """None while a context speaks, else when the last one stopped."""
@@ -240,8 +253,9 @@ class _Socket:
         async def final() -> None:
             if ctx.encoder is not None and not ctx.failed:
                 tail = ctx.encoder.finish()
-                if tail:
-                    await self.send(AudioMessage(base64.b64encode(tail).decode(), ctx.id))
+                if tail:  # the last unit's audio, after it ended: written for it
+                    msg = AudioMessage(base64.b64encode(tail).decode(), ctx.id)
+                    await self.send(msg, len(tail), ctx.units)
             await self._finish(ctx)
 
         ctx.lane.push(final)
@@ -261,7 +275,7 @@ class _Socket:
 
     async def final(self, ctx: _Context) -> None:
         """Tell the client ``ctx`` is finished."""
-        await send_json_quietly(self.ws, FinalMessage(ctx.id))
+        await send_json_quietly(self.link, self.ws, FinalMessage(ctx.id))
 
     async def close_all(self) -> None:
         for ctx in list(self.contexts.values()):
@@ -283,21 +297,24 @@ class _Socket:
             params = msgspec.structs.replace(ctx.params, text=unit.text).spoken()
             aligners = UnitAligners(unit.raw, params.text)
 
-            async def deliver(chunks: list[bytes], last: bool) -> int:
+            async def deliver(unit: ActiveRequest, chunks: list[bytes], last: bool) -> None:
+                if not ctx.units or ctx.units[-1] is not unit:
+                    ctx.units.append(unit)
                 n = sum(map(len, chunks))
                 data = b"".join(map(enc.encode, chunks))
                 times, normalized = aligners.take(pcm_ms(n), last=last)
                 if not data and times is None and normalized is None:
-                    return 0
+                    return
                 audio = base64.b64encode(data).decode() if data else None
-                await self.send(AudioMessage(audio, ctx.id, times, normalized))
-                return len(data)
+                msg = AudioMessage(audio, ctx.id, times, normalized)
+                await self.send(msg, len(data), ctx.units)
+                if data:
+                    ctx.units = [unit]  # the others have their first audio
 
             try:
                 await speak_unit(
-                    self.gateway, params, params.text, API, deliver,
-                    started_at=started_at, on_abort=self.on_abort,
-                )  # fmt: skip
+                    self.gateway, params, params.text, self.link, deliver, started_at=started_at
+                )
             except (APIError, StreamFailed) as e:
                 ctx.failed = True
                 await self.error(api_error(e), ctx.id)
@@ -310,18 +327,20 @@ class _SingleSocket(_Socket):
     messages without ``contextId``; ``{"text": ""}`` ends the input (what is buffered is
     spoken, then ``{"isFinal": true}`` and the socket closes)."""
 
-    async def send(self, msg: msgspec.Struct) -> None:
+    async def send(
+        self, msg: msgspec.Struct, n: int = 0, units: Sequence[ActiveRequest] = ()
+    ) -> None:
         if isinstance(msg, AudioMessage):
             msg = SingleAudioMessage(msg.audio, msg.alignment, msg.normalizedAlignment)
-        await send_json(self.ws, msg)
+        await super().send(msg, n, units)
 
     async def error(self, err: APIError, cid: str | None = None) -> None:
-        await send_json_quietly(self.ws, ErrorMessage(err.code, err.message, err.status))
+        await send_json_quietly(self.link, self.ws, ErrorMessage(err.code, err.message, err.status))
 
     async def final(self, ctx: _Context) -> None:
-        await send_json_quietly(self.ws, SingleFinalMessage())
+        await send_json_quietly(self.link, self.ws, SingleFinalMessage())
         if not self.ws.closed:
-            await self.ws.close()
+            await self.link.write(self.ws.close())
 
     async def handle(self, msg: ClientMessage) -> bool:
         if msg.close_socket:
@@ -339,11 +358,11 @@ class _SingleSocket(_Socket):
 
 
 async def _serve_ws(
-    ws: web.WebSocketResponse, request: web.Request, gateway: Gateway, params: SpeechParams,
-    fmt: OutputFormat, inactivity_s: float, single: bool = False,
+    ws: web.WebSocketResponse, link: ClientLink, request: web.Request, gateway: Gateway,
+    params: SpeechParams, fmt: OutputFormat, inactivity_s: float, single: bool = False,
 ) -> None:  # fmt: skip
     cls = _SingleSocket if single else _Socket
-    sock = cls(ws, request, gateway, params, fmt, abort_of(request))
+    sock = cls(ws, link, request, gateway, params, fmt)
     try:
         while True:
             try:
@@ -370,7 +389,7 @@ async def _serve_ws(
     finally:
         await sock.close_all()
     if not ws.closed:
-        await ws.close()
+        await link.write(ws.close())
 
 
 def _inactivity(request: web.Request) -> float:
@@ -393,7 +412,10 @@ def multi_stream_handler(gateway: Gateway, *, single: bool = False) -> Handler:
         return await serve_websocket(
             request,
             gateway,
-            lambda ws: _serve_ws(ws, request, gateway, params, fmt, inactivity_s, single),
+            API,
+            lambda ws, link: _serve_ws(
+                ws, link, request, gateway, params, fmt, inactivity_s, single
+            ),
         )
 
     return multi_stream_input

@@ -38,6 +38,7 @@ from typing import Any
 import msgspec
 from aiohttp import WSMsgType, web
 
+from gateway.apis import Api
 from gateway.audio.encoders import AudioEncoder
 from gateway.audio.formats import RAW
 from gateway.audio.output import make_output
@@ -58,7 +59,6 @@ from gateway.frontends.omni.units import Event, OmniUnits, Speak
 from gateway.frontends.shared import (
     UNIT_MAX_CHARS,
     Handler,
-    abort_of,
     api_error,
     send_json,
     send_json_quietly,
@@ -74,7 +74,8 @@ from gateway.frontends.utterance import (
     serve_websocket,
     speak_unit,
 )
-from gateway.metrics import Api
+from gateway.link import ClientLink
+from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams, check_text
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
@@ -86,19 +87,21 @@ PATH = "/v1/audio/speech/stream"
 API = Api.OMNI
 
 _any = msgspec.json.Decoder()
+_json = msgspec.json.Encoder()
 
 
 class _OmniConnection:
     """One vLLM-Omni socket: its configuration, its lane of units, what the client is shown."""
 
     def __init__(
-        self, ws: web.WebSocketResponse, gateway: Gateway, on_abort: Any, key: str | None = None
+        self, ws: web.WebSocketResponse, link: ClientLink, gateway: Gateway, key: str | None = None
     ) -> None:
         self.ws = ws
+        self.link = link
+        """Every write to the client (``gateway.link``)."""
         self.key = key
         """The API key the connection presented (whose dictionaries it may use)."""
         self.gateway = gateway
-        self.on_abort = on_abort
         g = gateway.config.gateway
         self.cap = QueueCap(g.ws_max_queued_chars, g.ws_max_queued_sentences)
         self.lane = Lane("omni-session", self.cap)
@@ -117,10 +120,10 @@ class _OmniConnection:
         self.utterance_open = False
 
     async def send(self, msg: msgspec.Struct) -> None:
-        await send_json(self.ws, msg)
+        await send_json(self.link, self.ws, msg)
 
     async def error(self, message: str, code: str | None = None, **kw: Any) -> None:
-        await send_json_quietly(self.ws, ErrorMessage(message, code, **kw))
+        await send_json_quietly(self.link, self.ws, ErrorMessage(message, code, **kw))
 
     # -- client messages -------------------------------------------------------------------
     async def apply_config(self, raw: dict[str, Any]) -> bool:
@@ -216,7 +219,7 @@ class _OmniConnection:
             enc, self.stream_encoder = self.stream_encoder, None
             if enc is not None:
                 enc.close()
-            await send_json_quietly(self.ws, done)
+            await send_json_quietly(self.link, self.ws, done)
 
         self.lane.push(job)
         self.utterance += 1
@@ -248,27 +251,29 @@ class _OmniConnection:
                            shown.config.word_timestamps)
             )  # fmt: skip
 
-    async def _release(self, shown: _Shown) -> int:
+    async def _release(self, shown: _Shown) -> None:
         """Send ``audio.start`` and the audio held for ``shown``, once its text is known (a
-        streamed unit's as it comes, a file at its end). Returns the audio bytes sent."""
+        streamed unit's as it comes, a file at its end), on behalf of the units that made
+        it (their time to first audio, also for those that ended meanwhile)."""
         if shown.text is None:
-            return 0
+            return
         await self._send_start(shown)
         held, shown.held = shown.held, []
-        n = 0
+        ws, write = self.ws, self.link.write
         for data, start_ms, end_ms in held:
+            units = shown.units
             if shown.config.word_timestamps:
-                await self.send(
-                    AudioChunk(shown.utt, shown.index, shown.chunk_id, start_ms, end_ms,
-                               shown.params.output.sample_rate, 1,
-                               base64.b64encode(data).decode("ascii"), None)
-                )  # fmt: skip
+                chunk = AudioChunk(shown.utt, shown.index, shown.chunk_id, start_ms, end_ms,
+                                   shown.params.output.sample_rate, 1,
+                                   base64.b64encode(data).decode("ascii"), None)  # fmt: skip
+                if ws.closed:
+                    return
+                await write(ws.send_str(_json.encode(chunk).decode()), len(data), units=units)
                 shown.chunk_id += 1
             else:
-                await self.ws.send_bytes(data)
-            n += len(data)
-        shown.total += n
-        return n
+                await write(ws.send_bytes(data), len(data), units=units)
+            shown.units = units[-1:]  # the others have their first audio
+            shown.total += len(data)
 
     def _speak_job(self, unit: Unit, shown: _Shown) -> Any:
         started_at = self.gateway.loop.time()
@@ -281,19 +286,22 @@ class _OmniConnection:
             if not shown.streaming:
                 await self._send_start(shown)
 
-            async def deliver(chunks: list[bytes], last: bool) -> int:
+            async def deliver(active: ActiveRequest, chunks: list[bytes], last: bool) -> None:
+                if not shown.units or shown.units[-1] is not active:
+                    shown.units.append(active)
                 start_ms = round(pcm_ms(shown.pcm_bytes))
                 for c in chunks:
                     shown.pcm_bytes += len(c)
                 data = b"".join(map(enc.encode, chunks))
                 if data:
                     shown.held.append((data, start_ms, round(pcm_ms(shown.pcm_bytes))))
-                return await self._release(shown) if shown.streaming else 0
+                if shown.streaming:
+                    await self._release(shown)
 
             try:
                 await speak_unit(
-                    self.gateway, shown.params, unit.text, API, deliver,
-                    started_at=started_at, on_abort=self.on_abort,
+                    self.gateway, shown.params, unit.text, self.link, deliver,
+                    started_at=started_at,
                 )  # fmt: skip
             except (APIError, StreamFailed) as e:
                 shown.failure = api_error(e)
@@ -327,8 +335,7 @@ class _OmniConnection:
                         enc.close()
             elif failed:
                 shown.held = []  # audio of a failed unit not sent yet is dropped
-            n = await self._release(shown)
-            self.gateway.metrics.bytes_sent_by_api[API].inc(n)  # sent outside any stream
+            await self._release(shown)  # after its units ended: still on their behalf
             err = shown.failure
             if err is not None:
                 await self.error(
@@ -382,13 +389,17 @@ class _Shown:
         self.pcm_bytes = 0
         """24 kHz PCM spoken so far: the unit's clock."""
         self.chunk_id = 0
+        self.units: list[ActiveRequest] = []
+        """The spoken units whose audio is held, not sent yet (the last: the latest unit)."""
         self.words: list[WordTime] = []
         self.failure: APIError | None = None
 
 
-async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gateway) -> None:
+async def _serve(
+    ws: web.WebSocketResponse, link: ClientLink, request: web.Request, gateway: Gateway
+) -> None:
     g = gateway.config.gateway
-    s = _OmniConnection(ws, gateway, abort_of(request), presented_key(request))
+    s = _OmniConnection(ws, link, gateway, presented_key(request))
     try:
         while True:
             try:
@@ -459,7 +470,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, gateway: Gatew
             if enc is not None:
                 enc.close()
     if not ws.closed:
-        await ws.close()
+        await link.write(ws.close())
 
 
 def routes(gateway: Gateway) -> list[web.RouteDef]:
@@ -468,6 +479,8 @@ def routes(gateway: Gateway) -> list[web.RouteDef]:
 
 def speech_stream_handler(gateway: Gateway) -> Handler:
     async def speech_stream(request: web.Request) -> web.WebSocketResponse:
-        return await serve_websocket(request, gateway, lambda ws: _serve(ws, request, gateway))
+        return await serve_websocket(
+            request, gateway, API, lambda ws, link: _serve(ws, link, request, gateway)
+        )
 
     return speech_stream

@@ -13,13 +13,14 @@ import logging
 
 from aiohttp import web
 
+from gateway.apis import Api
 from gateway.audio.encoders import AudioEncoder
 from gateway.audio.output import make_output
 from gateway.auth import presented_key
 from gateway.errors import APIError
 from gateway.frontends.openai.sse import delta_event, done_event, error_event
 from gateway.frontends.shared import Handler, abort_of, read_body
-from gateway.metrics import Api
+from gateway.link import ClientLink
 from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams, decode_speech_request, speech_params
 from gateway.service import Gateway
@@ -63,16 +64,15 @@ async def respond(
     params = params.spoken()
     encoder = make_output(params.output, params.speed)
     try:
-        async with gateway.requests.open(
-            params, api, started_at=started_at, on_abort=abort_of(request)
-        ) as active:
-            return await _stream(request, active, encoder)
+        with gateway.links.open(api, abort_of(request)) as link:
+            async with gateway.requests.open(params, link, started_at=started_at) as active:
+                return await _stream(request, link, active, encoder)
     finally:
         encoder.close()
 
 
 async def _stream(
-    request: web.Request, active: ActiveRequest, encoder: AudioEncoder
+    request: web.Request, link: ClientLink, active: ActiveRequest, encoder: AudioEncoder
 ) -> web.StreamResponse:
     stream = active.stream
     sse = active.params.stream_format == "sse"
@@ -90,35 +90,34 @@ async def _stream(
             "X-Accel-Buffering": "no",
         },
     )
-    transport = request.transport
     encode = encoder.encode
-    write = active.write  # the client-writer contract: timed for the watchdog, accounted
+    write = link.write  # every write: timed for the watchdog, its bytes counted
 
     try:
-        await resp.prepare(request)
+        await write(resp.prepare(request))
         while chunks:
             # Everything buffered since the last write goes out in one write: a client (or
             # this process) that fell behind catches up with one syscall, not one per chunk.
             data = encode(chunks[0]) if len(chunks) == 1 else b"".join(map(encode, chunks))
             if data:
-                await write(resp.write(delta_event(data) if sse else data), len(data))
+                await write(resp.write(delta_event(data) if sse else data), len(data), active)
             chunks = await stream.next_chunks()
         tail = encoder.finish()
         if tail:
-            await write(resp.write(delta_event(tail) if sse else tail), len(tail))
+            await write(resp.write(delta_event(tail) if sse else tail), len(tail), active)
         if sse:
             end = stream.end
-            await resp.write(done_event(end.tokens if end is not None else 0))
-        await resp.write_eof()
+            await write(resp.write(done_event(end.tokens if end is not None else 0)))
+        await write(resp.write_eof())
         active.complete()
     except StreamFailed as e:
         err = APIError.from_stream_error(e.error)
         log.info("stream %#x failed after audio: %s", stream.stream_id, err.message)
         if sse and e.error.code != "slow_client":
-            await resp.write(error_event(err))
-            await resp.write_eof()
-        elif transport is not None:
-            transport.abort()  # the client must not mistake a truncated stream for a whole one
+            await write(resp.write(error_event(err)))
+            await write(resp.write_eof())
+        else:
+            link.abort()  # the client must not mistake a truncated stream for a whole one
     except ConnectionError:
         pass  # the client went away; leaving the request cancels the stream upstream
     return resp

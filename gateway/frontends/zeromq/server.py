@@ -26,11 +26,12 @@ import zmq
 import zmq.asyncio
 
 from common.zmq_recv import incoming_multipart
+from gateway.apis import Api
 from gateway.audio.encoders import AudioEncoder
 from gateway.audio.output import make_output
 from gateway.auth import ZMQ_KEY_HINT, ApiKeys
 from gateway.errors import APIError
-from gateway.metrics import Api
+from gateway.link import ClientLink
 from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams, build_params, sampling_overrides
 from gateway.service import Gateway
@@ -86,12 +87,14 @@ class _PeerGone(Exception):
 
 
 class _Request:
-    __slots__ = ("active", "ended", "held", "identity", "pending", "rid", "task")
+    __slots__ = ("active", "ended", "held", "identity", "link", "pending", "rid", "task")
 
     def __init__(self, identity: bytes, rid: int) -> None:
         self.identity = identity
         self.rid = rid
         self.task: asyncio.Task[None] | None = None
+        self.link: ClientLink | None = None
+        """Every write to the client about this request, while its task serves it."""
         self.active: ActiveRequest | None = None
         """Set once admitted (synchronously after admission: no await in between)."""
         self.held: HeldText | None = None
@@ -241,9 +244,13 @@ class ZmqFrontend:
         req.ended = True
         try:
             if active is None:
-                await self._reply(req.identity, msg)
+                pending = self._reply(req.identity, msg)
             else:
-                await active.write(self._send_bounded(req.identity, msg), 0)
+                pending = self._send_bounded(req.identity, msg)
+            if req.link is None:
+                await pending  # its task has not started, or has ended: nothing to time
+            else:
+                await req.link.write(pending, 0, active)
         finally:
             self._forget(req)  # its request_id is free once the client can know it ended
 
@@ -309,6 +316,15 @@ class ZmqFrontend:
                 raise
 
     async def _serve(self, msg: Speak, req: _Request) -> None:
+        on_abort = req.task.cancel if req.task is not None else None
+        with self._gateway.links.open(Api.ZMQ, on_abort) as link:
+            req.link = link
+            try:
+                await self._serve_on(msg, req, link)
+            finally:
+                req.link = None
+
+    async def _serve_on(self, msg: Speak, req: _Request, link: ClientLink) -> None:
         identity, rid = req.identity, req.rid
         encoder: AudioEncoder | None = None
         try:
@@ -320,10 +336,7 @@ class ZmqFrontend:
             else:
                 params = params.spoken()
             encoder = make_output(params.output, params.speed)
-            on_abort = req.task.cancel if req.task is not None else None
-            async with self._gateway.requests.open(
-                params, Api.ZMQ, text_open=msg.text_open, on_abort=on_abort
-            ) as active:
+            async with self._gateway.requests.open(params, link, text_open=msg.text_open) as active:
                 req.active = active
                 for pending in req.pending:
                     self._append(req, pending)
@@ -331,7 +344,7 @@ class ZmqFrontend:
                 started = Started(
                     rid, active.stream.stream_id, params.output.sample_rate, params.response_format
                 )
-                await self._reply(identity, started)
+                await link.write(self._reply(identity, started))
                 try:
                     await self._stream_audio(req, active, encoder)
                 except StreamFailed as e:
@@ -369,17 +382,17 @@ class ZmqFrontend:
         """Audio messages in order, then Done; raises StreamFailed if the stream fails."""
         identity, rid = req.identity, req.rid
         stream = active.stream
-        write, send = active.write, self._send_bounded
+        write, send = active.link.write, self._send_bounded
         seq = 0
         while chunks := await stream.next_chunks():
             for chunk in chunks:
                 data = encoder.encode(chunk)
                 if data:
-                    await write(send(identity, Audio(rid, seq, data)), len(data))
+                    await write(send(identity, Audio(rid, seq, data)), len(data), active)
                     seq += 1
         tail = encoder.finish()
         if tail:
-            await write(send(identity, Audio(rid, seq, tail)), len(tail))
+            await write(send(identity, Audio(rid, seq, tail)), len(tail), active)
         end = stream.end
         done = Done(
             rid,
