@@ -712,9 +712,8 @@ async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
         prompts = builder.build_many(voice, list(TEXTS))
         vs = cfg.voice_sampling.get(voice, cfg.sampling)
         plan = RequestPlan(
-            voice=voice, kind="model", temperature=vs.temperature, top_p=vs.top_p,
-            repetition_penalty=vs.repetition_penalty, seed=None, total_tokens=args.tokens,
-        )  # fmt: skip
+            voice=voice, kind="model", sampling=vs, seed=None, total_tokens=args.tokens
+        )
         counter = sampling.hooks.acquire()
         kwargs = sampling.hooks.kwargs(vs.repetition_penalty, counter)
         chars = len(TEXTS[0])

@@ -280,7 +280,7 @@ class LLMService:
         s = LlmStream(msg.stream_id, plan, row, pieces, budgets, text)
         s.prefix, s.lora, s.speaker = prefix, lora, speaker
         s.counter = self._sampling.acquire()
-        s.sampling_kwargs = self._sampling.kwargs(plan.repetition_penalty, s.counter)
+        s.sampling_kwargs = self._sampling.kwargs(plan.sampling.repetition_penalty, s.counter)
         self._streams[s.stream_id] = s
         M.ACTIVE_STREAMS.inc()
         await self._advance(s)

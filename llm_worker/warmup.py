@@ -82,10 +82,7 @@ async def warm_up(
         vs = kinds[i % len(kinds)]
         text = f"Warming up, row {i}."
         prompt = prompts.build(voice, text)
-        plan = RequestPlan(
-            voice=voice, kind="model", temperature=vs.temperature, top_p=vs.top_p,
-            repetition_penalty=vs.repetition_penalty, seed=i, total_tokens=tokens,
-        )  # fmt: skip
+        plan = RequestPlan(voice=voice, kind="model", sampling=vs, seed=i, total_tokens=tokens)
         params = segment_params(
             config, plan, 0, len(text), len(prompt), tokens,
             sampling.hooks.kwargs(vs.repetition_penalty, None), space.end_of_speech,
