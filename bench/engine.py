@@ -1,8 +1,8 @@
 """``orpheus-serve bench engine``: the engine alone, as a curve of step time against streams,
 with one engine or several sharing the device.
 
-Each engine is built exactly as the llm worker builds it: :func:`llm_worker.sampling_setup.
-setup_sampling` (model runner, sampling processors), then :meth:`llm_worker.engine.
+Each engine is built exactly as the llm worker builds it: :func:`llm_worker.engine_plan.
+plan_engine` (model runner, sampling processors, output head), then :meth:`llm_worker.engine.
 GenerationEngine.start` (the server's ``engine_args``: same model, runner, output head,
 stats, prefix cache), from the server's own configuration for ``--device`` (the CPU
 profile on ``cpu``), in a process of its own (as the server's llm workers are). Nothing else
@@ -683,9 +683,9 @@ async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
     """Build this engine (its share of the device), say ready, then run the levels the
     parent asks for until it says quit."""
     from llm_worker.engine import GenerationEngine, describe_engine
+    from llm_worker.engine_plan import plan_engine
     from llm_worker.prompt import PromptBuilder
     from llm_worker.requests import RequestPlan, segment_params
-    from llm_worker.sampling_setup import setup_sampling
     from orchestrator.settings import load_config
 
     variant = args.run_variant
@@ -698,14 +698,12 @@ async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
     }
     cfg = load_config(None, {"device": args.device, "llm": llm}).llm
     cfg = device_share(cfg, args.device, args.engine_count)
-    sampling = setup_sampling(cfg, board_name(os.getpid()), args.device)
+    plan = plan_engine(cfg, board_name(os.getpid()), args.device)
+    sampling = plan.sampling
     generation = None
     try:
-        check_head(variant, sampling.head, args.lever_head)
-        generation = GenerationEngine.start(
-            cfg, args.device, sampling.logits_processors, head=sampling.head
-        )
-        sampling.check_runner(generation.llm.vllm_config)
+        check_head(variant, plan.head, args.lever_head)
+        generation = GenerationEngine.start(cfg, args.device, plan)
         info = describe_engine(generation.llm, args.device).describe()
         builder = PromptBuilder.from_pretrained(cfg.tokenizer or cfg.model)
         voice = cfg.default_voice
@@ -727,7 +725,7 @@ async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
         phases = PhaseReader(Path(env_dir) if env_dir else None)
         await side.send({
             "ready": {
-                "engine": f"{info}; output head: {sampling.head.describe()}",
+                "engine": f"{info}; output head: {plan.head.describe()}",
                 "sampling": sampling.description,
                 "gpu_memory_utilization": cfg.gpu_memory_utilization,
                 "max_num_seqs": cfg.max_num_seqs,
@@ -751,7 +749,7 @@ async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
     finally:
         if generation is not None:
             generation.llm.shutdown()
-        sampling.close()
+        plan.close()
 
 
 def engine_main(args: argparse.Namespace) -> int:

@@ -5,7 +5,10 @@ warm-up and ready). Modules, each with one job:
 
 - ``service``: ``LLMService``, the streams' state machine and the per-step publisher
 - ``output``: ``RingSink``, the only writer of the code ring
-- ``engine``: ``GenerationEngine`` (owns ``AsyncLLM``; add, abort, the step hook)
+- ``engine``: ``GenerationEngine`` (owns ``AsyncLLM``; add, the one way in, which converts
+  a prompt to the output head's ids; abort; the step hook)
+- ``engine_plan``: the engine's plan (its model runner, its logits processors and their
+  per-stream hooks, its output head)
 - ``requests``, ``prompt``, ``text``: a request's plan, its prompt ids, its text pieces
 - ``codes``, ``repetition``: tokens to frames for all streams at once; the repetition guard
 - ``sampling/``, ``sampling_setup``: the model runner, penalty and constraint processors
