@@ -28,7 +28,7 @@ measured over one window, which ends once each has run ``--steps`` steps:
   worker process beside it); the level's figure is the engines' mean;
 - GPU busy fraction (CUDA only, NVML utilisation samples over the window; null on CPU);
 - per-phase host time in the engine core, µs per request-step (``--phase-timers``, on by
-  default: :mod:`llm_worker.phase_timers`, loaded into vLLM's processes by the project's vLLM
+  default: :mod:`llm_worker.vllm_ext.phase_timers`, loaded into vLLM's processes by the project's vLLM
   plugin): ``schedule``, ``update_from_output``, the model runner's state update, input
   preparation and output bookkeeping, and the output serialisation.
 
@@ -93,7 +93,7 @@ MIN_MODEL_LEN = 256
 VARIANT_TIMEOUT_S = 3600
 MAX_ENGINES = 8
 PHASES_ENV = "ORPHEUS_PROFILE_PHASES"
-"""llm_worker.phase_timers.ENV: the directory an engine's processes write their phases to."""
+"""llm_worker.vllm_ext.phase_timers.ENV: the directory an engine's processes write their phases to."""
 PHASE_ORDER = (
     "schedule", "update_from_output", "runner_update_states", "runner_prepare_inputs",
     "runner_bookkeeping", "serialize",
@@ -321,7 +321,7 @@ def core_shares(cores: Sequence[int], engines: int) -> list[tuple[int, ...]]:
 
 def check_head(variant: str, head: Any, lever_head: str = "full") -> None:
     """Raise where the head the engine will run is not the one the variant names."""
-    from llm_worker.output_head import HeadKind
+    from llm_worker.vllm_ext.token_space import HeadKind
 
     name = {"audio-head": "audio", "full-head": "full"}.get(variant, lever_head)
     want = HeadKind.AUDIO if name == "audio" else HeadKind.FULL
@@ -330,7 +330,7 @@ def check_head(variant: str, head: Any, lever_head: str = "full") -> None:
     if want is HeadKind.AUDIO and not plugin_registered():
         raise RuntimeError(
             "the audio head's vLLM plugin is not registered in this environment (entry point "
-            "vllm.general_plugins, llm_worker.vllm_plugin:register); fix: reinstall the "
+            "vllm.general_plugins, llm_worker.vllm_ext.plugin:register); fix: reinstall the "
             "project (pip install -e .)"
         )
 
@@ -338,7 +338,7 @@ def check_head(variant: str, head: Any, lever_head: str = "full") -> None:
 def plugin_registered() -> bool:
     """Whether vLLM will load the project's plugin (audio head, phase timers)."""
     plugins = {e.value for e in metadata.entry_points(group="vllm.general_plugins")}
-    return "llm_worker.vllm_plugin:register" in plugins
+    return "llm_worker.vllm_ext.plugin:register" in plugins
 
 
 def parse_variants(text: str) -> list[str]:
@@ -438,7 +438,7 @@ class GpuBusy:
 
 
 class PhaseReader:
-    """The per-phase totals an engine's vLLM processes write (llm_worker.phase_timers)."""
+    """The per-phase totals an engine's vLLM processes write (llm_worker.vllm_ext.phase_timers)."""
 
     def __init__(self, directory: Path | None) -> None:
         self.directory = directory
@@ -447,7 +447,7 @@ class PhaseReader:
     def _read(self) -> dict[int, dict[str, Any]]:
         if self.directory is None:
             return {}
-        from llm_worker.phase_timers import read_snapshots
+        from llm_worker.vllm_ext.phase_timers import read_snapshots
 
         return read_snapshots(self.directory)
 
@@ -457,7 +457,7 @@ class PhaseReader:
     def stop(self) -> tuple[dict[str, float], dict[str, float]] | None:
         if self.directory is None:
             return None
-        from llm_worker.phase_timers import us_per_request_step
+        from llm_worker.vllm_ext.phase_timers import us_per_request_step
 
         phases, batch = us_per_request_step(self._before, self._read())
         return dict(sorted(phases.items(), key=lambda kv: _phase_key(kv[0]))), batch
@@ -698,12 +698,12 @@ async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
     }
     cfg = load_config(None, {"device": args.device, "llm": llm}).llm
     cfg = device_share(cfg, args.device, args.engine_count)
-    plan = plan_engine(cfg, board_name(os.getpid()), args.device)
-    sampling = plan.sampling
+    engine_plan = plan_engine(cfg, board_name(os.getpid()), args.device)
+    sampling = engine_plan.sampling
     generation = None
     try:
-        check_head(variant, plan.head, args.lever_head)
-        generation = GenerationEngine.start(cfg, args.device, plan)
+        check_head(variant, engine_plan.head, args.lever_head)
+        generation = GenerationEngine.start(cfg, args.device, engine_plan)
         info = describe_engine(generation.llm, args.device).describe()
         builder = PromptBuilder.from_pretrained(cfg.tokenizer or cfg.model)
         voice = cfg.default_voice
@@ -725,7 +725,7 @@ async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
         phases = PhaseReader(Path(env_dir) if env_dir else None)
         await side.send({
             "ready": {
-                "engine": f"{info}; output head: {plan.head.describe()}",
+                "engine": f"{info}; output head: {engine_plan.head.describe()}",
                 "sampling": sampling.description,
                 "gpu_memory_utilization": cfg.gpu_memory_utilization,
                 "max_num_seqs": cfg.max_num_seqs,
@@ -749,7 +749,7 @@ async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
     finally:
         if generation is not None:
             generation.llm.shutdown()
-        plan.close()
+        engine_plan.close()
 
 
 def engine_main(args: argparse.Namespace) -> int:
@@ -1114,7 +1114,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the head the lever variants (top-p-off ... kv-fp8) run")  # fmt: skip
     p.add_argument("--phase-timers", action=argparse.BooleanOptionalAction, default=True,
                    help="time the engine core's phases (µs per request-step; "
-                   "llm_worker.phase_timers, through the project's vLLM plugin)")  # fmt: skip
+                   "llm_worker.vllm_ext.phase_timers, through the project's vLLM plugin)")  # fmt: skip
     p.add_argument("--mps", action="store_true",
                    help="CUDA, K > 1: refuse to run unless the CUDA MPS control daemon is "
                    "active (common.mps). This benchmark never starts it: the GPU plan does "

@@ -90,11 +90,11 @@ class LimitError(ValueError):
 _PATH_RE = re.compile(r"at `\$\.([A-Za-z_]+)")
 
 
-def _convert(values: dict[str, object]) -> dict[str, Any]:
+def _convert(values: dict[str, object]) -> Any:
     """``values`` checked against their ranges, as their fields' types (an int temperature
-    as a float)."""
+    as a float): a ``SamplingRules``."""
     try:
-        return msgspec.structs.asdict(msgspec.convert(values, SamplingRules))
+        return msgspec.convert(values, SamplingRules)
     except msgspec.ValidationError as e:
         m = _PATH_RE.search(str(e))
         raise LimitError(str(e), m.group(1) if m else None) from None
@@ -116,7 +116,7 @@ class RequestLimits(msgspec.Struct, frozen=True, kw_only=True):
         ``text_open``."""
         given = {f: v for f in FIELDS if (v := getattr(o, f)) is not None}
         r = _convert(given)
-        max_tokens = r["max_tokens"]
+        max_tokens = r.max_tokens
         if max_tokens is not None:
             if max_tokens > self.max_tokens_cap:
                 raise LimitError(
@@ -124,7 +124,7 @@ class RequestLimits(msgspec.Struct, frozen=True, kw_only=True):
                 )
             if text_open:
                 raise LimitError(TEXT_OPEN_MAX_TOKENS, "max_tokens")
-        return msgspec.structs.replace(o, **{f: r[f] for f in given})
+        return msgspec.structs.replace(o, **{f: getattr(r, f) for f in given})
 
 
 def sampling_problem(s: VoiceSampling) -> str | None:

@@ -51,7 +51,8 @@ from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, Schedule
 
 from common.llm_config import LLMConfig
 from llm_worker.model_info import find_model_file
-from llm_worker.output_head import HeadChoice, TokenSpace
+from llm_worker.output_head import HeadChoice
+from llm_worker.vllm_ext.token_space import TokenSpace
 
 if TYPE_CHECKING:
     from llm_worker.engine_plan import EnginePlan
@@ -123,7 +124,7 @@ def prepare_engine_environment(onednn_cache: int | None = None) -> None:
     the worker). ``onednn_cache``: ``llm.cpu_onednn_cache``, applied on the CPU build."""
     from vllm.platforms import current_platform
 
-    from llm_worker.sampling.runner import prepare_sampler_environment
+    from llm_worker.vllm_ext.sampling.runner import prepare_sampler_environment
 
     if note := prepare_sampler_environment():
         log.info("%s", note)
@@ -223,7 +224,7 @@ def _tqdm_disabled() -> bool:
     return os.environ.get("TQDM_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-LORA_CPU_FIX = "llm_worker.lora_cpu.LoraCpuFix"
+LORA_CPU_FIX = "llm_worker.vllm_ext.lora_cpu.LoraCpuFix"
 
 
 def _lora_args(config: LLMConfig, device: str) -> dict[str, object]:

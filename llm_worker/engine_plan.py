@@ -1,7 +1,7 @@
 """How the engine is built: its model runner, its output head and its logits processors,
 chosen together before the engine exists (each choice depends on the one before).
 
-1. The model runner (``llm.model_runner``, :mod:`llm_worker.sampling.runner`), pinned into
+1. The model runner (``llm.model_runner``, :mod:`llm_worker.vllm_ext.sampling.runner`), pinned into
    ``VLLM_USE_V2_MODEL_RUNNER`` (the engine core inherits it).
 2. The sampling processors for that runner (:mod:`llm_worker.sampling_setup`: repetition
    penalty, audio-token constraint, their prevented-token board).
@@ -37,7 +37,7 @@ class EnginePlan:
         """The processors were chosen before the engine existed: confirm vLLM agrees."""
         if self.runner is None:
             return
-        from llm_worker.sampling import detect_model_runner
+        from llm_worker.vllm_ext.sampling import detect_model_runner
 
         actual = detect_model_runner(vllm_config)
         if actual != self.runner:
@@ -57,7 +57,7 @@ def plan_engine(config: LLMConfig, board_name: str, device: str) -> EnginePlan:
     needed), and ImportError if a processor module the plan needs does not import: both
     are permanent, so they are not hidden behind a fallback.
     """
-    from llm_worker.sampling import ModelRunner, choose_model_runner, pin_model_runner
+    from llm_worker.vllm_ext.sampling import ModelRunner, choose_model_runner, pin_model_runner
 
     choice = choose_model_runner(config.model_runner, device)
     pin_model_runner(choice.runner)

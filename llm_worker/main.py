@@ -49,10 +49,10 @@ from llm_worker.engine_plan import EnginePlan, plan_engine
 from llm_worker.lora import LoraVoices
 from llm_worker.model_info import ModelInfo, load_model_info
 from llm_worker.output import RingSink
-from llm_worker.output_head import HeadKind
 from llm_worker.profiling import engine_profiler_config, profile_on_trigger
 from llm_worker.prompt import PromptBuilder
 from llm_worker.service import LLMService
+from llm_worker.vllm_ext.token_space import HeadKind
 from llm_worker.warmup import warm_up
 from shm.layout import InstanceLayout
 from shm.messages import (

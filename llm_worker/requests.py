@@ -20,8 +20,8 @@ from vllm.sampling_params import RequestOutputKind
 
 from common.limits import SEED_MAX, LimitError, RequestLimits
 from common.llm_config import LLMConfig, VoiceSampling
-from llm_worker import tokens as T
 from llm_worker.model_info import ModelInfo
+from llm_worker.vllm_ext import tokens as T
 from shm.messages import LlmSubmit, SamplingOverrides
 from shm.records import FRAME_CODES
 from shm.voices import VoiceKind, VoiceLookup

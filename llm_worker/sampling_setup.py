@@ -1,10 +1,10 @@
-"""Wiring of the sampling package (:mod:`llm_worker.sampling`) into the worker, for a model
+"""Wiring of the sampling package (:mod:`llm_worker.vllm_ext.sampling`) into the worker, for a model
 runner already chosen (:func:`llm_worker.engine_plan.plan_engine` chooses and pins it).
 
 The package supplies the logits processors (tensor repetition penalty on the legacy model
 runner, audio-token constraint) and the per-request arguments that switch them on. This
 module creates the prevented-token board, picks the processors for the runner, and gives
-the service the per-stream side (:class:`llm_worker.sampling.hooks.PlanHooks`).
+the service the per-stream side (:class:`llm_worker.vllm_ext.sampling.hooks.PlanHooks`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.llm_config import LLMConfig
-from llm_worker.sampling.hooks import PlanHooks, SamplingHooks
+from llm_worker.vllm_ext.sampling.hooks import PlanHooks, SamplingHooks
 from shm.ring import segment_path
 
 BOARD_SPARE_SLOTS = 64
@@ -46,7 +46,7 @@ def setup_sampling(
     """The processors and hooks of ``runner`` (a ``ModelRunner``) for ``config``. Raises
     ImportError if a processor module the plan needs does not import (permanent: not
     hidden behind a fallback)."""
-    from llm_worker.sampling import CounterSlots, PreventedBoard, SamplingPlan
+    from llm_worker.vllm_ext.sampling import CounterSlots, PreventedBoard, SamplingPlan
 
     board = None
     slots = None

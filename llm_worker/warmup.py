@@ -32,9 +32,9 @@ from llm_worker.requests import RequestPlan, segment_params
 if TYPE_CHECKING:
     from vllm import SamplingParams
 
-    from llm_worker.output_head import TokenSpace
     from llm_worker.prompt import PromptBuilder
-    from llm_worker.sampling.hooks import SamplingHooks
+    from llm_worker.vllm_ext.sampling.hooks import SamplingHooks
+    from llm_worker.vllm_ext.token_space import TokenSpace
 
 
 class Engine(Protocol):

@@ -7,7 +7,6 @@ import pytest
 from vllm.sampling_params import RequestOutputKind
 
 from common.llm_config import LLMConfig, VoiceSampling
-from llm_worker import tokens as T
 from llm_worker.model_info import ModelInfo
 from llm_worker.requests import (
     BadRequest,
@@ -16,6 +15,7 @@ from llm_worker.requests import (
     segment_params,
     split_budget,
 )
+from llm_worker.vllm_ext import tokens as T
 from shm.messages import LlmSubmit, SamplingOverrides
 
 INFO = ModelInfo(voices=("tara", "leo"), emotion_tags=("laugh",), source="test")

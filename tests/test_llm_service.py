@@ -27,12 +27,12 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 from common.llm_config import LLMConfig
 from llm_worker import metrics as M
-from llm_worker import tokens as T
 from llm_worker.model_info import ModelInfo
-from llm_worker.output_head import TokenSpace
 from llm_worker.requests import BadRequest, length_cap
-from llm_worker.sampling.hooks import SamplingHooks
 from llm_worker.service import LLMService
+from llm_worker.vllm_ext import tokens as T
+from llm_worker.vllm_ext.sampling.hooks import SamplingHooks
+from llm_worker.vllm_ext.token_space import TokenSpace
 from shm.messages import LlmAppendText, LlmCancel, LlmSubmit, SamplingOverrides
 from shm.records import FRAME_CODES, RecordKind
 

@@ -11,10 +11,10 @@ import pytest
 
 from bench.doubles.tiny_model import write_tiny_model
 from common.llm_config import LLMConfig, VoiceSampling
-from llm_worker import tokens as T
-from llm_worker.output_head import TokenSpace
 from llm_worker.prompt import PromptBuilder
-from llm_worker.sampling.hooks import SamplingHooks
+from llm_worker.vllm_ext import tokens as T
+from llm_worker.vllm_ext.sampling.hooks import SamplingHooks
+from llm_worker.vllm_ext.token_space import TokenSpace
 from llm_worker.warmup import WARMUP_ROWS, warm_up, warmup_lengths, warmup_samplings
 
 

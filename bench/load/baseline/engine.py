@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from common.llm_config import LLMConfig
-from llm_worker import tokens as T
+from llm_worker.vllm_ext import tokens as T
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
