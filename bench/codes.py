@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from bench.report import environment, show, table, write_json
-from llm_worker import tokens as T
 from llm_worker.codes import FrameAssembler
 from llm_worker.repetition import RepetitionGuard
+from llm_worker.vllm_ext import tokens as T
 from shm.records import CODEBOOK_SIZE, FRAME_CODES
 
 STREAM_COUNTS = (1, 16, 64, 384)

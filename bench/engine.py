@@ -1,8 +1,8 @@
 """``orpheus-serve bench engine``: the engine alone, as a curve of step time against streams,
 with one engine or several sharing the device.
 
-Each engine is built exactly as the llm worker builds it: :func:`llm_worker.sampling_setup.
-setup_sampling` (model runner, sampling processors), then :meth:`llm_worker.engine.
+Each engine is built exactly as the llm worker builds it: :func:`llm_worker.engine_plan.
+plan_engine` (model runner, sampling processors, output head), then :meth:`llm_worker.engine.
 GenerationEngine.start` (the server's ``engine_args``: same model, runner, output head,
 stats, prefix cache), from the server's own configuration for ``--device`` (the CPU
 profile on ``cpu``), in a process of its own (as the server's llm workers are). Nothing else
@@ -28,7 +28,7 @@ measured over one window, which ends once each has run ``--steps`` steps:
   worker process beside it); the level's figure is the engines' mean;
 - GPU busy fraction (CUDA only, NVML utilisation samples over the window; null on CPU);
 - per-phase host time in the engine core, µs per request-step (``--phase-timers``, on by
-  default: :mod:`llm_worker.phase_timers`, loaded into vLLM's processes by the project's vLLM
+  default: :mod:`llm_worker.vllm_ext.phase_timers`, loaded into vLLM's processes by the project's vLLM
   plugin): ``schedule``, ``update_from_output``, the model runner's state update, input
   preparation and output bookkeeping, and the output serialisation.
 
@@ -94,7 +94,7 @@ MIN_MODEL_LEN = 256
 VARIANT_TIMEOUT_S = 3600
 MAX_ENGINES = 8
 PHASES_ENV = "ORPHEUS_PROFILE_PHASES"
-"""llm_worker.phase_timers.ENV: the directory an engine's processes write their phases to."""
+"""llm_worker.vllm_ext.phase_timers.ENV: the directory an engine's processes write their phases to."""
 PHASE_ORDER = (
     "schedule", "update_from_output", "runner_update_states", "runner_prepare_inputs",
     "runner_bookkeeping", "serialize",
@@ -320,7 +320,7 @@ def engine_cores(cores: Sequence[int], engines: int) -> list[str]:
 
 def check_head(variant: str, head: Any, lever_head: str = "full") -> None:
     """Raise where the head the engine will run is not the one the variant names."""
-    from llm_worker.output_head import HeadKind
+    from llm_worker.vllm_ext.token_space import HeadKind
 
     name = {"audio-head": "audio", "full-head": "full"}.get(variant, lever_head)
     want = HeadKind.AUDIO if name == "audio" else HeadKind.FULL
@@ -329,7 +329,7 @@ def check_head(variant: str, head: Any, lever_head: str = "full") -> None:
     if want is HeadKind.AUDIO and not plugin_registered():
         raise RuntimeError(
             "the audio head's vLLM plugin is not registered in this environment (entry point "
-            "vllm.general_plugins, llm_worker.vllm_plugin:register); fix: reinstall the "
+            "vllm.general_plugins, llm_worker.vllm_ext.plugin:register); fix: reinstall the "
             "project (pip install -e .)"
         )
 
@@ -337,7 +337,7 @@ def check_head(variant: str, head: Any, lever_head: str = "full") -> None:
 def plugin_registered() -> bool:
     """Whether vLLM will load the project's plugin (audio head, phase timers)."""
     plugins = {e.value for e in metadata.entry_points(group="vllm.general_plugins")}
-    return "llm_worker.vllm_plugin:register" in plugins
+    return "llm_worker.vllm_ext.plugin:register" in plugins
 
 
 def parse_variants(text: str) -> list[str]:
@@ -437,7 +437,7 @@ class GpuBusy:
 
 
 class PhaseReader:
-    """The per-phase totals an engine's vLLM processes write (llm_worker.phase_timers)."""
+    """The per-phase totals an engine's vLLM processes write (llm_worker.vllm_ext.phase_timers)."""
 
     def __init__(self, directory: Path | None) -> None:
         self.directory = directory
@@ -446,7 +446,7 @@ class PhaseReader:
     def _read(self) -> dict[int, dict[str, Any]]:
         if self.directory is None:
             return {}
-        from llm_worker.phase_timers import read_snapshots
+        from llm_worker.vllm_ext.phase_timers import read_snapshots
 
         return read_snapshots(self.directory)
 
@@ -456,7 +456,7 @@ class PhaseReader:
     def stop(self) -> tuple[dict[str, float], dict[str, float]] | None:
         if self.directory is None:
             return None
-        from llm_worker.phase_timers import us_per_request_step
+        from llm_worker.vllm_ext.phase_timers import us_per_request_step
 
         phases, batch = us_per_request_step(self._before, self._read())
         return dict(sorted(phases.items(), key=lambda kv: _phase_key(kv[0]))), batch
@@ -682,30 +682,27 @@ async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
     """Build this engine (its share of the device), say ready, then run the levels the
     parent asks for until it says quit."""
     from llm_worker.engine import GenerationEngine, describe_engine
+    from llm_worker.engine_plan import plan_engine
     from llm_worker.prompt import PromptBuilder
     from llm_worker.requests import RequestPlan, segment_params
-    from llm_worker.sampling_setup import setup_sampling
 
     variant = args.run_variant
     most = max(max(shares(n, args.engine_count)) for n in args.streams if n >= args.engine_count)
     cfg = engine_config(args, variant, most)
-    sampling = setup_sampling(cfg, board_name(os.getpid()), args.device)
+    engine_plan = plan_engine(cfg, board_name(os.getpid()), args.device)
+    sampling = engine_plan.sampling
     generation = None
     try:
-        check_head(variant, sampling.head, args.lever_head)
-        generation = GenerationEngine.start(
-            cfg, args.device, sampling.logits_processors, head=sampling.head
-        )
-        sampling.check_runner(generation.llm.vllm_config)
+        check_head(variant, engine_plan.head, args.lever_head)
+        generation = GenerationEngine.start(cfg, args.device, engine_plan)
         info = describe_engine(generation.llm, args.device).describe()
         builder = PromptBuilder.from_pretrained(cfg.tokenizer or cfg.model)
         voice = cfg.default_voice
         prompts = builder.build_many(voice, list(TEXTS))
         vs = cfg.voice_sampling.get(voice, cfg.sampling)
         plan = RequestPlan(
-            voice=voice, kind="model", temperature=vs.temperature, top_p=vs.top_p,
-            repetition_penalty=vs.repetition_penalty, seed=None, total_tokens=args.tokens,
-        )  # fmt: skip
+            voice=voice, kind="model", sampling=vs, seed=None, total_tokens=args.tokens
+        )
         counter = sampling.hooks.acquire()
         kwargs = sampling.hooks.kwargs(vs.repetition_penalty, counter)
         chars = len(TEXTS[0])
@@ -719,7 +716,7 @@ async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
         phases = PhaseReader(Path(env_dir) if env_dir else None)
         await side.send({
             "ready": {
-                "engine": f"{info}; output head: {sampling.head.describe()}",
+                "engine": f"{info}; output head: {engine_plan.head.describe()}",
                 "sampling": sampling.description,
                 "gpu_memory_utilization": cfg.gpu_memory_utilization,
                 "max_num_seqs": cfg.max_num_seqs,
@@ -743,7 +740,7 @@ async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
     finally:
         if generation is not None:
             generation.llm.shutdown()
-        sampling.close()
+        engine_plan.close()
 
 
 def engine_main(args: argparse.Namespace) -> int:
@@ -1108,7 +1105,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the head the lever variants (top-p-off ... kv-fp8) run")  # fmt: skip
     p.add_argument("--phase-timers", action=argparse.BooleanOptionalAction, default=True,
                    help="time the engine core's phases (µs per request-step; "
-                   "llm_worker.phase_timers, through the project's vLLM plugin)")  # fmt: skip
+                   "llm_worker.vllm_ext.phase_timers, through the project's vLLM plugin)")  # fmt: skip
     p.add_argument("--mps", action="store_true",
                    help="CUDA, K > 1: refuse to run unless the CUDA MPS control daemon is "
                    "active (common.mps). This benchmark never starts it: the GPU plan does "

@@ -4,7 +4,7 @@ Variants, each on the same prompts and seeds (tiny Orpheus model, CPU build):
 
 - ``none``: repetition penalty 1.0, no constraint (the baseline);
 - ``upstream``: repetition penalty 1.1 through vLLM's own (list-based, V1) path;
-- ``ours``: repetition penalty 1.1 through :class:`~llm_worker.sampling.penalty.TensorRepetitionPenalty`;
+- ``ours``: repetition penalty 1.1 through :class:`~llm_worker.vllm_ext.sampling.penalty.TensorRepetitionPenalty`;
 - ``constraint``: no penalty, the audio-token constraint with prevented-token counting on.
 
 Each variant has its own in-process vLLM engine (identical configuration, our processors
@@ -54,7 +54,7 @@ class Bench:
 
         from common.llm_config import LLMConfig
         from llm_worker.prompt import PromptBuilder
-        from llm_worker.sampling import (
+        from llm_worker.vllm_ext.sampling import (
             ModelRunner,
             PreventedBoard,
             SamplingPlan,

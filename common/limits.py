@@ -13,6 +13,8 @@ The ranges (docs/api.md, *Sampling limits*):
 - ``temperature`` 0..2: vLLM's ``SamplingParams`` refuses more (``temperature must be in
   [0, 2]``); 0 is greedy.
 - ``top_p`` (0, 1]: vLLM's range.
+- ``top_k`` 0 or more: 0 is no limit (vLLM's ``-1`` is not taken: one way to say it), 1
+  greedy; above the vocabulary it limits nothing.
 - ``repetition_penalty`` 0.5..2: vLLM takes any positive value; this is the range the
   llm_worker has always served (docs/orpheus.md: at least 1.1 is needed for stable speech, and
   raising it makes speech faster; below 1 it rewards repeats, and loops are this model's
@@ -30,13 +32,13 @@ ranges; ``sampling_problem`` says what is wrong with one (the configuration's ch
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from msgspec import Meta
 
 from common.llm_config import LLMConfig, VoiceSampling
-from shm.messages import SamplingOverrides
+from orpheus_wire.sampling import SamplingFields
 from shm.records import FRAME_CODES
 
 TEMPERATURE_MAX = 2.0
@@ -45,27 +47,34 @@ REPETITION_PENALTY_MAX = 2.0
 SEED_MAX = 2**63 - 1
 MAX_TOKENS_MIN = FRAME_CODES
 
-Temperature = Annotated[float, Meta(ge=0.0, le=TEMPERATURE_MAX)]
-TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
-RepetitionPenalty = Annotated[float, Meta(ge=REPETITION_PENALTY_MIN, le=REPETITION_PENALTY_MAX)]
-Seed = Annotated[int, Meta(ge=0, le=SEED_MAX)]
-MaxTokens = Annotated[int, Meta(ge=MAX_TOKENS_MIN)]
+RANGES: dict[str, Any] = {
+    "max_tokens": Annotated[int, Meta(ge=MAX_TOKENS_MIN)],
+    "seed": Annotated[int, Meta(ge=0, le=SEED_MAX)],
+    "temperature": Annotated[float, Meta(ge=0.0, le=TEMPERATURE_MAX)],
+    "top_p": Annotated[float, Meta(gt=0.0, le=1.0)],
+    "repetition_penalty": Annotated[
+        float, Meta(ge=REPETITION_PENALTY_MIN, le=REPETITION_PENALTY_MAX)
+    ],
+    "top_k": Annotated[int, Meta(ge=0)],
+}
+"""The range of each of ``SamplingFields``' fields (``orpheus_wire.sampling``), by name (a
+field without one stops this module's import: ``SamplingRules`` below)."""
+
+SamplingRules: type[msgspec.Struct] = msgspec.defstruct(
+    "SamplingRules",
+    [(f, RANGES[f] | None, None) for f in SamplingFields.__struct_fields__],
+    kw_only=True,
+    frozen=True,
+    forbid_unknown_fields=True,
+    module=__name__,
+)
+"""``SamplingFields`` with each field's range: what :meth:`RequestLimits.check` converts to."""
+
+FIELDS = SamplingRules.__struct_fields__
 
 TEXT_OPEN_MAX_TOKENS = "max_tokens fixes the length of a complete text: not with text_open"
 
-
-class SamplingRules(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The static ranges of the sampling fields (the cap of ``max_tokens`` is the
-    configuration's: :class:`RequestLimits`)."""
-
-    max_tokens: MaxTokens | None = None
-    seed: Seed | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    repetition_penalty: RepetitionPenalty | None = None
-
-
-FIELDS = SamplingRules.__struct_fields__
+S = TypeVar("S", bound=SamplingFields)
 
 
 class LimitError(ValueError):
@@ -81,7 +90,9 @@ class LimitError(ValueError):
 _PATH_RE = re.compile(r"at `\$\.([A-Za-z_]+)")
 
 
-def _convert(values: dict[str, object]) -> SamplingRules:
+def _convert(values: dict[str, object]) -> Any:
+    """``values`` checked against their ranges, as their fields' types (an int temperature
+    as a float): a ``SamplingRules``."""
     try:
         return msgspec.convert(values, SamplingRules)
     except msgspec.ValidationError as e:
@@ -98,37 +109,28 @@ class RequestLimits(msgspec.Struct, frozen=True, kw_only=True):
     def of(cls, llm: LLMConfig) -> RequestLimits:
         return cls(max_tokens_cap=llm.max_tokens_cap)
 
-    def check(self, o: SamplingOverrides, *, text_open: bool = False) -> SamplingOverrides:
-        """``o`` checked, its numbers as their fields' types (an int temperature as a
-        float). LimitError for the first failure: the ranges (a field at a time, as msgspec
-        reports it), then the cap of ``max_tokens``, then ``max_tokens`` with ``text_open``."""
-        r = _convert({f: v for f in FIELDS if (v := getattr(o, f)) is not None})
-        if r.max_tokens is not None:
-            if r.max_tokens > self.max_tokens_cap:
+    def check(self, o: S, *, text_open: bool = False) -> S:
+        """``o`` checked: ``o`` with its numbers as their fields' types (an int temperature
+        as a float). LimitError for the first failure: the ranges (a field at a time, as
+        msgspec reports it), then the cap of ``max_tokens``, then ``max_tokens`` with
+        ``text_open``."""
+        given = {f: v for f in FIELDS if (v := getattr(o, f)) is not None}
+        r = _convert(given)
+        max_tokens = r.max_tokens
+        if max_tokens is not None:
+            if max_tokens > self.max_tokens_cap:
                 raise LimitError(
                     f"Expected `int` <= {self.max_tokens_cap} - at `$.max_tokens`", "max_tokens"
                 )
             if text_open:
                 raise LimitError(TEXT_OPEN_MAX_TOKENS, "max_tokens")
-        return SamplingOverrides(
-            temperature=r.temperature,
-            top_p=r.top_p,
-            repetition_penalty=r.repetition_penalty,
-            max_tokens=r.max_tokens,
-            seed=r.seed,
-        )
+        return msgspec.structs.replace(o, **{f: getattr(r, f) for f in given})
 
 
 def sampling_problem(s: VoiceSampling) -> str | None:
     """What is wrong with a voice's default sampling (None: it is within the limits)."""
     try:
-        _convert(
-            {
-                "temperature": s.temperature,
-                "top_p": s.top_p,
-                "repetition_penalty": s.repetition_penalty,
-            }
-        )
+        _convert(msgspec.structs.asdict(s))
     except LimitError as e:
         return e.message
     return None

@@ -6,9 +6,14 @@ import msgspec
 
 
 class VoiceSampling(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """A voice's default sampling: the fields of ``orpheus_wire.sampling.SamplingFields``
+    that are vLLM ``SamplingParams`` keywords (a request overrides each of them), with
+    their values when the request leaves them out."""
+
     temperature: float = 0.6
     top_p: float = 0.8
     repetition_penalty: float = 1.1
+    top_k: int = 0
 
 
 class LoraVoice(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -28,7 +28,7 @@ from gateway.audio.formats import Codec, OutputFormat, SampleRate, check_format,
 from gateway.errors import APIError
 from gateway.text.plan import TextPlan
 from gateway.voices import VoiceCatalog
-from orpheus_wire.sampling import SamplingFields
+from orpheus_wire.sampling import LENGTH_FIELD, SamplingFields
 from orpheus_wire.text import Locator
 from shm.messages import SamplingOverrides
 from shm.records import SAMPLE_RATE
@@ -56,15 +56,13 @@ class FieldRules(msgspec.Struct, frozen=True, kw_only=True):
     stream_format: StreamFormat = "audio"
 
 
-def sampling_overrides(fields: SamplingFields) -> SamplingOverrides:
-    """The sampling fields of a wire request (HTTP or ZeroMQ) as the llm_worker takes them."""
-    return SamplingOverrides(
-        temperature=fields.temperature,
-        top_p=fields.top_p,
-        repetition_penalty=fields.repetition_penalty,
-        max_tokens=fields.max_tokens,
-        seed=fields.seed,
-    )
+def sampling_overrides(fields: SamplingFields, *, length: bool = True) -> SamplingOverrides:
+    """The sampling fields of a wire request (any front end's: each inherits
+    ``SamplingFields``) as the llm_worker takes them. ``length`` False leaves ``max_tokens``
+    out: the streaming protocols speak their text unit by unit, and Baseten's
+    ``max_tokens`` is a cap, not a length."""
+    o = msgspec.convert(fields, SamplingOverrides, from_attributes=True)
+    return o if length else msgspec.structs.replace(o, **{LENGTH_FIELD: None})
 
 
 class SpeechRequest(SamplingFields, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -5,17 +5,18 @@ warm-up and ready). Modules, each with one job:
 
 - ``service``: ``LLMService``, the streams' state machine and the per-step publisher
 - ``output``: ``RingSink``, the only writer of the code ring
-- ``engine``: ``GenerationEngine`` (owns ``AsyncLLM``; add, abort, the step hook)
+- ``engine``: ``GenerationEngine`` (owns ``AsyncLLM``; add, the one way in, which converts
+  a prompt to the output head's ids; abort; the step hook)
 - ``requests``, ``prompt``, ``text``: a request's plan, its prompt ids, its text pieces
 - ``codes``, ``repetition``: tokens to frames for all streams at once; the repetition guard
-- ``sampling/``, ``sampling_setup``: the model runner, penalty and constraint processors
-- ``output_head``, ``audio_head_model``, ``vllm_plugin``: the audio-only output head (which
-  head, its model class, the plugin that registers it with vLLM in every vLLM process)
+- ``engine_plan``, ``sampling_setup``: the engine's plan (its model runner, its logits
+  processors and their per-stream hooks, its output head)
+- ``output_head``: which output head (the audio-only head or the checkpoint's)
 - ``warmup``: the warm-up batch before ready (every batch size the sampler switches at)
-- ``custom_voices``, ``lora``, ``lora_cpu``: zero-shot and LoRA voices
-- ``model_info``, ``tokens``: the model's voices and Orpheus's token ids
+- ``custom_voices``, ``lora``: zero-shot and LoRA voices
+- ``model_info``: the model's voices
 - ``metrics``, ``profiling``: Prometheus metrics (labelled by engine); the profiler hook
-- ``phase_timers``: the engine core's host time by phase, loaded by ``vllm_plugin`` into
-  vLLM's processes only when ``ORPHEUS_PROFILE_PHASES`` names a directory (a measurement
-  tool of ``bench engine``)
+- ``vllm_ext/``: what vLLM loads by name into its own processes (the vLLM plugin, the audio
+  head's model class, the logits processors, the CPU LoRA fix, the phase timers) and the
+  token ids they share with the worker; it imports nothing else of the worker
 """

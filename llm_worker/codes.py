@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from llm_worker import tokens as T
+from llm_worker.vllm_ext import tokens as T
 from shm.records import CODE_DTYPE, CODEBOOK_SIZE, FRAME_CODES
 
 

@@ -36,7 +36,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from vllm import SamplingParams
@@ -51,7 +51,11 @@ from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, Schedule
 
 from common.llm_config import LLMConfig
 from llm_worker.model_info import find_model_file
-from llm_worker.output_head import HeadChoice, TokenSpace
+from llm_worker.output_head import HeadChoice
+from llm_worker.vllm_ext.token_space import TokenSpace
+
+if TYPE_CHECKING:
+    from llm_worker.engine_plan import EnginePlan
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +124,7 @@ def prepare_engine_environment(onednn_cache: int | None = None) -> None:
     the worker). ``onednn_cache``: ``llm.cpu_onednn_cache``, applied on the CPU build."""
     from vllm.platforms import current_platform
 
-    from llm_worker.sampling.runner import prepare_sampler_environment
+    from llm_worker.vllm_ext.sampling.runner import prepare_sampler_environment
 
     if note := prepare_sampler_environment():
         log.info("%s", note)
@@ -220,7 +224,7 @@ def _tqdm_disabled() -> bool:
     return os.environ.get("TQDM_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-LORA_CPU_FIX = "llm_worker.lora_cpu.LoraCpuFix"
+LORA_CPU_FIX = "llm_worker.vllm_ext.lora_cpu.LoraCpuFix"
 
 
 def _lora_args(config: LLMConfig, device: str) -> dict[str, object]:
@@ -342,14 +346,20 @@ class GenerationEngine:
         cls,
         config: LLMConfig,
         device: str,
-        logits_processors: list[type],
+        plan: EnginePlan,
         profiler: ProfilerConfig | None = None,
-        head: HeadChoice | None = None,
     ) -> GenerationEngine:
-        """Build the engine (blocking: loads the model). Call from the event loop's thread."""
+        """Build the engine ``plan`` says (its processors and output head; blocking: loads
+        the model), and check vLLM runs the model runner it was made for. Call from the
+        event loop's thread."""
         relay = StepRelay()
-        llm = start_engine(config, device, logits_processors, relay, profiler, head)
-        return cls(llm, relay, head.space if head is not None else None)
+        llm = start_engine(config, device, plan.logits_processors, relay, profiler, plan.head)
+        try:
+            plan.check_runner(llm.vllm_config)
+        except BaseException:
+            llm.shutdown()
+            raise
+        return cls(llm, relay, plan.head.space)
 
     def on_step(self, listener: Callable[[], None] | None) -> None:
         """Call ``listener`` once per engine step, after every request's output of that step
@@ -363,12 +373,24 @@ class GenerationEngine:
         params: SamplingParams,
         lora: LoRARequest | None = None,
     ) -> RequestOutputCollector:
-        """Start a request (no tokenizer: ``prompt`` is the checkpoint's token ids, converted
-        here to the engine's; ``params`` name engine ids, :attr:`space`). Its outputs arrive in
-        the returned collector (DELTA: new engine ids only, merged if not read in time).
-        vLLM's validation errors are ValueErrors; EngineDeadError if the engine is gone."""
+        """Start a request: the one way into the engine (the service's segments, the
+        warm-up, ``bench engine``). No tokenizer: ``prompt`` is the checkpoint's token ids,
+        converted here, once, to the engine's; ``params`` name engine ids (:attr:`space`:
+        ``segment_params`` takes its ``end_of_speech``). Its outputs arrive in the returned
+        collector (DELTA: new engine ids only, merged if not read in time). vLLM's
+        validation errors are ValueErrors; EngineDeadError if the engine is gone."""
         ids = self.space.to_engine(prompt)
         return await self.llm.add_request(request_id, tokens_input(ids), params, lora_request=lora)
+
+    async def run(self, request_id: str, prompt: list[int], params: SamplingParams) -> int:
+        """:meth:`add` a request and read it to its end; returns the tokens it generated."""
+        collector = await self.add(request_id, prompt, params)
+        tokens = 0
+        while True:
+            out = await collector.get()
+            tokens += sum(len(c.token_ids) for c in out.outputs)
+            if out.finished:
+                return tokens
 
     async def abort(self, request_id: str) -> None:
         await self.llm.abort(request_id)

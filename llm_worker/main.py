@@ -45,14 +45,14 @@ from common.zmq_recv import incoming, incoming_multipart
 from llm_worker import metrics as M
 from llm_worker.custom_voices import ZeroShotVoices
 from llm_worker.engine import GenerationEngine, describe_engine
+from llm_worker.engine_plan import EnginePlan, plan_engine
 from llm_worker.lora import LoraVoices
 from llm_worker.model_info import ModelInfo, load_model_info
 from llm_worker.output import RingSink
-from llm_worker.output_head import HeadKind
 from llm_worker.profiling import engine_profiler_config, profile_on_trigger
 from llm_worker.prompt import PromptBuilder
-from llm_worker.sampling_setup import SamplingSetup, setup_sampling
 from llm_worker.service import LLMService
+from llm_worker.vllm_ext.token_space import HeadKind
 from llm_worker.warmup import warm_up
 from shm.layout import InstanceLayout
 from shm.messages import (
@@ -114,7 +114,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout, engine_index: int =
     # A new producer: what a dead predecessor left of its streams in the codec goes first.
     writer.append(RecordKind.RESET, 0, 0, b"", cfg.ring_full_timeout_s)
     writer.publish()
-    sampling = setup_sampling(cfg, f"{layout.instance}-prevented-{engine_index}", config.device)
+    plan = plan_engine(cfg, f"{layout.instance}-prevented-{engine_index}", config.device)
     engine: AsyncLLM | None = None
     service: LLMService | None = None
     tasks: list[asyncio.Task[None]] = []
@@ -128,16 +128,13 @@ async def serve(config: ServeConfig, layout: InstanceLayout, engine_index: int =
     try:
         trigger = ProfileTrigger.from_env("llm")
         profiler = engine_profiler_config(trigger) if trigger is not None else None
-        generation = GenerationEngine.start(
-            cfg, config.device, sampling.logits_processors, profiler, sampling.head
-        )
+        generation = GenerationEngine.start(cfg, config.device, plan, profiler)
         engine = generation.llm
-        sampling.check_runner(engine.vllm_config)
         engine_info = describe_engine(engine, config.device)
         log.info("engine: %s", engine_info.describe())
-        log.info("sampling: %s", sampling.description)
-        log.info("output head: %s", sampling.head.describe())
-        warm = await warm_up(engine, prompts, cfg, sampling)
+        log.info("sampling: %s", plan.sampling.description)
+        log.info("output head: %s", plan.head.describe())
+        warm = await warm_up(generation, prompts, cfg, plan.sampling.hooks)
         log.info("engine %s", warm.describe())
         if stop.is_set():
             log.info("llm worker stopped during start-up")
@@ -153,7 +150,9 @@ async def serve(config: ServeConfig, layout: InstanceLayout, engine_index: int =
         )
         await loras.restore(engine)
         sink = RingSink(writer, cfg.ring_full_timeout_s)
-        service = LLMService(cfg, generation, sink, prompts, info, sampling.hooks, custom, loras)
+        service = LLMService(
+            cfg, generation, sink, prompts, info, plan.sampling.hooks, custom, loras
+        )
         generation.on_step(service.on_step)
         detail = (
             f"{engine_info.describe()}; {warm.describe()}; ready in {time.monotonic() - t0:.1f}s"
@@ -168,7 +167,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout, engine_index: int =
             asyncio.create_task(
                 link.beat_forever(lambda: service.active_streams, engine_alive), name="heartbeat"
             ),
-            asyncio.create_task(_engine_stats_loop(engine, sampling), name="engine-stats"),
+            asyncio.create_task(_engine_stats_loop(engine, plan), name="engine-stats"),
         ]
         if loras.enabled and cfg.lora_sync_s > 0:
             tasks.append(
@@ -203,7 +202,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout, engine_index: int =
         admin.close(linger=0)
         link.close()
         writer.close()
-        sampling.close()
+        plan.close()
         ctx.term()
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             # Drops this pid's live gauges (active streams) from the shared metrics.
@@ -259,14 +258,14 @@ async def _lora_sync_loop(engine: AsyncLLM, loras: LoraVoices, period_s: float) 
             log.exception("LoRA voice sync failed")
 
 
-async def _engine_stats_loop(engine: AsyncLLM, sampling: SamplingSetup) -> None:
+async def _engine_stats_loop(engine: AsyncLLM, plan: EnginePlan) -> None:
     """The count of invalid tokens the constraint prevented (each second; the counters live
     in a shared segment the engine's processes write) and vLLM's periodic stats log."""
-    prevented = sampling.total_prevented()
+    prevented = plan.sampling.total_prevented()
     next_stats = time.monotonic() + ENGINE_STATS_S
     while True:
         await asyncio.sleep(STATS_POLL_S)
-        total = sampling.total_prevented()
+        total = plan.sampling.total_prevented()
         if total > prevented:
             M.INVALID_TOKENS_PREVENTED.inc(total - prevented)
             prevented = total

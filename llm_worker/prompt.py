@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from llm_worker import tokens as T
 from llm_worker.codes import frames_to_tokens
 from llm_worker.model_info import find_model_file
+from llm_worker.vllm_ext import tokens as T
 
 
 class PromptBuilder:

@@ -20,8 +20,8 @@ from vllm.sampling_params import RequestOutputKind
 
 from common.limits import SEED_MAX, LimitError, RequestLimits
 from common.llm_config import LLMConfig, VoiceSampling
-from llm_worker import tokens as T
 from llm_worker.model_info import ModelInfo
+from llm_worker.vllm_ext import tokens as T
 from shm.messages import LlmSubmit, SamplingOverrides
 from shm.records import FRAME_CODES
 from shm.voices import VoiceKind, VoiceLookup
@@ -45,9 +45,9 @@ class RequestPlan(msgspec.Struct, frozen=True):
     voice: str
     kind: VoiceKind
     """Which kind of voice it is (``VoiceLookup``): the model's, a LoRA or a custom voice."""
-    temperature: float
-    top_p: float
-    repetition_penalty: float
+    sampling: VoiceSampling
+    """The voice's defaults with the request's overrides (:func:`resolve_sampling`): vLLM
+    ``SamplingParams`` keywords, spread into every segment's (:func:`segment_params`)."""
     seed: int | None
     total_tokens: int | None
     """Exact audio tokens for the whole stream (the client fixed the length): end of speech
@@ -90,18 +90,22 @@ def plan_request(
     kind = lookup.kind(voice)
     if kind is None:
         raise BadRequest(lookup.unknown(submit.voice))
-    base: VoiceSampling = config.voice_sampling.get(voice, config.sampling)
     return RequestPlan(
         voice=voice,
         kind=kind,
-        temperature=base.temperature if o.temperature is None else o.temperature,
-        top_p=base.top_p if o.top_p is None else o.top_p,
-        repetition_penalty=(
-            base.repetition_penalty if o.repetition_penalty is None else o.repetition_penalty
-        ),
+        sampling=resolve_sampling(config.voice_sampling.get(voice, config.sampling), o),
         seed=o.seed,
         total_tokens=o.max_tokens,
     )
+
+
+_VOICE_FIELDS = VoiceSampling.__struct_fields__
+
+
+def resolve_sampling(base: VoiceSampling, o: SamplingOverrides) -> VoiceSampling:
+    """``base`` (a voice's defaults) with the fields ``o`` sets (None keeps the default)."""
+    given = {f: v for f in _VOICE_FIELDS if (v := getattr(o, f)) is not None}
+    return msgspec.structs.replace(base, **given) if given else base
 
 
 def _round_up_to_frame(n: int) -> int:
@@ -164,14 +168,13 @@ def segment_params(
     max_tokens = min(max_tokens, room // FRAME_CODES * FRAME_CODES)
     if max_tokens < 1:
         raise BadRequest("max_tokens leaves this segment no audio token")
-    kwargs = (
-        sampling_kwargs
-        if sampling_kwargs is not None
-        else {"repetition_penalty": plan.repetition_penalty}
-    )
+    sampling = msgspec.structs.asdict(plan.sampling)
+    if sampling_kwargs is not None:
+        # The sampling package's own repetition penalty replaces vLLM's (its extra_args).
+        del sampling["repetition_penalty"]
+        sampling.update(sampling_kwargs)
     return SamplingParams(
-        temperature=plan.temperature,
-        top_p=plan.top_p,
+        **sampling,
         max_tokens=max_tokens,
         # A fixed length ignores end of speech: min_tokens masks the stop ids until the
         # budget is spent (so 128258 is never sampled and no frame is lost to it).
@@ -181,5 +184,4 @@ def segment_params(
         detokenize=False,
         skip_special_tokens=False,
         output_kind=RequestOutputKind.DELTA,
-        **kwargs,
     )

@@ -47,7 +47,6 @@ from llm_worker.codes import FrameAssembler
 from llm_worker.custom_voices import ZeroShotVoices
 from llm_worker.model_info import ModelInfo
 from llm_worker.output import Payload, RecordSink
-from llm_worker.output_head import TokenSpace
 from llm_worker.prompt import PromptBuilder
 from llm_worker.repetition import RepetitionGuard
 from llm_worker.requests import (
@@ -58,8 +57,9 @@ from llm_worker.requests import (
     segment_params,
     split_budget,
 )
-from llm_worker.sampling.hooks import SamplingHooks
 from llm_worker.text import TextStream, normalise_tags, split_text
+from llm_worker.vllm_ext.sampling.hooks import SamplingHooks
+from llm_worker.vllm_ext.token_space import TokenSpace
 from shm.messages import LlmAppendText, LlmCancel, LlmControl, LlmSubmit
 from shm.records import CODE_DTYPE, FRAME_CODES, RecordKind, StreamEnd, StreamError, record_encoder
 from shm.voices import VoiceLookup
@@ -280,7 +280,7 @@ class LLMService:
         s = LlmStream(msg.stream_id, plan, row, pieces, budgets, text)
         s.prefix, s.lora, s.speaker = prefix, lora, speaker
         s.counter = self._sampling.acquire()
-        s.sampling_kwargs = self._sampling.kwargs(plan.repetition_penalty, s.counter)
+        s.sampling_kwargs = self._sampling.kwargs(plan.sampling.repetition_penalty, s.counter)
         self._streams[s.stream_id] = s
         M.ACTIVE_STREAMS.inc()
         await self._advance(s)

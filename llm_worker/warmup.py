@@ -9,19 +9,20 @@ arguments select. vLLM's own start-up dummy run samples one small batch without 
 server's first wave of 8 or more streams stalled for seconds while its users waited.
 
 So before ready, :func:`warm_up` runs ``WARMUP_ROWS`` (at most ``max_num_seqs``) requests
-at once, built like the service's (:func:`llm_worker.requests.segment_params`: the
-configured voices' temperature, top-p and repetition penalty, the sampling package's
-arguments, the output head's ids), with lengths ``rows, rows - 1, ..., 1``: the batch
-shrinks by one row per step, so every batch size from ``rows`` down to 1 is sampled once,
-on both sides of every threshold. It goes through the engine the server runs, so the
-output head, processors and runner are the ones in use.
+at once, built as the service builds a segment (a :class:`~llm_worker.requests.RequestPlan`
+of the configured voices' sampling, :func:`llm_worker.requests.segment_params` with the
+sampling package's arguments and the engine's end-of-speech id), with lengths ``rows,
+rows - 1, ..., 1``: the batch shrinks by one row per step, so every batch size from ``rows``
+down to 1 is sampled once, on both sides of every threshold. They go in through the engine's
+one entry (:meth:`llm_worker.engine.GenerationEngine.add`, which converts the prompt to the
+output head's ids), so the output head, processors and runner are the ones in use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
@@ -29,8 +30,20 @@ from common.llm_config import LLMConfig, VoiceSampling
 from llm_worker.requests import RequestPlan, segment_params
 
 if TYPE_CHECKING:
+    from vllm import SamplingParams
+
     from llm_worker.prompt import PromptBuilder
-    from llm_worker.sampling_setup import SamplingSetup
+    from llm_worker.vllm_ext.sampling.hooks import SamplingHooks
+    from llm_worker.vllm_ext.token_space import TokenSpace
+
+
+class Engine(Protocol):
+    """:class:`llm_worker.engine.GenerationEngine`, as the warm-up uses it."""
+
+    space: TokenSpace
+
+    async def run(self, request_id: str, prompt: list[int], params: SamplingParams) -> int: ...
+
 
 WARMUP_ROWS = 72
 """Concurrent warm-up requests: above every row threshold of vLLM's top-p/top-k sampler
@@ -67,13 +80,11 @@ def warmup_lengths(rows: int) -> list[int]:
 
 
 async def warm_up(
-    engine: Any, prompts: PromptBuilder, config: LLMConfig, sampling: SamplingSetup
+    engine: Engine, prompts: PromptBuilder, config: LLMConfig, hooks: SamplingHooks
 ) -> WarmUp:
-    """Run the warm-up batch through ``engine`` (vLLM's ``AsyncLLM``) to its end."""
-    from vllm.inputs.engine import tokens_input
-
+    """Run the warm-up batch through ``engine`` to its end (``hooks``: the sampling
+    package's per-request arguments, as the service's)."""
     t0 = time.monotonic()
-    space = sampling.head.space
     rows = max(1, min(WARMUP_ROWS, config.max_num_seqs))
     kinds = warmup_samplings(config)
     voice = config.default_voice
@@ -82,17 +93,12 @@ async def warm_up(
         vs = kinds[i % len(kinds)]
         text = f"Warming up, row {i}."
         prompt = prompts.build(voice, text)
-        plan = RequestPlan(
-            voice=voice, kind="model", temperature=vs.temperature, top_p=vs.top_p,
-            repetition_penalty=vs.repetition_penalty, seed=i, total_tokens=tokens,
-        )  # fmt: skip
+        plan = RequestPlan(voice=voice, kind="model", sampling=vs, seed=i, total_tokens=tokens)
         params = segment_params(
             config, plan, 0, len(text), len(prompt), tokens,
-            sampling.hooks.kwargs(vs.repetition_penalty, None), space.end_of_speech,
+            hooks.kwargs(vs.repetition_penalty, None), engine.space.end_of_speech,
         )  # fmt: skip
-        ids = tokens_input(space.to_engine(prompt))
-        async for _ in engine.generate(ids, params, f"warmup-{i}"):
-            pass
+        await engine.run(f"warmup-{i}", prompt, params)
 
     await asyncio.gather(*(one(i, n) for i, n in enumerate(warmup_lengths(rows))))
     return WarmUp(rows=rows, samplings=len(kinds), seconds=time.monotonic() - t0)

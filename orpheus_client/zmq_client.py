@@ -60,6 +60,8 @@ class SpeechError(Exception):
 
 
 def _speak(request_id: int, text: str, api_key: str | None, **kw: Any) -> Speak:
+    """``kw``: ``Speak``'s fields; a name it does not have is a TypeError here, None is
+    left out (the server's default)."""
     fields = {k: v for k, v in kw.items() if v is not None}
     return Speak(request_id=request_id, input=text, api_key=api_key, **fields)
 
@@ -84,18 +86,15 @@ class Client:
         voice: str = "",
         response_format: str = "pcm",
         speed: float = 1.0,
-        max_tokens: int | None = None,
-        seed: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        repetition_penalty: float | None = None,
+        **sampling: float | None,
     ) -> Iterator[bytes]:
-        """Yield the audio of ``text`` as it arrives; raise ``SpeechError`` on failure."""
+        """Yield the audio of ``text`` as it arrives; raise ``SpeechError`` on failure.
+        ``sampling``: any of ``orpheus_wire.sampling.SamplingFields`` (``max_tokens``,
+        ``seed``, ``temperature``, ``top_p``, ``repetition_penalty``, ``top_k``)."""
         rid = next(self._ids)
         msg = _speak(
             rid, text, self._api_key, voice=voice, response_format=response_format, speed=speed,
-            max_tokens=max_tokens, seed=seed, temperature=temperature, top_p=top_p,
-            repetition_penalty=repetition_penalty,
+            **sampling,
         )  # fmt: skip
         self._sock.send(encoder.encode(msg))
         finished = False
@@ -260,19 +259,15 @@ class AsyncClient:
         voice: str = "",
         response_format: str = "pcm",
         speed: float = 1.0,
-        max_tokens: int | None = None,
-        seed: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        repetition_penalty: float | None = None,
         text_open: bool = True,
+        **sampling: float | None,
     ) -> _StreamStarter:
-        """A request whose text is appended later (``append``/``end``); use ``async with``."""
+        """A request whose text is appended later (``append``/``end``); use ``async with``.
+        ``sampling``: any of ``orpheus_wire.sampling.SamplingFields``, as ``Client.speech``."""
         rid = next(self._ids)
         msg = _speak(
             rid, text, self._api_key, voice=voice, response_format=response_format, speed=speed,
-            max_tokens=max_tokens, seed=seed, temperature=temperature, top_p=top_p,
-            repetition_penalty=repetition_penalty, text_open=text_open,
+            text_open=text_open, **sampling,
         )  # fmt: skip
         s = AsyncSpeechStream(self, rid, self._timeout_s)
         return _StreamStarter(self, s, msg)

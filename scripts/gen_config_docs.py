@@ -68,12 +68,15 @@ DESCRIPTIONS: dict[str, str] = {
     "llm.dtype": 'Weight and activation dtype passed to vLLM ("auto": as stored, BF16).',
     "llm.enforce_eager": "Run vLLM without CUDA graphs (slower; for debugging, and the CPU build).",
     "llm.default_voice": "Voice used when a request names none (or an alias of it).",
-    "llm.sampling": "Sampling parameters of every voice (the three options below).",
+    "llm.sampling": "Sampling parameters of every voice (the options below); a request may "
+    "override each (docs/api.md).",
     "llm.sampling.temperature": "Sampling temperature, 0-2 (as a request's: docs/api.md, "
     "Sampling limits). Higher makes speech faster and less stable.",
     "llm.sampling.top_p": "Nucleus sampling threshold, in (0, 1].",
     "llm.sampling.repetition_penalty": "Repetition penalty over the generated audio tokens, "
     "0.5-2; at least 1.1 is needed for stable speech.",
+    "llm.sampling.top_k": "Sample among the top_k most likely tokens only; 0: no such limit, "
+    "1: greedy.",
     "llm.voice_sampling": "Per-voice overrides of llm.sampling, e.g. "
     "`[llm.voice_sampling.leo]` `temperature = 0.5`; unset keys keep the VoiceSampling "
     "defaults.",

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import msgspec
 
+from orpheus_wire.sampling import SamplingFields
 
-class SamplingOverrides(msgspec.Struct, frozen=True, omit_defaults=True):
-    """Per-request overrides of the voice's sampling defaults. ``None`` keeps the default."""
 
-    temperature: float | None = None
-    top_p: float | None = None
-    repetition_penalty: float | None = None
-    max_tokens: int | None = None
-    seed: int | None = None
+class SamplingOverrides(
+    SamplingFields, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=False
+):
+    """Per-request overrides of the voice's sampling defaults (``orpheus_wire.sampling``'s
+    fields, as a front end's request converts to them). ``None`` keeps the default."""
 
 
 class LlmSubmit(msgspec.Struct, tag="submit", frozen=True, omit_defaults=True):

@@ -18,9 +18,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from llm_worker import tokens as T
 from llm_worker.codes import frames_to_tokens
-from llm_worker.output_head import TokenSpace
+from llm_worker.vllm_ext import tokens as T
+from llm_worker.vllm_ext.token_space import TokenSpace
 from shm.records import (
     CODE_DTYPE,
     FRAME_CODES,

@@ -266,8 +266,9 @@ def test_bench_engine_runs_one_and_two_engines_on_the_tiny_model(tmp_path: Path)
 
 def test_a_variant_refuses_the_wrong_head() -> None:
     from bench.engine import check_head
-    from llm_worker import tokens as T
-    from llm_worker.output_head import HeadChoice, TokenSpace
+    from llm_worker.output_head import HeadChoice
+    from llm_worker.vllm_ext import tokens as T
+    from llm_worker.vllm_ext.token_space import TokenSpace
 
     with pytest.raises(RuntimeError, match="full-head: the engine would run"):
         check_head("full-head", HeadChoice(TokenSpace.audio(T.VOCAB_SIZE), "configured"))
@@ -278,8 +279,9 @@ def test_a_variant_refuses_the_wrong_head() -> None:
 
 def test_levers_can_sit_on_the_audio_head() -> None:
     from bench.engine import check_head
-    from llm_worker import tokens as T
-    from llm_worker.output_head import HeadChoice, TokenSpace
+    from llm_worker.output_head import HeadChoice
+    from llm_worker.vllm_ext import tokens as T
+    from llm_worker.vllm_ext.token_space import TokenSpace
 
     assert variant_overrides("stats-off", "audio") == {
         "output_head": "audio",

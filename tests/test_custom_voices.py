@@ -28,12 +28,12 @@ from codec_worker.snac_model import SNAC_24KHZ, SNAC_24KHZ_SMALL, fuse_weight_no
 from common.llm_config import LLMConfig
 from gateway.custom_voices import decode_reference
 from gateway.errors import APIError
-from llm_worker import tokens as T
 from llm_worker.codes import FrameAssembler
 from llm_worker.custom_voices import ZeroShotVoices
 from llm_worker.model_info import ModelInfo
 from llm_worker.prompt import PromptBuilder
 from llm_worker.requests import BadRequest, plan_request
+from llm_worker.vllm_ext import tokens as T
 from shm.layout import InstanceLayout
 from shm.messages import LlmSubmit
 from shm.voices import (

@@ -168,6 +168,10 @@ CASES = [
      ("http", "zmq", "omni", "baseten")),
     ({"seed": -1}, "invalid_request", "Expected `int` >= 0 - at `$.seed`",
      ("http", "zmq", "omni", "elevenlabs_http")),
+    ({"top_k": -1}, "invalid_request", "Expected `int` >= 0 - at `$.top_k`",
+     ("http", "zmq", "omni", "baseten")),
+    ({"top_k": 1.5}, "invalid_request", "Expected `int | null`, got `float` - at `$.top_k`",
+     ("http",)),
     ({"response_format": "ogg"}, "invalid_request",
      "Invalid enum value 'ogg' - at `$.response_format`", ("http", "zmq", "omni")),
     ({"sample_rate": 12345}, "invalid_request", "Invalid enum value 12345 - at `$.sample_rate`",
@@ -291,6 +295,7 @@ LIMIT_CASES = [
     ({"repetition_penalty": 0.25}, "Expected `float` >= 0.5 - at `$.repetition_penalty`",
      ("http", "zmq", "omni", "baseten")),
     ({"max_tokens": 4097}, "Expected `int` <= 4096 - at `$.max_tokens`", ("http", "zmq")),
+    ({"top_k": -1}, "Expected `int` >= 0 - at `$.top_k`", ("http", "zmq", "omni", "baseten")),
 ]  # fmt: skip
 
 

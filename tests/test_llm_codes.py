@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llm_worker import tokens as T
 from llm_worker.codes import FrameAssembler, StepFrames, frames_to_tokens
+from llm_worker.vllm_ext import tokens as T
 from shm.records import CODEBOOK_SIZE
 
 

@@ -13,8 +13,8 @@ from vllm.lora.request import LoRARequest
 
 from bench.doubles.tiny_model import write_random_lora, write_tiny_model
 from common.llm_config import LLMConfig, LoraVoice
-from llm_worker import tokens as T
 from llm_worker.engine import engine_args
+from llm_worker.vllm_ext import tokens as T
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ def llm(model: Path) -> Iterator[LLM]:
     args = engine_args(cfg, "cpu", [])
     assert args.enable_lora and args.max_loras == 2 and args.max_lora_rank == 8
     assert args.enable_prefix_caching
-    assert args.worker_extension_cls == "llm_worker.lora_cpu.LoraCpuFix"
+    assert args.worker_extension_cls == "llm_worker.vllm_ext.lora_cpu.LoraCpuFix"
     kwargs = {
         k: getattr(args, k)
         for k in (
@@ -83,7 +83,7 @@ def test_two_adapters_in_one_batch_and_the_base_model_unaffected(llm: LLM, model
     a, b, base, a2 = (list(o.outputs[0].token_ids) for o in outs)
     assert base == list(alone), (
         "the base model's voice is the same with adapters beside it (vLLM's CPU LoRA ops "
-        "applied the last adapter slot to it before llm_worker/lora_cpu.py)"
+        "applied the last adapter slot to it before llm_worker/vllm_ext/lora_cpu.py)"
     )
     assert a == a2, "same adapter, seed and text: same tokens"
     assert a != b, "two adapters in one batch: each runs with its own weights"

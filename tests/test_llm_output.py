@@ -11,10 +11,10 @@ from llm_fakes import FakeEngine, FakePrompts, Rec, audio, contiguous, received
 from prometheus_client import REGISTRY
 
 from common.llm_config import LLMConfig
-from llm_worker import tokens as T
 from llm_worker.model_info import ModelInfo
 from llm_worker.output import RingSink
 from llm_worker.service import LLMService
+from llm_worker.vllm_ext import tokens as T
 from shm.layout import InstanceLayout
 from shm.messages import LlmSubmit
 from shm.records import CODE_DTYPE, FRAME_CODES, RecordKind

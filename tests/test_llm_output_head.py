@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llm_worker import tokens as T
-from llm_worker.output_head import (
+from llm_worker.output_head import choose_output_head
+from llm_worker.vllm_ext import tokens as T
+from llm_worker.vllm_ext.token_space import (
     AUDIO_HEAD_ARCHITECTURE,
     CheckpointLayoutError,
     HeadKind,
     TokenSpace,
-    choose_output_head,
 )
 from shm.records import CODEBOOK_SIZE, FRAME_CODES
 

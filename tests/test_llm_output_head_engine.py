@@ -21,10 +21,16 @@ from vllm import LLM, SamplingParams
 
 from bench.doubles.tiny_model import write_tiny_model
 from common.llm_config import LLMConfig
-from llm_worker import tokens as T
 from llm_worker.engine import GENERATION_CONFIG
-from llm_worker.output_head import HeadChoice, HeadKind, TokenSpace, choose_output_head
-from llm_worker.sampling import ModelRunner, SamplingPlan, choose_model_runner, pin_model_runner
+from llm_worker.output_head import HeadChoice, choose_output_head
+from llm_worker.vllm_ext import tokens as T
+from llm_worker.vllm_ext.sampling import (
+    ModelRunner,
+    SamplingPlan,
+    choose_model_runner,
+    pin_model_runner,
+)
+from llm_worker.vllm_ext.token_space import HeadKind, TokenSpace
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from bench.doubles.tiny_model import build_tokenizer
-from llm_worker import tokens as T
 from llm_worker.prompt import PromptBuilder
+from llm_worker.vllm_ext import tokens as T
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import pytest
 from vllm.sampling_params import RequestOutputKind
 
 from common.llm_config import LLMConfig, VoiceSampling
-from llm_worker import tokens as T
 from llm_worker.model_info import ModelInfo
 from llm_worker.requests import (
     BadRequest,
@@ -16,6 +15,7 @@ from llm_worker.requests import (
     segment_params,
     split_budget,
 )
+from llm_worker.vllm_ext import tokens as T
 from shm.messages import LlmSubmit, SamplingOverrides
 
 INFO = ModelInfo(voices=("tara", "leo"), emotion_tags=("laugh",), source="test")
@@ -29,18 +29,40 @@ CONFIG = LLMConfig(
 
 def test_voice_defaults_and_overrides() -> None:
     tara = plan_request(LlmSubmit(1, "Hi.", "Tara"), CONFIG, INFO)
-    assert (tara.voice, tara.temperature, tara.top_p, tara.repetition_penalty) == (
-        "tara",
-        0.6,
-        0.8,
-        1.1,
-    )
+    assert tara.voice == "tara"
+    assert tara.sampling == VoiceSampling(temperature=0.6, top_p=0.8, repetition_penalty=1.1)
     leo = plan_request(LlmSubmit(2, "Hi.", "leo"), CONFIG, INFO)
-    assert (leo.temperature, leo.top_p, leo.repetition_penalty) == (0.4, 0.9, 1.2)
+    assert leo.sampling == VoiceSampling(temperature=0.4, top_p=0.9, repetition_penalty=1.2)
     o = SamplingOverrides(temperature=0.9, repetition_penalty=1.3, seed=5, max_tokens=70)
     custom = plan_request(LlmSubmit(3, "Hi.", "leo", o), CONFIG, INFO)
-    assert (custom.temperature, custom.top_p, custom.repetition_penalty) == (0.9, 0.9, 1.3)
+    assert custom.sampling == VoiceSampling(temperature=0.9, top_p=0.9, repetition_penalty=1.3)
     assert (custom.seed, custom.total_tokens) == (5, 70)
+    assert custom.sampling.top_k == 0, "a field the request leaves out keeps the voice's"
+
+
+def test_every_voice_default_is_a_request_override_and_a_vllm_keyword() -> None:
+    """The plan spreads ``VoiceSampling`` into ``SamplingParams``: each of its fields is one of
+    the wire's ``SamplingFields`` (a request overrides it) and a ``SamplingParams`` keyword."""
+    from vllm import SamplingParams
+
+    from orpheus_wire.sampling import SamplingFields
+
+    for f in VoiceSampling.__struct_fields__:
+        assert f in SamplingFields.__struct_fields__
+        assert hasattr(SamplingParams(), f)
+
+
+def test_top_k_reaches_the_segments_params() -> None:
+    """top_k: the voice's default (0, no limit), or the request's, in every segment."""
+    plan = plan_request(LlmSubmit(1, "Hi.", "tara"), CONFIG, INFO)
+    assert segment_params(CONFIG, plan, index=0, chars=3, prompt_len=20).top_k == 0
+    plan = plan_request(_o(top_k=1), CONFIG, INFO)
+    assert plan.sampling.top_k == 1
+    for i in range(3):
+        assert segment_params(CONFIG, plan, index=i, chars=3, prompt_len=20).top_k == 1
+    cfg = msgspec.structs.replace(CONFIG, voice_sampling={"leo": VoiceSampling(top_k=40)})
+    leo = plan_request(LlmSubmit(1, "Hi.", "leo"), cfg, INFO)
+    assert segment_params(cfg, leo, index=0, chars=3, prompt_len=20).top_k == 40
 
 
 def _o(**kw: object) -> LlmSubmit:
@@ -66,6 +88,7 @@ def _o(**kw: object) -> LlmSubmit:
         (_o(max_tokens=6), "Expected `int` >= 7 - at `$.max_tokens`"),
         (_o(max_tokens=10**6), "Expected `int` <= 4096 - at `$.max_tokens`"),
         (_o(seed=-1), "Expected `int` >= 0 - at `$.seed`"),
+        (_o(top_k=-1), "Expected `int` >= 0 - at `$.top_k`"),
         (
             LlmSubmit(1, "Hi.", "tara", SamplingOverrides(max_tokens=70), text_open=True),
             "max_tokens fixes the length of a complete text: not with text_open",
@@ -81,8 +104,15 @@ def test_bad_requests(submit: LlmSubmit, message: str) -> None:
 def test_the_limits_are_inclusive_and_the_cap_is_the_configurations() -> None:
     ok = _o(temperature=2.0, top_p=1.0, repetition_penalty=0.5, max_tokens=4096, seed=2**63 - 1)
     plan = plan_request(ok, CONFIG, INFO)
-    assert (plan.temperature, plan.repetition_penalty, plan.total_tokens) == (2.0, 0.5, 4096)
-    assert plan_request(_o(temperature=0, repetition_penalty=2), CONFIG, INFO).temperature == 0.0
+    assert (plan.sampling.temperature, plan.sampling.repetition_penalty, plan.total_tokens) == (
+        2.0,
+        0.5,
+        4096,
+    )
+    assert (
+        plan_request(_o(temperature=0, repetition_penalty=2), CONFIG, INFO).sampling.temperature
+        == 0.0
+    )
     assert plan_request(_o(max_tokens=7), CONFIG, INFO).total_tokens == 7
     big = msgspec.structs.replace(CONFIG, max_tokens_cap=8000)
     assert plan_request(_o(max_tokens=8000), big, INFO).total_tokens == 8000

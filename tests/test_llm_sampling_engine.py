@@ -14,8 +14,8 @@ from vllm import LLM, SamplingParams
 
 from bench.doubles.tiny_model import write_tiny_model
 from common.llm_config import LLMConfig
-from llm_worker import tokens as T
-from llm_worker.sampling import (
+from llm_worker.vllm_ext import tokens as T
+from llm_worker.vllm_ext.sampling import (
     CounterSlots,
     ModelRunner,
     PreventedBoard,
@@ -23,7 +23,7 @@ from llm_worker.sampling import (
     choose_model_runner,
     pin_model_runner,
 )
-from llm_worker.sampling.runner import v2_processors_supported
+from llm_worker.vllm_ext.sampling.runner import v2_processors_supported
 from shm.records import CODEBOOK_SIZE, FRAME_CODES
 
 pytestmark = pytest.mark.slow

@@ -6,10 +6,10 @@ import pytest
 from vllm import SamplingParams
 
 from common.llm_config import LLMConfig
-from llm_worker.sampling import Counter, ModelRunner, RequestArgs, SamplingPlan
-from llm_worker.sampling.constraint import AudioTokenConstraint
-from llm_worker.sampling.penalty import TensorRepetitionPenalty
-from llm_worker.sampling.runner import v2_processors_supported
+from llm_worker.vllm_ext.sampling import Counter, ModelRunner, RequestArgs, SamplingPlan
+from llm_worker.vllm_ext.sampling.constraint import AudioTokenConstraint
+from llm_worker.vllm_ext.sampling.penalty import TensorRepetitionPenalty
+from llm_worker.vllm_ext.sampling.runner import v2_processors_supported
 
 
 def test_v1_uses_our_penalty_and_skips_vllms() -> None:
@@ -28,7 +28,7 @@ def test_v1_uses_our_penalty_and_skips_vllms() -> None:
     not v2_processors_supported(), reason="this vLLM's V2 runner takes no custom processors"
 )
 def test_v2_uses_vllms_device_penalty() -> None:
-    from llm_worker.sampling.constraint_v2 import AudioTokenConstraintV2
+    from llm_worker.vllm_ext.sampling.constraint_v2 import AudioTokenConstraintV2
 
     plan = SamplingPlan.for_config(LLMConfig(), ModelRunner.V2)
     assert plan.logits_processors() == [AudioTokenConstraintV2]

@@ -29,11 +29,11 @@ from vllm.v1.sample.ops.penalties import apply_all_penalties
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
 from bench.doubles.tiny_model import VOCAB_SIZE, write_tiny_model
-from llm_worker import tokens as T
-from llm_worker.sampling import CounterSlots, PreventedBoard, RequestArgs
-from llm_worker.sampling.constraint import AudioTokenConstraint
-from llm_worker.sampling.penalty import TensorRepetitionPenalty
-from llm_worker.sampling.runner import v2_processors_supported
+from llm_worker.vllm_ext import tokens as T
+from llm_worker.vllm_ext.sampling import CounterSlots, PreventedBoard, RequestArgs
+from llm_worker.vllm_ext.sampling.constraint import AudioTokenConstraint
+from llm_worker.vllm_ext.sampling.penalty import TensorRepetitionPenalty
+from llm_worker.vllm_ext.sampling.runner import v2_processors_supported
 from shm.records import CODEBOOK_SIZE, FRAME_CODES
 
 MAX_REQS = 12
@@ -394,7 +394,7 @@ def test_v2_constraint_masks_and_counts_kept_rows(
         LogitsProcRequestState,
     )
 
-    from llm_worker.sampling.constraint_v2 import AudioTokenConstraintV2
+    from llm_worker.vllm_ext.sampling.constraint_v2 import AudioTokenConstraintV2
 
     n = vllm_config.scheduler_config.max_num_seqs
     prompt_len = [0] * n

@@ -9,17 +9,17 @@ import pytest
 import torch
 
 from common.llm_config import LLMConfig
-from llm_worker.sampling import (
+from llm_worker.vllm_ext.sampling import (
     ModelRunner,
     SamplingPlan,
     choose_model_runner,
     pin_model_runner,
     prepare_sampler_environment,
 )
-from llm_worker.sampling import runner as runner_mod
-from llm_worker.sampling.constraint import AudioTokenConstraint
-from llm_worker.sampling.penalty import TensorRepetitionPenalty
-from llm_worker.sampling.staging import Staged
+from llm_worker.vllm_ext.sampling import runner as runner_mod
+from llm_worker.vllm_ext.sampling.constraint import AudioTokenConstraint
+from llm_worker.vllm_ext.sampling.penalty import TensorRepetitionPenalty
+from llm_worker.vllm_ext.sampling.staging import Staged
 
 
 def test_auto_is_v1_with_our_processors_on_cpu() -> None:
@@ -67,7 +67,7 @@ def test_v2_processor_interface_matches_the_installed_vllm() -> None:
         has = False
     assert runner_mod.v2_processors_supported() is has
     if has:  # 0.32+: the V2 constraint imports against it
-        from llm_worker.sampling.constraint_v2 import AudioTokenConstraintV2
+        from llm_worker.vllm_ext.sampling.constraint_v2 import AudioTokenConstraintV2
 
         plan = SamplingPlan.for_config(LLMConfig(), ModelRunner.V2, v2_processors=True)
         assert plan.logits_processors() == [AudioTokenConstraintV2]

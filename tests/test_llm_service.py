@@ -27,12 +27,12 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 from common.llm_config import LLMConfig
 from llm_worker import metrics as M
-from llm_worker import tokens as T
 from llm_worker.model_info import ModelInfo
-from llm_worker.output_head import TokenSpace
 from llm_worker.requests import BadRequest, length_cap
-from llm_worker.sampling.hooks import SamplingHooks
 from llm_worker.service import LLMService
+from llm_worker.vllm_ext import tokens as T
+from llm_worker.vllm_ext.sampling.hooks import SamplingHooks
+from llm_worker.vllm_ext.token_space import TokenSpace
 from shm.messages import LlmAppendText, LlmCancel, LlmSubmit, SamplingOverrides
 from shm.records import FRAME_CODES, RecordKind
 
@@ -822,3 +822,36 @@ async def test_generation_engine_feeds_token_ids_and_relays_steps() -> None:
     hook.record(None, None)
     hook.record(None, None)
     assert steps == [1, 1]
+
+
+async def test_generation_engine_run_goes_through_the_one_entry_and_reads_to_the_end() -> None:
+    """``run`` (the warm-up's) is ``add`` (the prompt converted once, to the output head's
+    ids) and the collector read until the request finished."""
+    from vllm.inputs.engine import tokens_input
+
+    from llm_worker.engine import GenerationEngine
+
+    space = TokenSpace.audio(T.VOCAB_SIZE)
+    added: list[tuple[str, Any]] = []
+
+    def out(n: int, finished: bool) -> Any:
+        return SimpleNamespace(outputs=[SimpleNamespace(token_ids=[2] * n)], finished=finished)
+
+    class Collector:
+        def __init__(self) -> None:
+            self.outs = [out(3, False), out(0, False), out(2, True), out(9, False)]
+
+        async def get(self) -> Any:
+            return self.outs.pop(0)
+
+    class LLM:
+        async def add_request(
+            self, rid: str, prompt: Any, params: Any, lora_request: Any = None
+        ) -> Collector:
+            added.append((rid, prompt))
+            return Collector()
+
+    engine = GenerationEngine(LLM(), space=space)  # type: ignore[arg-type]
+    prompt = [T.START_OF_HUMAN, 1000, T.START_OF_SPEECH]
+    assert await engine.run("warmup-0", prompt, "params") == 5  # type: ignore[arg-type]
+    assert added == [("warmup-0", tokens_input(space.to_engine(prompt)))]

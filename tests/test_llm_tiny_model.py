@@ -13,9 +13,9 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from bench.doubles.tiny_model import write_tiny_model
 from common.llm_config import LLMConfig
-from llm_worker import tokens as T
 from llm_worker.model_info import ENGLISH_VOICES, load_model_info
 from llm_worker.prompt import PromptBuilder
+from llm_worker.vllm_ext import tokens as T
 from shm.records import CODEBOOK_SIZE
 
 

@@ -5,17 +5,16 @@ The worker process test (test_llm_worker_process.py) checks it ran before Worker
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from bench.doubles.tiny_model import write_tiny_model
 from common.llm_config import LLMConfig, VoiceSampling
-from llm_worker import tokens as T
-from llm_worker.output_head import TokenSpace
 from llm_worker.prompt import PromptBuilder
-from llm_worker.sampling.hooks import SamplingHooks
+from llm_worker.vllm_ext import tokens as T
+from llm_worker.vllm_ext.sampling.hooks import SamplingHooks
+from llm_worker.vllm_ext.token_space import TokenSpace
 from llm_worker.warmup import WARMUP_ROWS, warm_up, warmup_lengths, warmup_samplings
 
 
@@ -27,30 +26,28 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> PromptBuilder:
 
 
 class FakeEngine:
-    """``AsyncLLM.generate``'s shape: one token per step; every request in flight steps
-    together, so the largest batch is the most requests in flight at once."""
+    """``GenerationEngine.run``'s shape: one token per step; every request in flight steps
+    together, so the largest batch is the most requests in flight at once. ``prompts`` are
+    what the engine's one entry converts (``space.to_engine``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, space: TokenSpace) -> None:
+        self.space = space
         self.in_flight = 0
         self.batches: list[int] = []
         self.params: list[Any] = []
         self.prompts: list[list[int]] = []
 
-    async def generate(self, prompt: Any, params: Any, request_id: str) -> Any:
+    async def run(self, request_id: str, prompt: list[int], params: Any) -> int:
         self.params.append(params)
-        self.prompts.append(list(prompt["prompt_token_ids"]))
+        self.prompts.append(self.space.to_engine(prompt))
         self.in_flight += 1
         try:
             for _ in range(params.max_tokens):
                 self.batches.append(self.in_flight)
                 await asyncio.sleep(0)
-                yield None
         finally:
             self.in_flight -= 1
-
-
-def _sampling(space: TokenSpace) -> Any:
-    return SimpleNamespace(head=SimpleNamespace(space=space), hooks=SamplingHooks())
+        return int(params.max_tokens)
 
 
 def test_lengths_shrink_the_batch_one_row_per_step() -> None:
@@ -70,8 +67,8 @@ async def test_warm_up_samples_every_batch_size_with_the_configured_sampling(
 ) -> None:
     tara = VoiceSampling(temperature=0.5, top_p=0.7, repetition_penalty=1.2)
     cfg = LLMConfig(max_num_seqs=384, voice_sampling={"tara": tara})
-    engine = FakeEngine()
-    done = await warm_up(engine, prompts, cfg, _sampling(TokenSpace.full()))
+    engine = FakeEngine(TokenSpace.full())
+    done = await warm_up(engine, prompts, cfg, SamplingHooks())
     assert done.rows == WARMUP_ROWS and done.samplings == 2
     assert max(engine.batches) == WARMUP_ROWS
     assert set(engine.batches) == set(range(1, WARMUP_ROWS + 1))
@@ -87,8 +84,8 @@ async def test_warm_up_fits_max_num_seqs_and_speaks_the_audio_heads_ids(
     prompts: PromptBuilder,
 ) -> None:
     space = TokenSpace.audio(T.VOCAB_SIZE)
-    engine = FakeEngine()
-    done = await warm_up(engine, prompts, LLMConfig(max_num_seqs=16), _sampling(space))
+    engine = FakeEngine(space)
+    done = await warm_up(engine, prompts, LLMConfig(max_num_seqs=16), SamplingHooks())
     assert done.rows == 16 and max(engine.batches) == 16
     assert all(p.stop_token_ids == [space.end_of_speech] for p in engine.params)
     assert engine.prompts[0] == space.to_engine(prompts.build("tara", "Warming up, row 0."))

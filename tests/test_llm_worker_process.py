@@ -138,8 +138,10 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     create_ring(layout.engine_code_ring(0), RING_BYTES)
     config = ServeConfig(
         device="cpu",
+        # float32: the random weights' bfloat16 logits tie at the top, and greedy sampling
+        # (test_top_k_reaches_vllm) would then pick among the tied ids by the seed.
         llm=LLMConfig(model=str(model), max_model_len=1024, max_num_seqs=8,
-                      enforce_eager=True, max_chars_per_segment=40,
+                      enforce_eager=True, max_chars_per_segment=40, dtype="float32",
                       ring_full_timeout_s=RING_FULL_TIMEOUT_S),
     )  # fmt: skip
     zctx = zmq.Context.instance()
@@ -218,6 +220,22 @@ def test_fixed_length_is_exact_and_seeded(harness: Harness) -> None:
         assert got.end.frames == 10 and got.end.tokens == 70
         runs.append(got.frames)
     assert np.array_equal(runs[0], runs[1]), "same seed, same codes"
+
+
+def test_top_k_reaches_vllm(harness: Harness) -> None:
+    """``top_k`` goes from ``LlmSubmit`` through the worker's plan into vLLM's sampler:
+    top_k = 1 is greedy, so two seeds give the same codes; without it they differ."""
+
+    def frames(seed: int, **sampling: int) -> np.ndarray:
+        sid = harness.new_id()
+        o = SamplingOverrides(max_tokens=7 * 8, seed=seed, temperature=1.0, **sampling)
+        harness.send(LlmSubmit(sid, "Top k.", "tara", o))
+        got = harness.wait_for(sid)
+        _check_contiguous(got)
+        return got.frames
+
+    assert not np.array_equal(frames(1), frames(2)), "the seeds sample different codes"
+    assert np.array_equal(frames(1, top_k=1), frames(2, top_k=1)), "top_k = 1: greedy"
 
 
 def test_natural_end_of_speech(harness: Harness) -> None:

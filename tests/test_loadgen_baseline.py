@@ -19,7 +19,7 @@ from bench.load.baseline.decoder import ReferenceStreamDecoder, window_to_levels
 from bench.load.servers import ServerProcess, baseline_argv
 from codec_worker.levels import frames_to_levels
 from codec_worker.snac_model import CONFIG_FILE, SNAC_24KHZ_SMALL, WEIGHTS_FILE
-from llm_worker import tokens as T
+from llm_worker.vllm_ext import tokens as T
 from shm.records import CODEBOOK_SIZE
 
 CPU = torch.device("cpu")

@@ -50,4 +50,4 @@ def test_the_wheel_carries_the_model_class_and_the_generation_config(wheel: Path
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         assert z.read("llm_worker/engine_generation_config/generation_config.json").strip() == b"{}"
-    assert {"llm_worker/audio_head_model.py", "llm_worker/vllm_plugin.py"} <= names
+    assert {"llm_worker/vllm_ext/audio_head_model.py", "llm_worker/vllm_ext/plugin.py"} <= names

@@ -1,4 +1,4 @@
-"""The engine core's per-phase timers (llm_worker/phase_timers.py): off by default with
+"""The engine core's per-phase timers (llm_worker/vllm_ext/phase_timers.py): off by default with
 nothing wrapped, class-level wrapping of the methods that exist (by name) with the missing
 ones reported, the totals file, and the µs per request-step arithmetic. The real run on the
 tiny model is tests/test_bench_engine.py's."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_worker.phase_timers import us_per_request_step
+from llm_worker.vllm_ext.phase_timers import us_per_request_step
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,10 +33,10 @@ def test_off_unless_the_variable_names_a_directory() -> None:
         import sys
         from vllm.v1.core.sched.scheduler import Scheduler
         before = Scheduler.__dict__["schedule"]
-        from llm_worker.vllm_plugin import register
+        from llm_worker.vllm_ext.plugin import register
         register()
         assert Scheduler.__dict__["schedule"] is before
-        assert "llm_worker.phase_timers" not in sys.modules
+        assert "llm_worker.vllm_ext.phase_timers" not in sys.modules
         print("off")
         """,
         {"ORPHEUS_PROFILE_PHASES": ""},
@@ -70,7 +70,7 @@ def test_install_wraps_what_exists_and_writes_totals(tmp_path: Path) -> None:
         """
         import multiprocessing
         multiprocessing.current_process().name = "EngineCore"
-        import llm_worker.phase_timers as pt
+        import llm_worker.vllm_ext.phase_timers as pt
         spec = "fake_sched:Scheduler"
         pt.PHASES.clear()
         pt.PHASES["schedule"] = ("scheduler", ((spec, "schedule"), (spec, "no_such_method")))
@@ -108,7 +108,7 @@ def test_the_frontend_only_hooks_the_engine_core_constructor(tmp_path: Path) -> 
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.engine.core import EngineCore
         before = Scheduler.__dict__["schedule"]
-        import llm_worker.phase_timers as pt
+        import llm_worker.vllm_ext.phase_timers as pt
         pt.install_from_environment()
         assert Scheduler.__dict__["schedule"] is before
         assert getattr(EngineCore.__init__, "__orpheus_phase__", None) == "install"

@@ -91,6 +91,7 @@ overrides = st.builds(
     repetition_penalty=floats,
     max_tokens=ints,
     seed=ints,
+    top_k=ints,
 )
 
 
@@ -107,6 +108,7 @@ overrides = st.builds(
 @example(o=SamplingOverrides(max_tokens=4097), cap=4096, voice="tara", text_open=False)
 @example(o=SamplingOverrides(max_tokens=70), cap=4096, voice="tara", text_open=True)
 @example(o=SamplingOverrides(temperature=3.0), cap=4096, voice="nobody", text_open=False)
+@example(o=SamplingOverrides(top_k=-1), cap=4096, voice="tara", text_open=False)
 def test_the_gateway_and_the_worker_give_one_verdict(
     o: SamplingOverrides, cap: int, voice: str, text_open: bool
 ) -> None:
@@ -153,6 +155,7 @@ def test_the_old_gateway_ranges_are_refused_before_admission() -> None:
             VoiceSampling(repetition_penalty=3.0),
             "Expected `float` <= 2.0 - at `$.repetition_penalty`",
         ),
+        (VoiceSampling(top_k=-1), "Expected `int` >= 0 - at `$.top_k`"),
     ],
 )
 def test_a_voices_default_sampling_is_within_the_limits(

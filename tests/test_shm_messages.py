@@ -38,6 +38,7 @@ overrides = st.builds(
     repetition_penalty=floats,
     max_tokens=st.none() | st.integers(1, 10_000),
     seed=st.none() | st.integers(0, 2**31),
+    top_k=st.none() | st.integers(0, 2**31),
 )
 control = st.one_of(
     st.builds(LlmSubmit, stream_id=ids, text=st.text(), voice=st.text(), sampling=overrides,

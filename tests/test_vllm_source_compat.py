@@ -127,8 +127,8 @@ def project(relpath: str) -> ProjectFile:
 
 
 def runner_constant(name: str) -> str:
-    """A module-level string constant of llm_worker/sampling/runner.py."""
-    for node in project("llm_worker/sampling/runner.py").tree.body:
+    """A module-level string constant of llm_worker/vllm_ext/sampling/runner.py."""
+    for node in project("llm_worker/vllm_ext/sampling/runner.py").tree.body:
         if (
             isinstance(node, ast.Assign)
             and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
@@ -188,12 +188,12 @@ def test_v2_processor_interface_module(source: VllmSource) -> None:
 # -- the classes the project subclasses ----------------------------------------------------
 
 SUBCLASSES = [
-    ("llm_worker/sampling/penalty.py", "TensorRepetitionPenalty"),
-    ("llm_worker/sampling/constraint.py", "AudioTokenConstraint"),
-    ("llm_worker/sampling/constraint_v2.py", "AudioTokenConstraintV2"),
+    ("llm_worker/vllm_ext/sampling/penalty.py", "TensorRepetitionPenalty"),
+    ("llm_worker/vllm_ext/sampling/constraint.py", "AudioTokenConstraint"),
+    ("llm_worker/vllm_ext/sampling/constraint_v2.py", "AudioTokenConstraintV2"),
     ("bench/load/baseline/constraint.py", "AudioSlotConstraint"),
     ("llm_worker/engine.py", "StepHook"),
-    ("llm_worker/audio_head_model.py", "OrpheusAudioHeadForCausalLM"),
+    ("llm_worker/vllm_ext/audio_head_model.py", "OrpheusAudioHeadForCausalLM"),
 ]
 
 
@@ -250,13 +250,13 @@ def test_v1_batch_update(source: VllmSource) -> None:
     """What rows.py and the baseline's constraint read of V1's BatchUpdate."""
     module = "vllm.v1.sample.logits_processor"
     used = set()
-    for f in ("llm_worker/sampling/rows.py", "bench/load/baseline/constraint.py"):
+    for f in ("llm_worker/vllm_ext/sampling/rows.py", "bench/load/baseline/constraint.py"):
         used |= project(f).attributes_of("batch_update")
     assert {"added", "removed", "moved", "batch_size"} <= used
     assert not (gone := missing(source.class_info(module, "BatchUpdate"), used)), (
         f"{source.label}: BatchUpdate lacks {gone}"
     )
-    directions = project("llm_worker/sampling/rows.py").attributes_of("MoveDirectionality")
+    directions = project("llm_worker/vllm_ext/sampling/rows.py").attributes_of("MoveDirectionality")
     assert not (gone := missing(source.class_info(module, "MoveDirectionality"), directions)), (
         f"{source.label}: MoveDirectionality lacks {gone}"
     )
@@ -276,7 +276,7 @@ def test_v2_processor_inputs(source: VllmSource) -> None:
     """What AudioTokenConstraintV2 reads of the V2 runner's context and request state."""
     if not needs_v2_interface(source):
         pytest.skip(f"{source.label} predates the V2 processor interface")
-    f = project("llm_worker/sampling/constraint_v2.py")
+    f = project("llm_worker/vllm_ext/sampling/constraint_v2.py")
     ctx = source.class_info(V2_INTERFACE, "LogitsContext")
     assert not (gone := missing(ctx, f.attributes_of("ctx"))), f"LogitsContext lacks {gone}"
     state = source.class_info(V2_INTERFACE, "LogitsProcRequestState")
@@ -305,18 +305,23 @@ def test_v2_processor_inputs(source: VllmSource) -> None:
 
 # (files, expression in them, vLLM class it holds)
 CONFIG_READS = [
-    (("llm_worker/sampling/constraint_v2.py",), "vllm_config", "vllm.config", "VllmConfig"),
+    (
+        ("llm_worker/vllm_ext/sampling/constraint_v2.py",),
+        "vllm_config",
+        "vllm.config",
+        "VllmConfig",
+    ),
     (("llm_worker/engine.py",), "vc", "vllm.config", "VllmConfig"),
     (("llm_worker/engine.py",), "vllm_config", "vllm.config", "VllmConfig"),
     (
-        ("llm_worker/sampling/penalty.py", "llm_worker/sampling/constraint.py"),
+        ("llm_worker/vllm_ext/sampling/penalty.py", "llm_worker/vllm_ext/sampling/constraint.py"),
         "vllm_config.scheduler_config",
         "vllm.config",
         "SchedulerConfig",
     ),
     (("llm_worker/engine.py",), "vc.scheduler_config", "vllm.config", "SchedulerConfig"),
     (
-        ("llm_worker/sampling/penalty.py", "bench/load/baseline/constraint.py"),
+        ("llm_worker/vllm_ext/sampling/penalty.py", "bench/load/baseline/constraint.py"),
         "vllm_config.model_config",
         "vllm.config",
         "ModelConfig",
@@ -326,7 +331,12 @@ CONFIG_READS = [
     (("llm_worker/engine.py",), "vc.cache_config", "vllm.config", "CacheConfig"),
     (("llm_worker/engine.py",), "vllm_config.cache_config", "vllm.config", "CacheConfig"),
     (("llm_worker/engine.py",), "vllm_config.attention_config", "vllm.config", "AttentionConfig"),
-    (("llm_worker/sampling/constraint_v2.py",), "spec", "vllm.config", "SpeculativeConfig"),
+    (
+        ("llm_worker/vllm_ext/sampling/constraint_v2.py",),
+        "spec",
+        "vllm.config",
+        "SpeculativeConfig",
+    ),
     (("bench/load/baseline/engine.py",), "args", "vllm.engine.arg_utils", "AsyncEngineArgs"),
 ]
 
@@ -414,7 +424,6 @@ def test_sampling_params_fields(source: VllmSource) -> None:
 
 ENGINE_USERS = (
     "llm_worker/main.py",
-    "llm_worker/warmup.py",
     "llm_worker/profiling.py",
     "llm_worker/engine.py",
     "bench/load/baseline/server.py",
@@ -570,7 +579,7 @@ def test_model_config_takes_v2_processor_classes(source: VllmSource) -> None:
         import pydantic
         from vllm.config import ModelConfig
 
-        from llm_worker.sampling.constraint_v2 import AudioTokenConstraintV2
+        from llm_worker.vllm_ext.sampling.constraint_v2 import AudioTokenConstraintV2
 
         annotation = ModelConfig.__pydantic_fields__["logits_processors"].annotation
         adapter = pydantic.TypeAdapter(annotation)

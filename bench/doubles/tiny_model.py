@@ -33,8 +33,8 @@ from snac import SNAC
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from codec_worker.snac_model import CONFIG_FILE, SNAC_24KHZ, WEIGHTS_FILE
-from llm_worker import tokens as T
 from llm_worker.model_info import EMOTION_TAGS, ENGLISH_VOICES
+from llm_worker.vllm_ext import tokens as T
 from shm.records import CODEBOOK_SIZE, FRAME_CODES
 
 VOCAB_SIZE = 156_940

@@ -169,7 +169,7 @@ if out.get("vllm") and "vllm" not in " ".join(bad):
 # The audio-only output head's model class reaches vLLM's engine processes through the
 # project wheel's vllm.general_plugins entry point: a wheel built before it existed would
 # start the server without it (prepare_wheels.sh must run again after pyproject.toml changes).
-if os.path.exists("llm_worker/vllm_plugin.py"):
+if os.path.exists("llm_worker/vllm_ext/plugin.py"):
     plugins = [e.name for e in md.entry_points(group="vllm.general_plugins")]
     out["vllm_plugins"] = plugins
     if "orpheus_serve" not in plugins:

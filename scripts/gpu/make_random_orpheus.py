@@ -213,7 +213,7 @@ def _speak_codes(name: str, t: Any) -> None:
     among its 4096 codes by the random part of the logits. Shapes, and so the cost of every
     step, are the real model's; only the lm_head is a separate matrix (+0.96 GB of weights).
     """
-    from llm_worker import tokens as T
+    from llm_worker.vllm_ext import tokens as T
 
     n = CODEBOOK_SIZE
     if name == "model.embed_tokens.weight":
@@ -367,7 +367,7 @@ def check_codes(model: str | Path, device: str = "cpu", tokens: int = 28) -> dic
     import torch
     from transformers import AutoModelForCausalLM
 
-    from llm_worker import tokens as T
+    from llm_worker.vllm_ext import tokens as T
 
     m = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.bfloat16).to(device)
     ids = torch.tensor([[*T.PROMPT_PREFIX, T.BOS, 1000, 2000, *T.PROMPT_SUFFIX]], device=device)

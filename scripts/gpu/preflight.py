@@ -14,7 +14,7 @@ Each check does what the server does at start-up and fails the way the server wo
 - ``codec_compile`` (``--codec-compile``): torch.compile of the codec decoder on every hot
   shape and batch bucket, timed (what the codec worker does before it is ready).
 - ``staging`` (real CUDA only): a pinned staging buffer is not refilled while a queued copy
-  still reads it (see llm_worker/sampling/staging.py); a naive reuse is shown to corrupt.
+  still reads it (see llm_worker/vllm_ext/sampling/staging.py); a naive reuse is shown to corrupt.
 
 ``--cuda-answers`` (CPU rehearsal): vLLM's platform answers what the CUDA platform answers
 on an H100 (``is_cuda``, compute capability 9.0, Triton present) wherever these checks ask,
@@ -56,7 +56,7 @@ def cuda_answers() -> Iterator[None]:
     from vllm.platforms import current_platform
     from vllm.platforms.interface import DeviceCapability
 
-    from llm_worker.sampling import runner
+    from llm_worker.vllm_ext.sampling import runner
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(current_platform, "is_cuda", lambda: True))
@@ -99,11 +99,11 @@ def check_imports(cuda_answers: bool = False) -> dict[str, Any]:
     """Every module of the project imports. With ``cuda_answers`` (a CPU rehearsal), a module
     that fails only because vLLM's FlashAttention extension needs the CUDA driver is listed
     under ``needs_cuda``, not as a failure: call 3 on the device imports it for real."""
-    from llm_worker.sampling.runner import v2_processors_supported
+    from llm_worker.vllm_ext.sampling.runner import v2_processors_supported
 
     skip = set(SKIP_MODULES)
     if not v2_processors_supported():  # only imported where vLLM has the V2 interface
-        skip.add("llm_worker.sampling.constraint_v2")
+        skip.add("llm_worker.vllm_ext.sampling.constraint_v2")
     failed: dict[str, str] = {}
     count = 0
     for pkg in PACKAGES:
@@ -129,7 +129,7 @@ def check_sampling() -> dict[str, Any]:
     import os
 
     from common.llm_config import LLMConfig
-    from llm_worker.sampling import SamplingPlan, choose_model_runner, pin_model_runner
+    from llm_worker.vllm_ext.sampling import SamplingPlan, choose_model_runner, pin_model_runner
 
     out: dict[str, Any] = {"ok": True}
     saved = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
@@ -179,7 +179,7 @@ def check_staging() -> dict[str, Any]:
     """A queued copy must read what the host held when ``upload`` was called."""
     import torch
 
-    from llm_worker.sampling.staging import Staged
+    from llm_worker.vllm_ext.sampling.staging import Staged
 
     n, cycles = 4096, 200_000_000  # ~0.1 s of GPU sleep ahead of the copies
     dev = torch.device("cuda")

@@ -21,7 +21,7 @@ from bench.load.baseline.engine import build_engine, load_tokenizer
 from bench.load.baseline.server import BaselineServer
 from bench.load.servers import add_model_arguments
 from common.config import ServeConfig
-from llm_worker import tokens as T
+from llm_worker.vllm_ext import tokens as T
 from orchestrator.settings import ConfigError, load_config, set_overrides
 from shm.records import CODEBOOK_SIZE
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from llm_worker import tokens as T
+from llm_worker.vllm_ext import tokens as T
 from shm.records import CODEBOOK_SIZE, FRAME_CODES
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from llm_worker import tokens as T
+from llm_worker.vllm_ext import tokens as T
 from shm.records import CODEBOOK_SIZE, FRAME_CODES
 
 WINDOW_CODES = 28

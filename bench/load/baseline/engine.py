@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from common.llm_config import LLMConfig
-from llm_worker import tokens as T
+from llm_worker.vllm_ext import tokens as T
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -56,18 +58,15 @@ def max_tokens_for(config: LLMConfig, text: str, prompt_len: int) -> int:
 
 
 def sampling_params(config: LLMConfig, max_tokens: int, *, fixed: bool) -> SamplingParams:
-    """orpheus-serve's default sampling values (temperature, top_p, repetition penalty),
+    """orpheus-serve's default sampling values (``llm.sampling``: temperature, top_p, ...),
     token ids out, one delta per engine step, no detokenizer; stop on end-of-speech
     (128258: the package's default 49158 is an ordinary text token and never fires).
     ``fixed`` makes the output exactly ``max_tokens`` long (random-weight benchmarks)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    s = config.sampling
     return SamplingParams(
-        temperature=s.temperature,
-        top_p=s.top_p,
-        repetition_penalty=s.repetition_penalty,
+        **msgspec.structs.asdict(config.sampling),
         max_tokens=max_tokens,
         min_tokens=max_tokens if fixed else 0,
         stop_token_ids=[T.END_OF_SPEECH],

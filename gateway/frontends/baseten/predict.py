@@ -30,24 +30,21 @@ from gateway.apis import Api
 from gateway.auth import presented_key
 from gateway.frontends.openai.speech import respond
 from gateway.frontends.shared import Handler, read_body
-from gateway.schemas import bad_request, build_params
+from gateway.schemas import bad_request, build_params, sampling_overrides
 from gateway.service import Gateway
+from orpheus_wire.sampling import SamplingFields
 from orpheus_wire.text import Locator
-from shm.messages import SamplingOverrides
 
 PATH = "/v1/baseten/orpheus/predict"
 API = Api.BASETEN
 
 
-class PredictRequest(msgspec.Struct, kw_only=True):
-    """The body; the values are checked by ``build_params``."""
+class PredictRequest(SamplingFields, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """The body; the values are checked by ``build_params`` (the sampling fields are
+    ``SamplingFields``'; ``max_tokens``, Baseten's cap, is accepted and not used)."""
 
     prompt: str
     voice: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    repetition_penalty: float | None = None
-    max_tokens: int | None = None
     language: str | None = None
     pronunciation_dictionary_locators: list[Locator] | None = None
     apply_text_normalization: str | None = None
@@ -80,11 +77,7 @@ def predict_handler(gateway: Gateway) -> Handler:
             voice=req.voice or None,
             max_chars=g.max_input_chars,
             text_param="prompt",
-            sampling=SamplingOverrides(
-                temperature=req.temperature,
-                top_p=req.top_p,
-                repetition_penalty=req.repetition_penalty,
-            ),
+            sampling=sampling_overrides(req, length=False),
             text_plan=plan,
         )
         return await respond(request, gateway, params, API, started_at)

@@ -42,11 +42,11 @@ from gateway.frontends.utterance import (
 )
 from gateway.link import ClientLink
 from gateway.requests import ActiveRequest
-from gateway.schemas import check_text
+from gateway.schemas import check_text, sampling_overrides
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
+from orpheus_wire.sampling import SamplingFields
 from orpheus_wire.text import Locator
-from shm.messages import SamplingOverrides
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +55,13 @@ API = Api.BASETEN
 END = "__END__"
 
 
-class StartMessage(msgspec.Struct, kw_only=True):
+class StartMessage(SamplingFields, frozen=True, kw_only=True, forbid_unknown_fields=False):
     """The first message; other fields are ignored. ``max_tokens`` and ``buffer_size`` are
     accepted and not used (see the module docstring); the values of the others are checked
-    by ``build_params``."""
+    by ``build_params`` (the sampling fields are ``SamplingFields``')."""
 
     voice: str | None = None
-    max_tokens: int | None = None
     buffer_size: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    repetition_penalty: float | None = None
     pronunciation_dictionary_locators: list[Locator] | None = None
     apply_text_normalization: str | None = None
 
@@ -127,11 +123,7 @@ async def _serve(
         params = stream_template(
             gateway,
             voice=start.voice or None,
-            sampling=SamplingOverrides(
-                temperature=start.temperature,
-                top_p=start.top_p,
-                repetition_penalty=start.repetition_penalty,
-            ),
+            sampling=sampling_overrides(start, length=False),
             text_plan=plan,
         )
     except (msgspec.DecodeError, msgspec.ValidationError) as e:

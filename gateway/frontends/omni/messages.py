@@ -8,13 +8,16 @@ from typing import Any
 import msgspec
 
 from gateway.frontends.omni.units import Granularity
+from orpheus_wire.sampling import SamplingFields
 from orpheus_wire.text import Locator
 
 
-class SessionConfig(msgspec.Struct, kw_only=True):
+class SessionConfig(SamplingFields, frozen=True, kw_only=True, forbid_unknown_fields=False):
     """``session.config``. Fields vLLM-Omni has for other models (``task_type``,
-    ``language``, ``instructions``, ``ref_audio``, ...) are accepted and ignored. The values
-    of the fields every front end has are checked by ``build_params``."""
+    ``language``, ``instructions``, ``ref_audio``, ...) are accepted and ignored, as is
+    ``max_tokens`` (the units of a stream have their own lengths). The values of the fields
+    every front end has are checked by ``build_params``; the sampling fields are
+    ``SamplingFields``'."""
 
     model: str | None = None
     voice: str | None = None
@@ -26,10 +29,6 @@ class SessionConfig(msgspec.Struct, kw_only=True):
     word_timestamps: bool = False
     timestamp_type: str | None = None
     split_granularity: Granularity = "none"
-    seed: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    repetition_penalty: float | None = None
     pronunciation_dictionary_locators: list[Locator] | None = None
     """Extension (ElevenLabs' field): up to 3 pronunciation dictionaries, in order."""
     apply_text_normalization: str | None = None

@@ -76,10 +76,9 @@ from gateway.frontends.utterance import (
 )
 from gateway.link import ClientLink
 from gateway.requests import ActiveRequest
-from gateway.schemas import SpeechParams, check_text
+from gateway.schemas import SpeechParams, check_text, sampling_overrides
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
-from shm.messages import SamplingOverrides
 
 log = logging.getLogger(__name__)
 
@@ -153,12 +152,7 @@ class _OmniConnection:
                 response_format=cfg.response_format,
                 sample_rate=cfg.sample_rate,
                 speed=cfg.speed,
-                sampling=SamplingOverrides(
-                    temperature=cfg.temperature,
-                    top_p=cfg.top_p,
-                    repetition_penalty=cfg.repetition_penalty,
-                    seed=cfg.seed,
-                ),
+                sampling=sampling_overrides(cfg, length=False),
             )
             codec = params.response_format
             if cfg.stream_audio and codec not in RAW:

@@ -12,11 +12,11 @@ Prevented-token counts reach the worker through a ``PreventedBoard`` (``counters
 - ``hooks``: the per-stream side the llm service calls
 """
 
-from llm_worker.sampling.args import EXTRA_ARGS_KEY, RequestArgs
-from llm_worker.sampling.counters import Counter, CounterSlots, PreventedBoard
-from llm_worker.sampling.hooks import PlanHooks, SamplingHooks
-from llm_worker.sampling.plan import SamplingPlan, detect_model_runner
-from llm_worker.sampling.runner import (
+from llm_worker.vllm_ext.sampling.args import EXTRA_ARGS_KEY, RequestArgs
+from llm_worker.vllm_ext.sampling.counters import Counter, CounterSlots, PreventedBoard
+from llm_worker.vllm_ext.sampling.hooks import PlanHooks, SamplingHooks
+from llm_worker.vllm_ext.sampling.plan import SamplingPlan, detect_model_runner
+from llm_worker.vllm_ext.sampling.runner import (
     ModelRunner,
     RunnerChoice,
     choose_model_runner,

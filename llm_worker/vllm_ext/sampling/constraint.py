@@ -3,7 +3,7 @@
 A constrained request's prompt ends with start-of-speech, so its audio position is its
 number of output tokens: the position of the token being sampled is ``len(outputs)``.
 Each step the processor reads every row's output count in one C-level pass, derives the
-slot, and constrains the whole batch with :class:`~llm_worker.sampling.audio_mask.AudioSlotMask`.
+slot, and constrains the whole batch with :class:`~llm_worker.vllm_ext.sampling.audio_mask.AudioSlotMask`.
 
 What it counts, once a request names a counter board: the **kept sampling steps at
 which the unconstrained argmax was invalid**, i.e. some token outside the allowed set
@@ -30,12 +30,12 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 
-from llm_worker.output_head import TokenSpace, engine_token_space
-from llm_worker.sampling.args import RequestArgs
-from llm_worker.sampling.audio_mask import AudioSlotMask
-from llm_worker.sampling.counters import SINK, DeviceTally
-from llm_worker.sampling.rows import RowTracker
-from llm_worker.sampling.staging import Staged
+from llm_worker.vllm_ext.sampling.args import RequestArgs
+from llm_worker.vllm_ext.sampling.audio_mask import AudioSlotMask
+from llm_worker.vllm_ext.sampling.counters import SINK, DeviceTally
+from llm_worker.vllm_ext.sampling.rows import RowTracker
+from llm_worker.vllm_ext.sampling.staging import Staged
+from llm_worker.vllm_ext.token_space import TokenSpace, engine_token_space
 from shm.records import FRAME_CODES
 
 if TYPE_CHECKING:

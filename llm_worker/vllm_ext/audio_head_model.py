@@ -2,7 +2,7 @@
 
 Selected with ``hf_overrides={"architectures": ["OrpheusAudioHeadForCausalLM"]}``
 (:meth:`llm_worker.output_head.HeadChoice.hf_overrides`) and registered with vLLM's model
-registry by the ``vllm.general_plugins`` entry point (:mod:`llm_worker.vllm_plugin`), which
+registry by the ``vllm.general_plugins`` entry point (:mod:`llm_worker.vllm_ext.plugin`), which
 vLLM loads in every process, the engine core included.
 
 Engine ids are the checkpoint's rotated (:mod:`llm_worker.output_head`): ``engine = (id -
@@ -35,7 +35,7 @@ from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 from vllm.model_executor.models.llama import LlamaForCausalLM
 
-from llm_worker.output_head import TokenSpace
+from llm_worker.vllm_ext.token_space import TokenSpace
 
 
 class HeadRows(nn.Module):

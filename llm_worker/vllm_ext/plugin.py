@@ -1,6 +1,6 @@
 """orpheus-serve's vLLM plugin: registers the audio-head model class with vLLM's registry,
 and, only when ``ORPHEUS_PROFILE_PHASES`` names a directory, loads the per-phase host timers
-into vLLM's engine core (:mod:`llm_worker.phase_timers`, a measurement tool; unset, nothing
+into vLLM's engine core (:mod:`llm_worker.vllm_ext.phase_timers`, a measurement tool; unset, nothing
 is imported or wrapped).
 
 Declared in pyproject.toml under the ``vllm.general_plugins`` entry point group, which vLLM
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 
-from llm_worker.output_head import AUDIO_HEAD_ARCHITECTURE
+from llm_worker.vllm_ext.token_space import AUDIO_HEAD_ARCHITECTURE
 
 PHASE_TIMERS_ENV = "ORPHEUS_PROFILE_PHASES"
-"""Mirrors :data:`llm_worker.phase_timers.ENV` (not imported: nothing of it loads when off)."""
+"""Mirrors :data:`llm_worker.vllm_ext.phase_timers.ENV` (not imported: nothing of it loads when off)."""
 
-MODEL_CLASS = "llm_worker.audio_head_model:OrpheusAudioHeadForCausalLM"
+MODEL_CLASS = "llm_worker.vllm_ext.audio_head_model:OrpheusAudioHeadForCausalLM"
 
 
 def register() -> None:
@@ -30,6 +30,6 @@ def register() -> None:
     if AUDIO_HEAD_ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(AUDIO_HEAD_ARCHITECTURE, MODEL_CLASS)
     if os.environ.get(PHASE_TIMERS_ENV, "").strip():
-        from llm_worker.phase_timers import install_from_environment
+        from llm_worker.vllm_ext.phase_timers import install_from_environment
 
         install_from_environment()

@@ -11,7 +11,7 @@ the H100; this says where b goes and which vLLM work a later change could cut).
 
 **Why it wraps vLLM's methods.** vLLM has no timing hooks at this granularity (its
 ``record_function`` scopes exist only inside the torch profiler, whose own overhead would
-swamp microsecond phases). The project's vLLM plugin (:mod:`llm_worker.vllm_plugin`, which
+swamp microsecond phases). The project's vLLM plugin (:mod:`llm_worker.vllm_ext.plugin`, which
 vLLM loads in every process it starts) calls :func:`install_from_environment`; with the
 variable unset it returns at once and nothing is wrapped (zero cost). With it set, the
 methods below are replaced at class level, in vLLM's engine-core and worker processes only,

@@ -25,7 +25,7 @@ the vocabulary: prompt ids past their width (text) can never be sampled and have
 to penalise, so they are written into the history as the prompt's first id inside the
 width (an id the row has seen, like the padding).
 
-Requests opt in through ``extra_args`` (:mod:`llm_worker.sampling.args`) and run with
+Requests opt in through ``extra_args`` (:mod:`llm_worker.vllm_ext.sampling.args`) and run with
 vLLM's own ``repetition_penalty=1.0``, so vLLM skips its list path.
 """
 
@@ -39,10 +39,10 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 
-from llm_worker.output_head import engine_token_space
-from llm_worker.sampling.args import RequestArgs
-from llm_worker.sampling.rows import RowTracker
-from llm_worker.sampling.staging import Staged
+from llm_worker.vllm_ext.sampling.args import RequestArgs
+from llm_worker.vllm_ext.sampling.rows import RowTracker
+from llm_worker.vllm_ext.sampling.staging import Staged
+from llm_worker.vllm_ext.token_space import engine_token_space
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

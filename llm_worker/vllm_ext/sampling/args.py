@@ -16,7 +16,7 @@ from typing import Any
 
 from vllm import SamplingParams
 
-from llm_worker.sampling.counters import SINK
+from llm_worker.vllm_ext.sampling.counters import SINK
 
 EXTRA_ARGS_KEY = "orpheus"
 

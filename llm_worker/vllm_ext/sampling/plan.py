@@ -5,13 +5,13 @@ vLLM 0.32 has two model runners with different sampling internals:
 - **V1** (legacy ``GPUModelRunner``; the CPU build's ``CPUModelRunner``, and the GPU
   runner when V2 is unavailable or ``VLLM_USE_V2_MODEL_RUNNER=0``): the penalty path
   rebuilds output tokens from Python lists each step. We replace it with
-  :class:`~llm_worker.sampling.penalty.TensorRepetitionPenalty` and constrain audio
-  tokens with :class:`~llm_worker.sampling.constraint.AudioTokenConstraint`. Note that
+  :class:`~llm_worker.vllm_ext.sampling.penalty.TensorRepetitionPenalty` and constrain audio
+  tokens with :class:`~llm_worker.vllm_ext.sampling.constraint.AudioTokenConstraint`. Note that
   with *any* custom logits processor and async scheduling the V1 runner waits each step
   for the previous step's sampled tokens; async scheduling is off on the CPU build anyway.
 - **V2** (GPU builds with Triton): penalty state already lives on the device per request
   slot, so requests use vLLM's own ``repetition_penalty``; the constraint is
-  :class:`~llm_worker.sampling.constraint_v2.AudioTokenConstraintV2` where the installed
+  :class:`~llm_worker.vllm_ext.sampling.constraint_v2.AudioTokenConstraintV2` where the installed
   vLLM's V2 runner takes custom processors (0.32+), and off otherwise (0.25).
 
 Which one runs is ``llm.model_runner`` (:mod:`.runner`), pinned before the engine starts.
@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from common.llm_config import LLMConfig
-from llm_worker.sampling.args import RequestArgs
-from llm_worker.sampling.counters import SINK, Counter
-from llm_worker.sampling.runner import ModelRunner, actual_model_runner
+from llm_worker.vllm_ext.sampling.args import RequestArgs
+from llm_worker.vllm_ext.sampling.counters import SINK, Counter
+from llm_worker.vllm_ext.sampling.runner import ModelRunner, actual_model_runner
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -83,11 +83,11 @@ class SamplingPlan:
         if self.runner is ModelRunner.V2:
             if not self.constrain_audio:  # vLLM 0.25: its V2 runner takes no custom processor
                 return []
-            from llm_worker.sampling.constraint_v2 import AudioTokenConstraintV2
+            from llm_worker.vllm_ext.sampling.constraint_v2 import AudioTokenConstraintV2
 
             return [AudioTokenConstraintV2]
-        from llm_worker.sampling.constraint import AudioTokenConstraint
-        from llm_worker.sampling.penalty import TensorRepetitionPenalty
+        from llm_worker.vllm_ext.sampling.constraint import AudioTokenConstraint
+        from llm_worker.vllm_ext.sampling.penalty import TensorRepetitionPenalty
 
         procs: list[type] = []
         if self.tensor_penalty:

@@ -33,8 +33,8 @@ class SamplingHooks:
 
 
 class PlanHooks(SamplingHooks):
-    """A :class:`~llm_worker.sampling.plan.SamplingPlan`'s arguments, and the board's slots
-    (:class:`~llm_worker.sampling.counters.CounterSlots`; None without the constraint)."""
+    """A :class:`~llm_worker.vllm_ext.sampling.plan.SamplingPlan`'s arguments, and the board's slots
+    (:class:`~llm_worker.vllm_ext.sampling.counters.CounterSlots`; None without the constraint)."""
 
     def __init__(self, plan: Any, slots: Any) -> None:
         self._plan = plan

@@ -6,7 +6,7 @@ sampled token's position is ``pos + 1``, its audio position ``pos + 1 - prompt_l
 and a row's sample is kept (not a partial prefill chunk) iff ``pos + 1 >= prefill_len``.
 Per-request constants are written into device tensors by scalar fills at admission (no
 host-to-device copy, no sync). Same mask and the same count as the V1 processor
-(:mod:`llm_worker.sampling.constraint`); under speculative decoding, draft rows are
+(:mod:`llm_worker.vllm_ext.sampling.constraint`); under speculative decoding, draft rows are
 constrained and counted like any other row.
 
 The repetition penalty has no V2 counterpart here: V2 already keeps penalty state on
@@ -25,11 +25,11 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
     LogitsProcRequestState,
 )
 
-from llm_worker.output_head import engine_token_space
-from llm_worker.sampling.args import RequestArgs
-from llm_worker.sampling.audio_mask import AudioSlotMask
-from llm_worker.sampling.constraint import counter_index, end_of_speech_stops
-from llm_worker.sampling.counters import SINK, DeviceTally
+from llm_worker.vllm_ext.sampling.args import RequestArgs
+from llm_worker.vllm_ext.sampling.audio_mask import AudioSlotMask
+from llm_worker.vllm_ext.sampling.constraint import counter_index, end_of_speech_stops
+from llm_worker.vllm_ext.sampling.counters import SINK, DeviceTally
+from llm_worker.vllm_ext.token_space import engine_token_space
 from shm.records import FRAME_CODES
 
 if TYPE_CHECKING:

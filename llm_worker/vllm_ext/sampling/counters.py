@@ -7,7 +7,7 @@ segment, the *board*: a header and ``1 + slots`` cumulative int64 counters.
 - Counter 0 is the sink: counts of constrained requests that carry no per-stream slot.
 - Counters ``1..slots`` are per-stream slots. The llm_worker takes one with
   :meth:`CounterSlots.acquire` when it submits a request, passes it in the request's
-  ``extra_args`` (see :mod:`llm_worker.sampling.plan`), and reads the stream's count
+  ``extra_args`` (see :mod:`llm_worker.vllm_ext.sampling.plan`), and reads the stream's count
   (the counter's value now minus its value at acquire time) when the stream ends.
 - Counters are cumulative and never reset, so a late write by an aborted request is
   never lost and readers need no lock. Slots are reused first-in first-out, so a slot

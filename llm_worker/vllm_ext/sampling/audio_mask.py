@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from llm_worker.output_head import TokenSpace
+from llm_worker.vllm_ext.token_space import TokenSpace
 from shm.records import CODEBOOK_SIZE
 
 NEG_INF = float("-inf")

@@ -1,0 +1,20 @@
+"""The code vLLM loads by name into its own processes (the engine core, its workers), besides
+the llm worker's: what vLLM imports from a string, an entry point or a class it is handed.
+
+- ``plugin``: the vllm.general_plugins entry point (pyproject.toml), loaded by vLLM in
+  every process it starts: registers the audio head's model class; with
+  ``ORPHEUS_PROFILE_PHASES`` set, loads ``phase_timers``
+- ``audio_head_model``: ``OrpheusAudioHeadForCausalLM``, the audio-only output head's model
+  class (vLLM builds it from the architectures its hf_overrides name)
+- ``sampling/``: the logits processors (tensor repetition penalty, audio-token constraint;
+  handed to vLLM as classes) and the worker-side plan that chooses them
+- ``lora_cpu``: the CPU multi-LoRA fix, vLLM's worker_extension_cls in its worker
+- ``phase_timers``: the engine core's host time by phase (a measurement tool of ``bench
+  engine``)
+- ``token_space``, ``tokens``: Orpheus's token ids and the output head's rotation of them,
+  which the model class and the processors share with the worker
+
+It imports nothing of ``llm_worker`` outside this folder (.importlinter,
+``vllm-ext-self-contained``): loading it in vLLM's processes never drags in the worker's
+service, sockets or rings, and the worker reaches it only through these modules.
+"""
