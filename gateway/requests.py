@@ -18,14 +18,23 @@ client as started (the stall watchdog's clock) and accounts its bytes (TTFB on t
 ``complete`` records that the client has everything (else the outcome is ``cancelled``),
 and ``on_abort`` (given to ``open``) tears the client's connection down when the request
 is dropped (a slow client, the gateway stopping).
+
+Tracing (``common.tracing``, when on): a request is one ``tts.request`` span (continuing the
+client's W3C ``traceparent``: the ``traceparent`` argument of ``open``, else the HTTP header
+the app's middleware put in ``INCOMING_TRACEPARENT``), with a child ``gateway.admission``
+span (the queue wait) and a ``first_audio_byte`` event; ``LlmSubmit`` carries its context to
+the llm worker. Tracing off: ``tracing`` is None and no span is made.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from common.gateway_config import GatewayConfig
 from gateway.admission import Admission
@@ -36,10 +45,19 @@ from gateway.streams import PcmStream, StreamRegistry
 from gateway.upstream import Upstream, UpstreamUnavailable
 from shm.records import SAMPLE_RATE, StreamError
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from common.tracing import Tracing
+
 stream_log = logging.getLogger("orpheus.streams")
 
 BYTES_PER_SECOND = SAMPLE_RATE * 2
 BYTES_METRIC_BATCH = 64 * 1024
+
+INCOMING_TRACEPARENT: ContextVar[str | None] = ContextVar("incoming_traceparent", default=None)
+"""The W3C ``traceparent`` header of the HTTP request being served (set by the app's tracing
+middleware, only when tracing is on): ``RequestTracker.open``'s default."""
 
 
 def outcome_of(error: StreamError) -> str:
@@ -79,10 +97,12 @@ class ActiveRequest:
         "first_byte_at",
         "on_abort",
         "params",
+        "span",
         "started_at",
         "stream",
         "text_chars",
         "text_open",
+        "traceparent",
         "write_started",
     )
 
@@ -110,6 +130,10 @@ class ActiveRequest:
         self.write_started = 0.0
         """Loop time at which a write to the client began and has not finished (0: none)."""
         self.stream: PcmStream  # set by RequestTracker.admit
+        self.traceparent: str | None = None
+        """The client's W3C trace context, continued when tracing is on."""
+        self.span: Span | None = None
+        """The request's ``tts.request`` span (tracing on), from admission to finish."""
 
     async def __aenter__(self) -> ActiveRequest:
         await self._tracker.admit(self)
@@ -152,6 +176,8 @@ class ActiveRequest:
         if self.first_byte_at is None:
             self.first_byte_at = now = self._tracker.loop.time()
             self._tracker.metrics.ttfb_by_api[self.api].observe(now - self.started_at)
+            if self.span is not None:
+                self.span.add_event("first_audio_byte", {"bytes": n})
         self.bytes_sent += n
         self.bytes_unreported += n
         if self.bytes_unreported >= BYTES_METRIC_BATCH:
@@ -189,8 +215,12 @@ class RequestTracker:
         registry: StreamRegistry,
         upstream: Upstream,
         metrics: GatewayMetrics,
+        tracing: Tracing | None = None,
     ) -> None:
         self.config = config
+        self.tracing = tracing
+        self.incoming_traceparent = INCOMING_TRACEPARENT
+        """Set by the app's tracing middleware: the HTTP request's ``traceparent`` header."""
         self.admission = admission
         self.registry = registry
         self.upstream = upstream
@@ -213,18 +243,54 @@ class RequestTracker:
         text_open: bool = False,
         started_at: float | None = None,
         on_abort: Callable[[], None] | None = None,
+        traceparent: str | None = None,
     ) -> ActiveRequest:
-        """A request for ``params``, to enter with ``async with`` (admitted on entry)."""
+        """A request for ``params``, to enter with ``async with`` (admitted on entry).
+        ``traceparent``: the client's W3C trace context (default: the HTTP request's header,
+        ``INCOMING_TRACEPARENT``); used only when tracing is on."""
         t0 = self.loop.time() if started_at is None else started_at
-        return ActiveRequest(self, params, api, t0, text_open, on_abort)
+        request = ActiveRequest(self, params, api, t0, text_open, on_abort)
+        if self.tracing is not None:
+            request.traceparent = INCOMING_TRACEPARENT.get() if traceparent is None else traceparent
+        return request
+
+    def _trace_admission(self, request: ActiveRequest) -> Span:
+        """Start the request's span (backdated to ``started_at``) and its admission span."""
+        assert self.tracing is not None
+        start_ns = time.time_ns() - int((self.loop.time() - request.started_at) * 1e9)
+        params = request.params
+        request.span = self.tracing.start(
+            "tts.request",
+            request.traceparent,
+            attributes={
+                "orpheus.api": str(request.api), "orpheus.voice": params.voice,
+                "orpheus.text_chars": request.text_chars,
+                "orpheus.response_format": params.response_format,
+            },
+            start_ns=start_ns,
+            server=True,
+        )  # fmt: skip
+        return self.tracing.start("gateway.admission", parent=request.span)
 
     async def admit(self, request: ActiveRequest) -> None:
+        admission = None if self.tracing is None else self._trace_admission(request)
         with self.metrics.queued.track_inprogress():
             try:
                 engine = await self.admission.acquire()
-            except APIError:
-                self.metrics.count_request(request.api, "rejected")
+            except BaseException as e:
+                if isinstance(e, APIError):
+                    self.metrics.count_request(request.api, "rejected")
+                if admission is not None:
+                    why = "rejected" if isinstance(e, APIError) else "cancelled"
+                    self._end_span(admission, why, str(e))
+                    self._end_span(request.span, why, str(e))
                 raise
+        traceparent = ""
+        if admission is not None:
+            assert self.tracing is not None and request.span is not None
+            admission.set_attribute("orpheus.engine", engine)
+            admission.end()
+            traceparent = self.tracing.traceparent(request.span)
         params = request.params
         stream = self.registry.open(
             self.loop.time(), text_closed=not request.text_open, engine=engine
@@ -236,6 +302,7 @@ class RequestTracker:
                 params.voice,
                 params.sampling,
                 text_open=not stream.text_closed,
+                traceparent=traceparent,
             )
         except UpstreamUnavailable as e:
             self.registry.fail(
@@ -246,11 +313,14 @@ class RequestTracker:
             )
             self.admission.release(engine)
             self.metrics.count_request(request.api, "upstream_error")
+            self._end_span(request.span, "upstream_error", str(e))
             raise APIError(
                 503, "upstream_unavailable", str(e), retry_after_s=self.config.retry_after_s
             ) from None
         stream.on_abort = request.on_abort
         request.stream = stream
+        if request.span is not None:
+            request.span.set_attribute("orpheus.stream_id", f"{stream.stream_id:#x}")
         self.active.add(request)
         self.metrics.active.inc()
         self._engine_active[engine].inc()
@@ -281,10 +351,27 @@ class RequestTracker:
             "stream %s %s: ttfb %s s, rtf %s, audio %.2f s", fields["stream_id"], outcome,
             fields["ttfb_s"], fields["rtf"], audio_s, extra={"fields": fields},
         )  # fmt: skip
+        if request.span is not None:
+            request.span.set_attributes(
+                {f"orpheus.{k}": v for k, v in fields.items() if v is not None}
+            )
+            self._end_span(request.span, outcome, stream.error.message if stream.error else "")
         self.active.discard(request)
         self.metrics.active.dec()
         self._engine_active[stream.engine].dec()
         self.admission.release(stream.engine)
+
+    @staticmethod
+    def _end_span(span: Span | None, outcome: str, message: str = "") -> None:
+        """End ``span`` with the request's outcome (an error status unless ok or cancelled)."""
+        if span is None:
+            return
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_attribute("orpheus.outcome", outcome)
+        if outcome not in ("ok", "cancelled"):
+            span.set_status(Status(StatusCode.ERROR, message or outcome))
+        span.end()
 
     def append_text(self, request: ActiveRequest, text: str, *, final: bool) -> None:
         stream = request.stream

@@ -89,13 +89,15 @@ class Client:
         temperature: float | None = None,
         top_p: float | None = None,
         repetition_penalty: float | None = None,
+        traceparent: str | None = None,
     ) -> Iterator[bytes]:
-        """Yield the audio of ``text`` as it arrives; raise ``SpeechError`` on failure."""
+        """Yield the audio of ``text`` as it arrives; raise ``SpeechError`` on failure.
+        ``traceparent``: the caller's W3C trace context (the server's spans continue it)."""
         rid = next(self._ids)
         msg = _speak(
             rid, text, self._api_key, voice=voice, response_format=response_format, speed=speed,
             max_tokens=max_tokens, seed=seed, temperature=temperature, top_p=top_p,
-            repetition_penalty=repetition_penalty,
+            repetition_penalty=repetition_penalty, traceparent=traceparent,
         )  # fmt: skip
         self._sock.send(encoder.encode(msg))
         finished = False
@@ -266,13 +268,15 @@ class AsyncClient:
         top_p: float | None = None,
         repetition_penalty: float | None = None,
         text_open: bool = True,
+        traceparent: str | None = None,
     ) -> _StreamStarter:
-        """A request whose text is appended later (``append``/``end``); use ``async with``."""
+        """A request whose text is appended later (``append``/``end``); use ``async with``.
+        ``traceparent``: the caller's W3C trace context (the server's spans continue it)."""
         rid = next(self._ids)
         msg = _speak(
             rid, text, self._api_key, voice=voice, response_format=response_format, speed=speed,
             max_tokens=max_tokens, seed=seed, temperature=temperature, top_p=top_p,
-            repetition_penalty=repetition_penalty, text_open=text_open,
+            repetition_penalty=repetition_penalty, text_open=text_open, traceparent=traceparent,
         )  # fmt: skip
         s = AsyncSpeechStream(self, rid, self._timeout_s)
         return _StreamStarter(self, s, msg)

@@ -322,7 +322,11 @@ class ZmqFrontend:
             encoder = make_output(params.output, params.speed)
             on_abort = req.task.cancel if req.task is not None else None
             async with self._gateway.requests.open(
-                params, Api.ZMQ, text_open=msg.text_open, on_abort=on_abort
+                params,
+                Api.ZMQ,
+                text_open=msg.text_open,
+                on_abort=on_abort,
+                traceparent=msg.traceparent or "",
             ) as active:
                 req.active = active
                 for pending in req.pending:
