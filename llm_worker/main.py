@@ -41,6 +41,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from common.config import ServeConfig
 from common.link import WorkerLink
 from common.profiling import ProfileTrigger
+from common.tracing import Tracing, setup_tracing
 from common.zmq_recv import incoming, incoming_multipart
 from llm_worker import metrics as M
 from llm_worker.custom_voices import ZeroShotVoices
@@ -117,6 +118,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout, engine_index: int =
     sampling = setup_sampling(cfg, f"{layout.instance}-prevented-{engine_index}", config.device)
     engine: AsyncLLM | None = None
     service: LLMService | None = None
+    tracing: Tracing | None = None
     tasks: list[asyncio.Task[None]] = []
 
     def engine_alive() -> None:
@@ -153,7 +155,10 @@ async def serve(config: ServeConfig, layout: InstanceLayout, engine_index: int =
         )
         await loras.restore(engine)
         sink = RingSink(writer, cfg.ring_full_timeout_s)
-        service = LLMService(cfg, generation, sink, prompts, info, sampling.hooks, custom, loras)
+        tracing = setup_tracing("llm", config.otlp_traces_endpoint)
+        service = LLMService(
+            cfg, generation, sink, prompts, info, sampling.hooks, custom, loras, tracing
+        )
         generation.on_step(service.on_step)
         detail = (
             f"{engine_info.describe()}; {warm.describe()}; ready in {time.monotonic() - t0:.1f}s"
@@ -204,6 +209,8 @@ async def serve(config: ServeConfig, layout: InstanceLayout, engine_index: int =
         link.close()
         writer.close()
         sampling.close()
+        if tracing is not None:
+            tracing.shutdown()  # exports the spans still buffered
         ctx.term()
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             # Drops this pid's live gauges (active streams) from the shared metrics.
