@@ -69,15 +69,18 @@ class Tracing:
 
     Spans are the SDK's own objects: callers end them, add events and attributes to them."""
 
-    __slots__ = ("_propagator", "provider", "role", "tracer")
+    __slots__ = ("_in_context", "_kinds", "_propagator", "provider", "role", "tracer")
 
     def __init__(self, provider: TracerProvider, role: str) -> None:
+        from opentelemetry import trace
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.provider = provider
         self.role = role
         self.tracer: Tracer = provider.get_tracer("orpheus_serve")
         self._propagator = TraceContextTextMapPropagator()
+        self._in_context = trace.set_span_in_context
+        self._kinds = (trace.SpanKind.INTERNAL, trace.SpanKind.SERVER)
 
     def start(
         self,
@@ -91,10 +94,8 @@ class Tracing:
     ) -> Span:
         """A span continuing ``parent`` (a span of this process) or else ``traceparent`` (a
         W3C header from elsewhere; malformed or missing: a new trace is started)."""
-        from opentelemetry import trace
-
         if parent is not None:
-            context = trace.set_span_in_context(parent)
+            context = self._in_context(parent)
         elif traceparent:
             context = self._propagator.extract({"traceparent": traceparent})
         else:
@@ -102,7 +103,7 @@ class Tracing:
         return self.tracer.start_span(
             name,
             context=context,
-            kind=trace.SpanKind.SERVER if server else trace.SpanKind.INTERNAL,
+            kind=self._kinds[server],
             attributes=attributes,
             start_time=start_ns,
         )
@@ -110,10 +111,8 @@ class Tracing:
     def traceparent(self, span: Span) -> str:
         """``span``'s context as a W3C ``traceparent`` value (sampled or not: the next process
         follows this process's sampling decision)."""
-        from opentelemetry import trace
-
         carrier: dict[str, str] = {}
-        self._propagator.inject(carrier, context=trace.set_span_in_context(span))
+        self._propagator.inject(carrier, context=self._in_context(span))
         return carrier.get("traceparent", "")
 
     def shutdown(self) -> None:

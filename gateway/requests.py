@@ -21,8 +21,9 @@ is dropped (a slow client, the gateway stopping).
 
 Tracing (``common.tracing``, when on): a request is one ``tts.request`` span (continuing the
 client's W3C ``traceparent``: the ``traceparent`` argument of ``open``, else the HTTP header
-the app's middleware put in ``INCOMING_TRACEPARENT``), with a child ``gateway.admission``
-span (the queue wait) and a ``first_audio_byte`` event; ``LlmSubmit`` carries its context to
+the app's middleware put in ``INCOMING_TRACEPARENT``) with its queue wait as an attribute, a
+child ``gateway.admission`` span when it waited (5 ms or more) or was refused, and a
+``first_audio_byte`` event; ``LlmSubmit`` carries its context to
 the llm worker. Tracing off: ``tracing`` is None and no span is made.
 """
 
@@ -54,6 +55,12 @@ stream_log = logging.getLogger("orpheus.streams")
 
 BYTES_PER_SECOND = SAMPLE_RATE * 2
 BYTES_METRIC_BATCH = 64 * 1024
+
+_SPAN_FIELDS = ("engine", "ttfb_s", "rtf", "audio_s", "bytes_sent", "text_chars")
+"""The stream log line's fields that the request's span gets at its end (the others it has)."""
+QUEUED_SPAN_NS = 5_000_000
+"""Tracing: an admission that took this long (it waited in the queue, or the event loop was
+late) gets a span of its own; a free slot costs none."""
 
 INCOMING_TRACEPARENT: ContextVar[str | None] = ContextVar("incoming_traceparent", default=None)
 """The W3C ``traceparent`` header of the HTTP request being served (set by the app's tracing
@@ -254,10 +261,11 @@ class RequestTracker:
             request.traceparent = INCOMING_TRACEPARENT.get() if traceparent is None else traceparent
         return request
 
-    def _trace_admission(self, request: ActiveRequest) -> Span:
-        """Start the request's span (backdated to ``started_at``) and its admission span."""
+    def _trace_request(self, request: ActiveRequest) -> int:
+        """Start the request's span (backdated to ``started_at``); returns the wall-clock ns
+        at which admission is asked."""
         assert self.tracing is not None
-        start_ns = time.time_ns() - int((self.loop.time() - request.started_at) * 1e9)
+        now_ns = time.time_ns()
         params = request.params
         request.span = self.tracing.start(
             "tts.request",
@@ -267,29 +275,43 @@ class RequestTracker:
                 "orpheus.text_chars": request.text_chars,
                 "orpheus.response_format": params.response_format,
             },
-            start_ns=start_ns,
+            start_ns=now_ns - int((self.loop.time() - request.started_at) * 1e9),
             server=True,
         )  # fmt: skip
-        return self.tracing.start("gateway.admission", parent=request.span)
+        return now_ns
+
+    def _trace_admitted(
+        self, request: ActiveRequest, asked_ns: int, engine: int | None, error: str = ""
+    ) -> None:
+        """The queue wait: an attribute of the request's span, and a ``gateway.admission``
+        span of its own when it took ``QUEUED_SPAN_NS`` or more, or was refused."""
+        assert self.tracing is not None and request.span is not None
+        now_ns = time.time_ns()
+        request.span.set_attribute("orpheus.queue_wait_s", round((now_ns - asked_ns) / 1e9, 6))
+        if now_ns - asked_ns < QUEUED_SPAN_NS and not error:
+            return
+        span = self.tracing.start("gateway.admission", parent=request.span, start_ns=asked_ns)
+        if engine is not None:
+            span.set_attribute("orpheus.engine", engine)
+        self._end_span(span, "rejected" if error else "ok", error)
 
     async def admit(self, request: ActiveRequest) -> None:
-        admission = None if self.tracing is None else self._trace_admission(request)
+        asked_ns = 0 if self.tracing is None else self._trace_request(request)
         with self.metrics.queued.track_inprogress():
             try:
                 engine = await self.admission.acquire()
             except BaseException as e:
                 if isinstance(e, APIError):
                     self.metrics.count_request(request.api, "rejected")
-                if admission is not None:
+                if asked_ns:
                     why = "rejected" if isinstance(e, APIError) else "cancelled"
-                    self._end_span(admission, why, str(e))
+                    self._trace_admitted(request, asked_ns, None, str(e) or why)
                     self._end_span(request.span, why, str(e))
                 raise
         traceparent = ""
-        if admission is not None:
+        if asked_ns:
             assert self.tracing is not None and request.span is not None
-            admission.set_attribute("orpheus.engine", engine)
-            admission.end()
+            self._trace_admitted(request, asked_ns, engine)
             traceparent = self.tracing.traceparent(request.span)
         params = request.params
         stream = self.registry.open(
@@ -353,7 +375,7 @@ class RequestTracker:
         )  # fmt: skip
         if request.span is not None:
             request.span.set_attributes(
-                {f"orpheus.{k}": v for k, v in fields.items() if v is not None}
+                {f"orpheus.{k}": fields[k] for k in _SPAN_FIELDS if fields[k] is not None}
             )
             self._end_span(request.span, outcome, stream.error.message if stream.error else "")
         self.active.discard(request)
