@@ -281,19 +281,24 @@ class RequestTracker:
         return now_ns
 
     def _trace_admitted(
-        self, request: ActiveRequest, asked_ns: int, engine: int | None, error: str = ""
+        self,
+        request: ActiveRequest,
+        asked_ns: int,
+        engine: int | None,
+        outcome: str = "ok",
+        message: str = "",
     ) -> None:
         """The queue wait: an attribute of the request's span, and a ``gateway.admission``
         span of its own when it took ``QUEUED_SPAN_NS`` or more, or was refused."""
         assert self.tracing is not None and request.span is not None
         now_ns = time.time_ns()
         request.span.set_attribute("orpheus.queue_wait_s", round((now_ns - asked_ns) / 1e9, 6))
-        if now_ns - asked_ns < QUEUED_SPAN_NS and not error:
+        if now_ns - asked_ns < QUEUED_SPAN_NS and outcome == "ok":
             return
         span = self.tracing.start("gateway.admission", parent=request.span, start_ns=asked_ns)
         if engine is not None:
             span.set_attribute("orpheus.engine", engine)
-        self._end_span(span, "rejected" if error else "ok", error)
+        self._end_span(span, outcome, message)
 
     async def admit(self, request: ActiveRequest) -> None:
         asked_ns = 0 if self.tracing is None else self._trace_request(request)
@@ -305,7 +310,7 @@ class RequestTracker:
                     self.metrics.count_request(request.api, "rejected")
                 if asked_ns:
                     why = "rejected" if isinstance(e, APIError) else "cancelled"
-                    self._trace_admitted(request, asked_ns, None, str(e) or why)
+                    self._trace_admitted(request, asked_ns, None, why, str(e))
                     self._end_span(request.span, why, str(e))
                 raise
         traceparent = ""

@@ -458,7 +458,8 @@ class LLMService:
             self._end_trace(s, outcome, prevented)
         return prevented
 
-    def _end_trace(self, s: LlmStream, outcome: str, prevented: int, message: str = "") -> None:
+    def _end_trace(self, s: LlmStream, outcome: str, prevented: int) -> None:
+        """End the stream's spans (a failure's code and message are its ``failed`` event)."""
         from opentelemetry.trace import Status, StatusCode
 
         assert s.span is not None
@@ -473,7 +474,7 @@ class LLMService:
             }
         )  # fmt: skip
         if outcome in ("bad_request", "error"):
-            s.span.set_status(Status(StatusCode.ERROR, message or outcome))
+            s.span.set_status(Status(StatusCode.ERROR, outcome))
         s.span.end()
         s.span = None
 

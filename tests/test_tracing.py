@@ -23,6 +23,7 @@ from codec_worker.output import CollectingSink
 from codec_worker.service import CodecService
 from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
 from common.codec_config import CodecConfig
+from common.config import ServeConfig
 from common.llm_config import LLMConfig
 from common.tracing import (
     Tracing,
@@ -34,6 +35,7 @@ from common.tracing import (
 from llm_worker import tokens as T
 from llm_worker.model_info import ModelInfo
 from llm_worker.service import LLMService
+from orchestrator.failures import classify, preflight
 from orpheus_wire.zeromq import Speak, client_decoder, encoder
 from shm.messages import LlmCancel, LlmSubmit, control_encoder, llm_control_decoder
 from shm.records import (
@@ -102,6 +104,20 @@ def test_the_protocol_is_the_standard_variables_with_http_by_default() -> None:
     assert traces_protocol(both) == "http/protobuf"
     with pytest.raises(TracingConfigError, match="http/json"):
         traces_protocol({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+
+
+def test_a_bad_protocol_is_a_permanent_failure_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Checked before any worker starts (preflight), and classified if a worker meets it."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+    failure = preflight(ServeConfig(), probe_hub=False)
+    assert failure is not None and "http/json" in failure.line()
+    with pytest.raises(TracingConfigError) as e:
+        setup_tracing("codec")
+    failure = classify("codec", e.value, ServeConfig())
+    assert failure is not None and "invalid tracing settings" in failure.line()
 
 
 def test_off_imports_nothing_of_opentelemetry() -> None:
