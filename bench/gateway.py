@@ -11,6 +11,12 @@ per second of streamed audio, measured from /proc over a window after the ramp. 
 runs on a core of its own (``--gateway-cores``), the source and the clients on the others,
 and the hypervisor's steal time over the window is reported next to the lag.
 Bounded: each level runs ramp + warm-up + ``--duration`` seconds, then stops.
+
+``--tracing off,on`` measures the cost of OpenTelemetry tracing side by side: the whole run
+(a fresh source and gateway, every level) once per mode, in the order given (``off,on,off``
+shows the machine's drift); ``on`` exports every request's spans with the real OTLP/HTTP
+exporter to a loopback receiver that counts and drops them (``bench.doubles.otlp_receiver``,
+in this process, on the load generator's cores); ``off`` sets ``OTEL_SDK_DISABLED``.
 """
 
 from __future__ import annotations
@@ -241,10 +247,95 @@ def main(argv: list[str] | None = None) -> int:
         help="cores reserved for the gateway process, the source and clients run on the others "
         "(0: no pinning; ignored when the machine has too few cores)",
     )  # fmt: skip
+    ap.add_argument(
+        "--tracing", default="off",
+        help="OpenTelemetry tracing modes to run in turn, side by side: off, on, or a list "
+        "(off,on): on exports every request's spans to a loopback OTLP receiver",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    modes = [m.strip() for m in args.tracing.split(",") if m.strip()]
+    if not modes or set(modes) - {"off", "on"}:
+        ap.error(f"--tracing: off, on or a list of them, not {args.tracing!r}")
 
     ctx = mp.get_context("spawn")
+    env = header()
+    machine = env["machine"]
+    results: list[dict[str, Any]] = []
+    receiver = None
+    sdk_disabled = os.environ.get("OTEL_SDK_DISABLED")  # _run_mode sets it; restored below
+    if "on" in modes:
+        from bench.doubles.otlp_receiver import OtlpReceiver
+
+        receiver = OtlpReceiver(keep=False)
+    try:
+        for mode in modes:
+            print(f"tracing {mode} ...", file=sys.stderr, flush=True)
+            endpoint = f"{receiver.url}/v1/traces" if receiver is not None and mode == "on" else ""
+            spans_before = receiver.span_count if receiver is not None else 0
+            runs = _run_mode(ctx, args, levels, endpoint, machine)
+            time.sleep(0.5 if receiver is None else 1.0)  # the exporter's last batch
+            spans = (receiver.span_count - spans_before) if receiver is not None else 0
+            for lv in runs:
+                lv["tracing"] = mode
+                lv["spans_exported_per_mode"] = spans
+            results.extend(runs)
+    finally:
+        if receiver is not None:
+            receiver.close()
+        if sdk_disabled is None:
+            os.environ.pop("OTEL_SDK_DISABLED", None)
+        else:
+            os.environ["OTEL_SDK_DISABLED"] = sdk_disabled
+
+    machine["loadavg_after"] = os.getloadavg()
+    _print_table(results)
+    report = {
+        "benchmark": "gateway",
+        "description": "one gateway process; synthetic real-time PCM (85.3 ms chunks of 4096 B) "
+        "into the real ring; N closed-loop streaming HTTP clients (pcm) on loopback in "
+        f"{args.client_procs} client processes; lag = ring write -> last byte at the client",
+        **env,
+        "config": {
+            "levels": levels,
+            "duration_s": args.duration,
+            "ramp_s": args.ramp,
+            "warmup_s": args.warmup,
+            "audio_seconds_per_request": args.audio_seconds,
+            "client_procs": args.client_procs,
+            "gateway_cores": args.gateway_cores,
+            "chunk_bytes": CHUNK_BYTES,
+            "tracing": modes,
+        },
+        "target": {"streams": 1000, "p99_lag_ms": TARGET_P99_LAG_MS},
+        "notes": [
+            "delivered_ratio < 1: the clients got less audio than real time, i.e. some process "
+            "of the run (gateway, source or clients) did not get the CPU it needed",
+            "projected_streams_per_core = 1 / (gateway CPU seconds per stream-second): how many "
+            "real-time streams one dedicated core could carry at the measured cost",
+            "steal_pct_*: share of the window the hypervisor took the (virtual) cores away; on a "
+            "VM it comes in bursts of tens of ms that stall the event loop and show up as lag",
+            "tracing on: every request is a trace (the default sampler), its spans exported "
+            "over OTLP/HTTP to a loopback receiver; spans_exported_per_mode counts them",
+        ],
+        "levels": results,
+    }
+    write_json(report, args.json, announce=sys.stderr)
+    return 0
+
+
+def _run_mode(
+    ctx: mp.context.SpawnContext,
+    args: argparse.Namespace,
+    levels: list[int],
+    traces_endpoint: str,
+    machine: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """A fresh source and gateway (tracing to ``traces_endpoint``; empty: off), every level."""
+    if traces_endpoint:
+        os.environ.pop("OTEL_SDK_DISABLED", None)
+    else:
+        os.environ["OTEL_SDK_DISABLED"] = "true"  # the spawned gateway inherits it
 
     def configure(shm: ShmConfig, port: int, _run_dir: str) -> ServeConfig:
         return ServeConfig(
@@ -253,10 +344,9 @@ def main(argv: list[str] | None = None) -> int:
                                   max_queued_streams=1024, playground=False),
             # the gateway refuses max_tokens over the cap (common.limits): room for --audio-seconds
             llm=LLMConfig(max_tokens_cap=max(LLMConfig().max_tokens_cap, _tokens(args.audio_seconds))),
+            otlp_traces_endpoint=traces_endpoint,
         )  # fmt: skip
 
-    env = header()
-    machine = env["machine"]
     results: list[dict[str, Any]] = []
     # Real-time pacing, batched every 5 ms like the codec worker's decode batches.
     with SyntheticGateway(configure, stamp=True, tick_s=0.005) as served:
@@ -282,38 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                     others_cores,
                 )
             )
-
-    machine["loadavg_after"] = os.getloadavg()
-    _print_table(results)
-    report = {
-        "benchmark": "gateway",
-        "description": "one gateway process; synthetic real-time PCM (85.3 ms chunks of 4096 B) "
-        "into the real ring; N closed-loop streaming HTTP clients (pcm) on loopback in "
-        f"{args.client_procs} client processes; lag = ring write -> last byte at the client",
-        **env,
-        "config": {
-            "levels": levels,
-            "duration_s": args.duration,
-            "ramp_s": args.ramp,
-            "warmup_s": args.warmup,
-            "audio_seconds_per_request": args.audio_seconds,
-            "client_procs": args.client_procs,
-            "gateway_cores": args.gateway_cores,
-            "chunk_bytes": CHUNK_BYTES,
-        },
-        "target": {"streams": 1000, "p99_lag_ms": TARGET_P99_LAG_MS},
-        "notes": [
-            "delivered_ratio < 1: the clients got less audio than real time, i.e. some process "
-            "of the run (gateway, source or clients) did not get the CPU it needed",
-            "projected_streams_per_core = 1 / (gateway CPU seconds per stream-second): how many "
-            "real-time streams one dedicated core could carry at the measured cost",
-            "steal_pct_*: share of the window the hypervisor took the (virtual) cores away; on a "
-            "VM it comes in bursts of tens of ms that stall the event loop and show up as lag",
-        ],
-        "levels": results,
-    }
-    write_json(report, args.json, announce=sys.stderr)
-    return 0
+    return results
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from codec_worker.snac_model import load_snac
 from common.config import ServeConfig
 from common.link import WorkerLink
 from common.profiling import ProfileTrigger
+from common.tracing import setup_tracing
 from shm.layout import InstanceLayout
 from shm.ring import ReaderGroup, RingReader, RingWriter
 
@@ -88,7 +89,8 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
         for i in range(layout.gateways)
     ]
     sink = RingSink(writers, cfg.pcm_stall_timeout_s)
-    service = CodecService(cfg, engine, sink, layout.gateways)
+    tracing = setup_tracing("codec", config.otlp_traces_endpoint)
+    service = CodecService(cfg, engine, sink, layout.gateways, tracing=tracing)
     link = WorkerLink(layout.orch, ROLE)
     detail = (
         f"SNAC from {cfg.model} on {config.device}, compile={cfg.compile}, "
@@ -131,6 +133,8 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
             reader.close()
         for w in writers:
             w.close()
+        if tracing is not None:
+            tracing.shutdown()  # exports the spans still buffered
         log.info("codec worker stopped")
 
 

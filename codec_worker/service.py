@@ -17,6 +17,13 @@ unique across engines, so the streams of every engine share one decode batch.
 
 After a stream failed, its later records are dropped until the llm_worker's END or ERROR for
 it arrives. One stream's failure or stalled gateway never holds up the others.
+
+Tracing (``common.tracing``, when on): a ``START`` record (written by the llm worker before a
+traced stream's first CODES) opens the stream's ``codec.stream`` span, a child of the llm
+worker's; its first CODES open ``codec.first_window``, ended when its first PCM is written;
+every decode batch it takes part in is an event (``decode_batch``: frames, windows in the
+batch, decode time) on ``codec.stream``, which ends with the stream. Untraced streams cost one
+empty-dict test per record kind and batch.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import numpy as np
@@ -49,7 +57,13 @@ from shm.records import (
     end_decoder,
     gateway_of,
     record_encoder,
+    start_decoder,
 )
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from common.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +78,17 @@ class InputRecord(Protocol):
     payload: memoryview
 
 
+@dataclass(slots=True)
+class StreamTrace:
+    """A traced stream's spans (tracing on)."""
+
+    span: Span
+    source: int
+    """The code ring it came from (a RESET of that ring ends it)."""
+    first: Span | None = None
+    """``codec.first_window``: from the first CODES to the first PCM written."""
+
+
 class CodecService:
     def __init__(
         self,
@@ -72,6 +97,7 @@ class CodecService:
         sink: RecordSink,
         gateways: int,
         clock: Callable[[], float] = time.monotonic,
+        tracing: Tracing | None = None,
     ) -> None:
         self.cfg = cfg
         self.engine = engine
@@ -84,6 +110,9 @@ class CodecService:
         self._dead: dict[int, float] = {}
         self._inflight: tuple[PendingBatch, list[tuple[WindowKey, list[Window]]]] | None = None
         self._next_expiry = 0.0
+        self.tracing = tracing
+        self.traces: dict[int, StreamTrace] = {}
+        """The traced streams' spans, by stream id (empty when tracing is off)."""
         self.batches = 0
         self.windows = 0
         """Batches and windows dispatched so far."""
@@ -102,6 +131,8 @@ class CodecService:
                 self._on_error(r.stream_id, r.payload)
             elif r.kind == RecordKind.RESET:
                 self._on_reset(source)
+            elif r.kind == RecordKind.START:
+                self._on_start(r.stream_id, r.payload, source)
             else:
                 log.warning("ignoring a record of kind %d on the code ring", r.kind)
 
@@ -123,6 +154,9 @@ class CodecService:
                 return
             s = StreamState(sid, gateway, decode_seed(self.cfg.noise_seed), now, source)
             self.streams[sid] = s
+            if self.traces and (trace := self.traces.get(sid)) is not None:
+                assert self.tracing is not None
+                trace.first = self.tracing.start("codec.first_window", parent=trace.span)
         if s.end is not None:
             self._fail(s, "protocol", "codes after the stream's END")
         elif seq != s.received:
@@ -136,6 +170,35 @@ class CodecService:
                 self._fail(s, "bad_codes", f"{bad} codes outside [0, 4096) from frame {seq}")
             else:
                 s.append(codes, keep_from=s.scheduled - self.policy.history)
+
+    def _on_start(self, sid: int, payload: memoryview, source: int) -> None:
+        """A traced stream begins: continue its trace (ignored when tracing is off here)."""
+        if self.tracing is None or sid in self.traces:
+            return
+        try:
+            start = start_decoder.decode(payload)
+        except msgspec.DecodeError:
+            log.warning("stream %#x: undecodable START record ignored", sid)
+            return
+        attributes = {
+            "orpheus.stream_id": f"{sid:#x}", "orpheus.voice": start.voice,
+            "orpheus.gateway": gateway_of(sid),
+        }  # fmt: skip
+        span = self.tracing.start("codec.stream", start.traceparent, attributes=attributes)
+        self.traces[sid] = StreamTrace(span, source)
+
+    def _end_trace(self, sid: int, outcome: str, frames: int, message: str = "") -> None:
+        trace = self.traces.pop(sid, None)
+        if trace is None:
+            return
+        from opentelemetry.trace import Status, StatusCode
+
+        if trace.first is not None:
+            trace.first.end()
+        trace.span.set_attributes({"orpheus.outcome": outcome, "orpheus.frames": frames})
+        if message:
+            trace.span.set_status(Status(StatusCode.ERROR, message))
+        trace.span.end()
 
     def _on_end(self, sid: int, seq: int, payload: memoryview, now: float) -> None:
         s = self.streams.get(sid)
@@ -174,6 +237,10 @@ class CodecService:
         if gateway < self.gateways:
             self.sink.put(gateway, RecordKind.ERROR, sid, s.chunks if s else 0, payload)
         metrics.STREAMS_FAILED.labels("upstream").inc()
+        if self.traces:
+            self._end_trace(
+                sid, "upstream_error", s.written if s else 0, "the llm worker failed it"
+            )
 
     def _on_reset(self, source: int) -> None:
         lost = [s for s in self.streams.values() if s.source == source]
@@ -181,6 +248,8 @@ class CodecService:
             self._fail(s, "worker_restarted", "the stream's llm worker died; retry it", status=503)
         if lost:
             log.warning("code ring %d restarted: failed %d streams it left", source, len(lost))
+        for sid in [sid for sid, t in self.traces.items() if t.source == source]:
+            self._end_trace(sid, "worker_restarted", 0, "the stream's llm worker died")
 
     # -- stream endings --------------------------------------------------------------------------
     def _put_end(self, gateway: int, sid: int, chunks: int, end: StreamEnd, frames: int) -> None:
@@ -188,6 +257,8 @@ class CodecService:
         if gateway < self.gateways:
             self.sink.put(gateway, RecordKind.END, sid, chunks, record_encoder.encode(out))
         metrics.STREAMS_FINISHED.labels(end.reason).inc()
+        if self.traces:
+            self._end_trace(sid, end.reason, frames)
 
     def _finish(self, s: StreamState) -> None:
         assert s.end is not None
@@ -209,6 +280,8 @@ class CodecService:
             self._error_record(code, message, status),
         )
         metrics.STREAMS_FAILED.labels(code).inc()
+        if self.traces:
+            self._end_trace(s.stream_id, code, s.written, message)
 
     def _fail_unknown(self, sid: int, code: str, message: str) -> None:
         log.warning("stream %#x failed in the codec worker: %s: %s", sid, code, message)
@@ -217,6 +290,8 @@ class CodecService:
             gateway_of(sid), RecordKind.ERROR, sid, 0, self._error_record(code, message, 500)
         )
         metrics.STREAMS_FAILED.labels(code).inc()
+        if self.traces:
+            self._end_trace(sid, code, 0, message)
 
     # -- batches ---------------------------------------------------------------------------------
     @property
@@ -292,6 +367,8 @@ class CodecService:
         metrics.DECODE_TIME.observe(pending.decode_s)
         self.scheduler.observe_decode(pending.decode_s)
         now = self.clock()
+        if self.traces:
+            self._trace_batch(groups, pending.decode_s)
         for (key, windows), out in zip(groups, pcm, strict=True):
             for w, samples in zip(windows, out, strict=True):
                 s = w.state
@@ -305,6 +382,24 @@ class CodecService:
                     s.play_start = now
                 if s.end is not None and s.written == s.received:
                     self._finish(s)
+
+    def _trace_batch(self, groups: list[tuple[WindowKey, list[Window]]], decode_s: float) -> None:
+        """One ``decode_batch`` event per traced stream of the batch; ends first windows."""
+        n = sum(len(ws) for _, ws in groups)
+        for key, windows in groups:
+            for w in windows:
+                trace = self.traces.get(w.state.stream_id)
+                if trace is None:
+                    continue
+                attributes = {
+                    "orpheus.frames": key.hop, "orpheus.window_frames": key.frames,
+                    "orpheus.batch_windows": n, "orpheus.decode_ms": round(decode_s * 1e3, 3),
+                }  # fmt: skip
+                trace.span.add_event("decode_batch", attributes)
+                if trace.first is not None:
+                    trace.first.set_attributes(attributes)
+                    trace.first.end()  # its PCM is written just after (this _complete)
+                    trace.first = None
 
     def _flush(self) -> None:
         for sid in self.sink.flush(self.clock()):

@@ -36,6 +36,12 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """How long the workers may take to become warm before the orchestrator gives up."""
     heartbeat_timeout_s: float = 30.0
     """A ready worker silent this long is deemed hung: killed and restarted."""
+    otlp_traces_endpoint: str = ""
+    """Where every process sends its OpenTelemetry traces (OTLP; with the default
+    ``http/protobuf`` protocol the full URL, ``http://collector:4318/v1/traces``). Empty: the
+    standard variables decide (``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` turn tracing on; they win over this key);
+    ``OTEL_SDK_DISABLED=true`` turns it off. docs/operations.md, "Tracing"."""
     cpu_affinity: Literal["auto", "off"] = "auto"
     """With ``device = "cpu"``: ``auto`` pins the llm worker and its vLLM processes to the
     first three quarters of the cores (``VLLM_CPU_OMP_THREADS_BIND`` for vLLM's threads) and

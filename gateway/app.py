@@ -93,6 +93,16 @@ def build_app(gateway: Gateway) -> web.Application:
     # After json_errors, which renders their 401/403: browsers first, then keys.
     middlewares.append(BrowserGuard(g, keys.required).middleware())
     middlewares.append(http_middleware(keys, ApiKeys(g.admin_keys), metrics=g.metrics_require_key))
+    if gateway.tracing is not None:  # off: no middleware, no cost
+        incoming = gateway.requests.incoming_traceparent
+
+        @web.middleware
+        async def trace_context(request: web.Request, handler: Handler) -> web.StreamResponse:
+            """The request's W3C ``traceparent`` header, for ``RequestTracker.open``."""
+            incoming.set(request.headers.get("traceparent"))
+            return await handler(request)
+
+        middlewares.append(trace_context)
 
     app = web.Application(client_max_size=g.max_body_bytes, middlewares=middlewares)
     app.on_response_prepare.append(add_cors_headers)

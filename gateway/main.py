@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY
 
 from common.config import ServeConfig
 from common.link import WorkerLink
+from common.tracing import setup_tracing
 from gateway import malformed_http
 from gateway.app import build_app
 from gateway.frontends.zeromq.server import ZmqFrontend
@@ -92,7 +93,8 @@ async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None
     loop.add_signal_handler(signal.SIGINT, on_int)
 
     g = config.gateway
-    gateway = Gateway(config, layout, index, GatewayMetrics(REGISTRY))
+    tracing = setup_tracing("gateway", config.otlp_traces_endpoint)
+    gateway = Gateway(config, layout, index, GatewayMetrics(REGISTRY), tracing)
     await gateway.start()
     runner = app_runner(
         build_app(gateway),
@@ -145,6 +147,8 @@ async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None
         await gateway.close()
         await runner.cleanup()
         link.close()
+        if tracing is not None:
+            await asyncio.get_running_loop().run_in_executor(None, tracing.shutdown)
 
 
 def run(config: ServeConfig, layout: InstanceLayout, index: int) -> None:

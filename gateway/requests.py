@@ -19,13 +19,23 @@ stall watchdog's clock, the bytes, the abort), the request owns admission, its s
 outcome and its time to first audio (``first_audio``, told by the link when the first of
 its audio reaches the client: while it streams, or after it ended for audio held past it).
 ``complete`` records that the client has everything (else the outcome is ``cancelled``).
+
+Tracing (``common.tracing``, when on): a request is one ``tts.request`` span (continuing the
+client's W3C ``traceparent``: the ``traceparent`` argument of ``open``, else the HTTP header
+the app's middleware put in ``INCOMING_TRACEPARENT``) with its queue wait as an attribute, a
+child ``gateway.admission`` span when it waited (5 ms or more) or was refused, and a
+``first_audio_byte`` event (``first_audio``); ``LlmSubmit`` carries its context to the llm
+worker. Tracing off: ``tracing`` is None and no span is made.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from contextvars import ContextVar
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from common.gateway_config import GatewayConfig
 from gateway.admission import Admission
@@ -37,9 +47,24 @@ from gateway.streams import PcmStream, StreamRegistry
 from gateway.upstream import Upstream, UpstreamUnavailable
 from shm.records import SAMPLE_RATE, StreamError
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from common.tracing import Tracing
+
 stream_log = logging.getLogger("orpheus.streams")
 
 BYTES_PER_SECOND = SAMPLE_RATE * 2
+
+_SPAN_FIELDS = ("engine", "ttfb_s", "rtf", "audio_s", "bytes_sent", "text_chars")
+"""The stream log line's fields that the request's span gets at its end (the others it has)."""
+QUEUED_SPAN_NS = 5_000_000
+"""Tracing: an admission that took this long (it waited in the queue, or the event loop was
+late) gets a span of its own; a free slot costs none."""
+
+INCOMING_TRACEPARENT: ContextVar[str | None] = ContextVar("incoming_traceparent", default=None)
+"""The W3C ``traceparent`` header of the HTTP request being served (set by the app's tracing
+middleware, only when tracing is on): ``RequestTracker.open``'s default."""
 
 
 def outcome_of(error: StreamError) -> str:
@@ -78,10 +103,12 @@ class ActiveRequest:
         "first_byte_at",
         "link",
         "params",
+        "span",
         "started_at",
         "stream",
         "text_chars",
         "text_open",
+        "traceparent",
     )
 
     def __init__(
@@ -106,6 +133,10 @@ class ActiveRequest:
         """Set by ``complete`` once the client has everything (the outcome is then ok)."""
         self.text_chars = len(params.text)
         self.stream: PcmStream  # set by RequestTracker.admit
+        self.traceparent: str | None = None
+        """The client's W3C trace context, continued when tracing is on."""
+        self.span: Span | None = None
+        """The request's ``tts.request`` span (tracing on), from admission to finish."""
 
     async def __aenter__(self) -> ActiveRequest:
         await self._tracker.admit(self)
@@ -132,6 +163,8 @@ class ActiveRequest:
         first audio. The one place that moment is known, whichever front end wrote it."""
         self.first_byte_at = now
         self._tracker.metrics.ttfb_by_api[self.api].observe(now - self.started_at)
+        if self.span is not None and self.span.is_recording():  # audio held past the end: ended
+            self.span.add_event("first_audio_byte")
 
     def complete(self) -> None:
         """The client has everything: the request ends ``ok``."""
@@ -163,8 +196,12 @@ class RequestTracker:
         registry: StreamRegistry,
         upstream: Upstream,
         metrics: GatewayMetrics,
+        tracing: Tracing | None = None,
     ) -> None:
         self.config = config
+        self.tracing = tracing
+        self.incoming_traceparent = INCOMING_TRACEPARENT
+        """Set by the app's tracing middleware: the HTTP request's ``traceparent`` header."""
         self.admission = admission
         self.registry = registry
         self.upstream = upstream
@@ -186,19 +223,75 @@ class RequestTracker:
         *,
         text_open: bool = False,
         started_at: float | None = None,
+        traceparent: str | None = None,
     ) -> ActiveRequest:
         """A request for ``params`` whose audio goes out on ``link`` (its ``api`` labels the
-        request), to enter with ``async with`` (admitted on entry)."""
+        request), to enter with ``async with`` (admitted on entry). ``traceparent``: the
+        client's W3C trace context (default: the HTTP request's header,
+        ``INCOMING_TRACEPARENT``); used only when tracing is on."""
         t0 = self.loop.time() if started_at is None else started_at
-        return ActiveRequest(self, params, link, t0, text_open)
+        request = ActiveRequest(self, params, link, t0, text_open)
+        if self.tracing is not None:
+            request.traceparent = INCOMING_TRACEPARENT.get() if traceparent is None else traceparent
+        return request
+
+    def _trace_request(self, request: ActiveRequest) -> int:
+        """Start the request's span (backdated to ``started_at``); returns the wall-clock ns
+        at which admission is asked."""
+        assert self.tracing is not None
+        now_ns = time.time_ns()
+        params = request.params
+        request.span = self.tracing.start(
+            "tts.request",
+            request.traceparent,
+            attributes={
+                "orpheus.api": str(request.api), "orpheus.voice": params.voice,
+                "orpheus.text_chars": request.text_chars,
+                "orpheus.response_format": params.response_format,
+            },
+            start_ns=now_ns - int((self.loop.time() - request.started_at) * 1e9),
+            server=True,
+        )  # fmt: skip
+        return now_ns
+
+    def _trace_admitted(
+        self,
+        request: ActiveRequest,
+        asked_ns: int,
+        engine: int | None,
+        outcome: str = "ok",
+        message: str = "",
+    ) -> None:
+        """The queue wait: an attribute of the request's span, and a ``gateway.admission``
+        span of its own when it took ``QUEUED_SPAN_NS`` or more, or was refused."""
+        assert self.tracing is not None and request.span is not None
+        now_ns = time.time_ns()
+        request.span.set_attribute("orpheus.queue_wait_s", round((now_ns - asked_ns) / 1e9, 6))
+        if now_ns - asked_ns < QUEUED_SPAN_NS and outcome == "ok":
+            return
+        span = self.tracing.start("gateway.admission", parent=request.span, start_ns=asked_ns)
+        if engine is not None:
+            span.set_attribute("orpheus.engine", engine)
+        self._end_span(span, outcome, message)
 
     async def admit(self, request: ActiveRequest) -> None:
+        asked_ns = 0 if self.tracing is None else self._trace_request(request)
         with self.metrics.queued.track_inprogress():
             try:
                 engine = await self.admission.acquire()
-            except APIError:
-                self.metrics.count_request(request.api, "rejected")
+            except BaseException as e:
+                if isinstance(e, APIError):
+                    self.metrics.count_request(request.api, "rejected")
+                if asked_ns:
+                    why = "rejected" if isinstance(e, APIError) else "cancelled"
+                    self._trace_admitted(request, asked_ns, None, why, str(e))
+                    self._end_span(request.span, why, str(e))
                 raise
+        traceparent = ""
+        if asked_ns:
+            assert self.tracing is not None and request.span is not None
+            self._trace_admitted(request, asked_ns, engine)
+            traceparent = self.tracing.traceparent(request.span)
         params = request.params
         stream = self.registry.open(
             self.loop.time(), text_closed=not request.text_open, engine=engine
@@ -210,6 +303,7 @@ class RequestTracker:
                 params.voice,
                 params.sampling,
                 text_open=not stream.text_closed,
+                traceparent=traceparent,
             )
         except UpstreamUnavailable as e:
             self.registry.fail(
@@ -220,11 +314,14 @@ class RequestTracker:
             )
             self.admission.release(engine)
             self.metrics.count_request(request.api, "upstream_error")
+            self._end_span(request.span, "upstream_error", str(e))
             raise APIError(
                 503, "upstream_unavailable", str(e), retry_after_s=self.config.retry_after_s
             ) from None
         stream.on_abort = request.link.abort
         request.stream = stream
+        if request.span is not None:
+            request.span.set_attribute("orpheus.stream_id", f"{stream.stream_id:#x}")
         self.active.add(request)
         self.metrics.active.inc()
         self._engine_active[engine].inc()
@@ -254,10 +351,27 @@ class RequestTracker:
             "stream %s %s: ttfb %s s, rtf %s, audio %.2f s", fields["stream_id"], outcome,
             fields["ttfb_s"], fields["rtf"], audio_s, extra={"fields": fields},
         )  # fmt: skip
+        if request.span is not None:
+            request.span.set_attributes(
+                {f"orpheus.{k}": fields[k] for k in _SPAN_FIELDS if fields[k] is not None}
+            )
+            self._end_span(request.span, outcome, stream.error.message if stream.error else "")
         self.active.discard(request)
         self.metrics.active.dec()
         self._engine_active[stream.engine].dec()
         self.admission.release(stream.engine)
+
+    @staticmethod
+    def _end_span(span: Span | None, outcome: str, message: str = "") -> None:
+        """End ``span`` with the request's outcome (an error status unless ok or cancelled)."""
+        if span is None:
+            return
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_attribute("orpheus.outcome", outcome)
+        if outcome not in ("ok", "cancelled"):
+            span.set_status(Status(StatusCode.ERROR, message or outcome))
+        span.end()
 
     def append_text(self, request: ActiveRequest, text: str, *, final: bool) -> None:
         stream = request.stream

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from common.config import ServeConfig
 from common.limits import RequestLimits
@@ -35,6 +36,9 @@ from shm.messages import ClusterStatus
 from shm.records import StreamError
 from shm.ring import RingReader
 
+if TYPE_CHECKING:
+    from common.tracing import Tracing
+
 log = logging.getLogger(__name__)
 
 WATCHDOG_PERIOD_S = 0.25
@@ -49,8 +53,11 @@ class Gateway:
         layout: InstanceLayout,
         index: int,
         metrics: GatewayMetrics,
+        tracing: Tracing | None = None,
     ) -> None:
         g = config.gateway
+        self.tracing = tracing
+        """The process's OpenTelemetry tracer (``common.tracing``); None: tracing is off."""
         self.config = config
         self.layout = layout
         self.index = index
@@ -94,7 +101,7 @@ class Gateway:
         self.cluster = ClusterWatcher(layout.status)
         self.cluster.on_change(self._on_status)
         self.requests = RequestTracker(
-            g, self.admission, self.registry, self.upstream, self.metrics
+            g, self.admission, self.registry, self.upstream, self.metrics, tracing
         )
         """The owner of every request's life: ``gateway.requests.open(...)``."""
         self.links = ClientLinks(metrics)

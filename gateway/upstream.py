@@ -56,10 +56,16 @@ class ControlChannel:
         sampling: SamplingOverrides,
         *,
         text_open: bool = False,
+        traceparent: str = "",
     ) -> None:
         self._send(
             LlmSubmit(
-                stream_id=stream_id, text=text, voice=voice, sampling=sampling, text_open=text_open
+                stream_id=stream_id,
+                text=text,
+                voice=voice,
+                sampling=sampling,
+                text_open=text_open,
+                traceparent=traceparent,
             )
         )
 

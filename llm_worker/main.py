@@ -41,6 +41,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from common.config import ServeConfig
 from common.link import WorkerLink
 from common.profiling import ProfileTrigger
+from common.tracing import Tracing, setup_tracing
 from common.zmq_recv import incoming, incoming_multipart
 from llm_worker import metrics as M
 from llm_worker.custom_voices import ZeroShotVoices
@@ -117,6 +118,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout, engine_index: int =
     plan = plan_engine(cfg, f"{layout.instance}-prevented-{engine_index}", config.device)
     engine: AsyncLLM | None = None
     service: LLMService | None = None
+    tracing: Tracing | None = None
     tasks: list[asyncio.Task[None]] = []
 
     def engine_alive() -> None:
@@ -150,8 +152,9 @@ async def serve(config: ServeConfig, layout: InstanceLayout, engine_index: int =
         )
         await loras.restore(engine)
         sink = RingSink(writer, cfg.ring_full_timeout_s)
+        tracing = setup_tracing("llm", config.otlp_traces_endpoint)
         service = LLMService(
-            cfg, generation, sink, prompts, info, plan.sampling.hooks, custom, loras
+            cfg, generation, sink, prompts, info, plan.sampling.hooks, custom, loras, tracing
         )
         generation.on_step(service.on_step)
         detail = (
@@ -203,6 +206,8 @@ async def serve(config: ServeConfig, layout: InstanceLayout, engine_index: int =
         link.close()
         writer.close()
         plan.close()
+        if tracing is not None:
+            tracing.shutdown()  # exports the spans still buffered
         ctx.term()
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             # Drops this pid's live gauges (active streams) from the shared metrics.

@@ -15,7 +15,14 @@ delivered a step's outputs (:meth:`LLMService.on_step`, called by the engine's s
 frames in one vectorised call, stages one CODES record per stream that completed frames, and
 publishes them with one head update. Control handlers never write the ring: their END/ERROR
 records go through an outbox the pump flushes after the step's CODES, so a stream's records
-stay in order.
+stay in order (and a traced stream's START record, queued at submit, is written before its
+first CODES).
+
+Tracing (``common.tracing``, when on and the ``LlmSubmit`` carries a ``traceparent``): a
+stream is one ``llm.stream`` span (voice, segments as events, tokens, frames, its outcome,
+cancellation), with a child ``llm.prefill`` span from the submit to the first sampled token
+(the engine's queue and the prefill). Its context goes to the codec worker in the ``START``
+record. No per-token work: the first token is one test per stream and step.
 
 A full ring is backpressure: the pump waits (the whole ring is shared, so every stream
 waits with it) and, past ``ring_full_timeout_s``, fails the stream it was writing with
@@ -61,13 +68,23 @@ from llm_worker.text import TextStream, normalise_tags, split_text
 from llm_worker.vllm_ext.sampling.hooks import SamplingHooks
 from llm_worker.vllm_ext.token_space import TokenSpace
 from shm.messages import LlmAppendText, LlmCancel, LlmControl, LlmSubmit
-from shm.records import CODE_DTYPE, FRAME_CODES, RecordKind, StreamEnd, StreamError, record_encoder
+from shm.records import (
+    CODE_DTYPE,
+    FRAME_CODES,
+    RecordKind,
+    StreamEnd,
+    StreamError,
+    StreamStart,
+    record_encoder,
+)
 from shm.voices import VoiceLookup
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Span
     from vllm import SamplingParams
     from vllm.lora.request import LoRARequest
 
+    from common.tracing import Tracing
     from llm_worker.lora import LoraVoices
 
 log = logging.getLogger(__name__)
@@ -150,6 +167,10 @@ class LlmStream:
     tokens: int = 0
     reason: str = "stop"
     done: bool = False
+    span: Span | None = None
+    """The stream's ``llm.stream`` span (tracing on and the request traced)."""
+    prefill: Span | None = None
+    """Its ``llm.prefill`` span until the first token arrives."""
 
 
 class LLMService:
@@ -163,8 +184,12 @@ class LLMService:
         sampling: SamplingHooks | None = None,
         custom: ZeroShotVoices | None = None,
         loras: LoraVoices | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._config = config
+        self.tracing = tracing
+        self._starts: list[LlmStream] = []
+        """Traced streams whose START record the pump has yet to write (before any CODES)."""
         self._custom = custom
         self._loras = loras
         self._voices = VoiceLookup(
@@ -283,7 +308,21 @@ class LLMService:
         s.sampling_kwargs = self._sampling.kwargs(plan.sampling.repetition_penalty, s.counter)
         self._streams[s.stream_id] = s
         M.ACTIVE_STREAMS.inc()
+        if self.tracing is not None and msg.traceparent:
+            self._trace(s, msg)
         await self._advance(s)
+
+    def _trace(self, s: LlmStream, msg: LlmSubmit) -> None:
+        """Open the stream's spans and queue its START record for the codec worker."""
+        assert self.tracing is not None
+        attributes = {
+            "orpheus.stream_id": f"{s.stream_id:#x}", "orpheus.voice": msg.voice,
+            "orpheus.voice_kind": s.plan.kind, "orpheus.text_chars": len(msg.text),
+            "orpheus.text_open": msg.text_open,
+        }  # fmt: skip
+        s.span = self.tracing.start("llm.stream", msg.traceparent, attributes=attributes)
+        s.prefill = self.tracing.start("llm.prefill", parent=s.span)
+        self._starts.append(s)
 
     async def _append(self, msg: LlmAppendText) -> None:
         s = self._streams.get(msg.stream_id)
@@ -302,6 +341,8 @@ class LLMService:
         s = self._streams.get(msg.stream_id)
         if s is None or s.done:
             return
+        if s.span is not None:
+            s.span.add_event("cancelled", {"orpheus.reason": msg.reason})
         await self._stop_request(s, "cancelled")
         s.reason = "cancelled"
         self._finish(s)
@@ -372,6 +413,10 @@ class LLMService:
             await self._fail(s, "engine_error", f"{type(e).__name__}: {e}", 500)
             return
         M.SEGMENTS.inc()
+        if s.span is not None:
+            s.span.add_event(
+                "segment", {"orpheus.segment": s.segment, "orpheus.prompt_tokens": len(prompt)}
+            )
         if s.done:  # cancelled or failed while the request was being added
             await self._engine.abort(rid)
             return
@@ -409,7 +454,29 @@ class LLMService:
         prevented = self._sampling.release(s.counter) if s.counter is not None else 0
         M.ACTIVE_STREAMS.dec()
         M.STREAMS.labels(M.ENGINE, outcome).inc()
+        if s.span is not None:
+            self._end_trace(s, outcome, prevented)
         return prevented
+
+    def _end_trace(self, s: LlmStream, outcome: str, prevented: int) -> None:
+        """End the stream's spans (a failure's code and message are its ``failed`` event)."""
+        from opentelemetry.trace import Status, StatusCode
+
+        assert s.span is not None
+        if s.prefill is not None:
+            s.prefill.end()
+            s.prefill = None
+        s.span.set_attributes(
+            {
+                "orpheus.outcome": outcome, "orpheus.tokens": s.tokens,
+                "orpheus.frames": s.frames, "orpheus.segments": s.segment + 1,
+                "orpheus.invalid_tokens_prevented": prevented,
+            }
+        )  # fmt: skip
+        if outcome in ("bad_request", "error"):
+            s.span.set_status(Status(StatusCode.ERROR, outcome))
+        s.span.end()
+        s.span = None
 
     def _finish(self, s: LlmStream) -> None:
         prevented = self._close(s, s.reason)
@@ -426,6 +493,9 @@ class LLMService:
             return
         if abort:
             await self._stop_request(s, s.reason)
+        if s.span is not None:
+            s.span.set_attribute("orpheus.error_code", code)
+            s.span.add_event("failed", {"orpheus.error_code": code, "message": message})
         self._close(s, "bad_request" if status == 400 else "error")
         err = StreamError(code=code, message=message, status=status)
         self._outbox.append((s, err))
@@ -440,6 +510,8 @@ class LLMService:
         frames (one head update), then the endings they caused and the queued END/ERROR
         records (:meth:`run` calls it after each engine step)."""
         t0 = time.perf_counter()
+        if self._starts:
+            await self._flush_starts()
         streams, token_lists, finished = self._step_streams, self._step_tokens, self._step_finished
         streams.clear()
         token_lists.clear()
@@ -505,6 +577,9 @@ class LLMService:
         try_put, codes = self._sink.try_put, RecordKind.CODES
         per_record = self._max_frames_per_record
         for i, s in enumerate(streams):
+            if s.prefill is not None and n_tokens[i]:
+                s.prefill.end()  # the first token (only traced streams have a span)
+                s.prefill = None
             s.tokens += n_tokens[i]
             if counts[i] and not s.done:
                 mine = frames[bounds[i] : bounds[i + 1]]
@@ -538,6 +613,17 @@ class LLMService:
             if not await self._put(s, RecordKind.CODES, s.frames, chunk):
                 return
             s.frames += len(chunk)
+
+    async def _flush_starts(self) -> None:
+        """Write the START records of the streams traced since the last step (before their
+        first CODES: a step's CODES are staged after this)."""
+        assert self.tracing is not None
+        starts, self._starts = self._starts, []
+        for s in starts:
+            if s.done or s.span is None:
+                continue
+            start = StreamStart(self.tracing.traceparent(s.span), s.plan.voice)
+            await self._put(s, RecordKind.START, 0, record_encoder.encode(start), final=True)
 
     async def _flush_outbox(self) -> None:
         """Write the queued END/ERROR records, in order. If the ring stays full they stay

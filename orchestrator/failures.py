@@ -26,6 +26,7 @@ from collections.abc import Iterator
 import msgspec
 
 from common.config import ServeConfig
+from common.tracing import TracingConfigError, traces_protocol, tracing_enabled
 
 EXIT_PERMANENT = 78
 """EX_CONFIG (sysexits.h). deploy/: systemd RestartPreventExitStatus=78, supervisord exitcodes."""
@@ -41,6 +42,9 @@ class Failure(msgspec.Struct, frozen=True):
 
     def line(self) -> str:
         return f"{self.cause}; fix: {self.fix}"
+
+
+TRACING_FIX = "set OTEL_EXPORTER_OTLP_PROTOCOL to http/protobuf or grpc (docs/operations.md)"
 
 
 class PermanentError(RuntimeError):
@@ -111,6 +115,8 @@ def classify(role: str, exc: BaseException, config: ServeConfig) -> Failure | No
     for e in chain:
         if isinstance(e, ConfigError):
             return Failure(f"invalid configuration: {_short(e)}", "see docs/configuration.md")
+        if isinstance(e, TracingConfigError):
+            return Failure(f"invalid tracing settings: {_short(e)}", TRACING_FIX)
     if role == "codec":
         return _classify_codec(chain, config)
     if role == "llm":
@@ -223,6 +229,11 @@ def _hub_cached(repo: str, filename: str) -> bool:
 
 def preflight(config: ServeConfig, *, probe_hub: bool = True) -> Failure | None:
     """Cheap checks of what every start needs; the first problem found, or None."""
+    if tracing_enabled(config.otlp_traces_endpoint):
+        try:
+            traces_protocol()
+        except TracingConfigError as e:
+            return Failure(f"invalid tracing settings: {e}", TRACING_FIX)
     c = config.codec
     codec_fix = (
         "pass --codec-model DIR, a local SNAC 24 kHz checkpoint (config.json + "

@@ -86,15 +86,17 @@ class Client:
         voice: str = "",
         response_format: str = "pcm",
         speed: float = 1.0,
+        traceparent: str | None = None,
         **sampling: float | None,
     ) -> Iterator[bytes]:
         """Yield the audio of ``text`` as it arrives; raise ``SpeechError`` on failure.
         ``sampling``: any of ``orpheus_wire.sampling.SamplingFields`` (``max_tokens``,
-        ``seed``, ``temperature``, ``top_p``, ``repetition_penalty``, ``top_k``)."""
+        ``seed``, ``temperature``, ``top_p``, ``repetition_penalty``, ``top_k``);
+        ``traceparent``: the caller's W3C trace context (the server's spans continue it)."""
         rid = next(self._ids)
         msg = _speak(
             rid, text, self._api_key, voice=voice, response_format=response_format, speed=speed,
-            **sampling,
+            traceparent=traceparent, **sampling,
         )  # fmt: skip
         self._sock.send(encoder.encode(msg))
         finished = False
@@ -260,14 +262,16 @@ class AsyncClient:
         response_format: str = "pcm",
         speed: float = 1.0,
         text_open: bool = True,
+        traceparent: str | None = None,
         **sampling: float | None,
     ) -> _StreamStarter:
         """A request whose text is appended later (``append``/``end``); use ``async with``.
-        ``sampling``: any of ``orpheus_wire.sampling.SamplingFields``, as ``Client.speech``."""
+        ``sampling``: any of ``orpheus_wire.sampling.SamplingFields``, as ``Client.speech``;
+        ``traceparent``: the caller's W3C trace context (the server's spans continue it)."""
         rid = next(self._ids)
         msg = _speak(
             rid, text, self._api_key, voice=voice, response_format=response_format, speed=speed,
-            text_open=text_open, **sampling,
+            text_open=text_open, traceparent=traceparent, **sampling,
         )  # fmt: skip
         s = AsyncSpeechStream(self, rid, self._timeout_s)
         return _StreamStarter(self, s, msg)

@@ -49,6 +49,9 @@ class Speak(SamplingFields, frozen=True, kw_only=True, tag="speak", tag_field="t
     """``auto`` (the server's ``text.normalization``), ``on``, ``off``. With ``text_open``
     the last words of each piece wait for the next one, so that a rule or a number is never
     split across ``AppendText`` messages."""
+    traceparent: str | None = None
+    """A W3C trace context (the HTTP ``traceparent`` header's value): when the server traces
+    (OpenTelemetry), the request's spans continue this trace; else it starts one."""
 
 
 class AppendText(

@@ -36,6 +36,8 @@ class LlmSubmit(msgspec.Struct, tag="submit", frozen=True, omit_defaults=True):
     gateway whose PCM ring receives the audio (see ``shm.records.gateway_of``).
     ``text`` may be appended to later with ``LlmAppendText`` when ``text_open`` is true
     (WebSocket clients that send text as their LLM writes it).
+    ``traceparent`` is the request's W3C trace context when tracing is on (``common.tracing``):
+    the llm worker's spans continue the gateway's trace; empty when off.
     """
 
     stream_id: int
@@ -43,6 +45,7 @@ class LlmSubmit(msgspec.Struct, tag="submit", frozen=True, omit_defaults=True):
     voice: str
     sampling: SamplingOverrides = SamplingOverrides()
     text_open: bool = False
+    traceparent: str = ""
 
 
 class LlmAppendText(msgspec.Struct, tag="append", frozen=True):

@@ -15,7 +15,10 @@ detect loss, duplication and reordering:
   stream follows.
 - ``RESET`` (llm_worker -> codec_worker, stream id 0, no payload): the first record a newly
   started llm worker writes to its engine's code ring. The worker before it died with its
-  streams unfinished; the codec worker drops (and fails) the streams that came from that ring. An error raised in the llm_worker travels through the codec ring and
+  streams unfinished; the codec worker drops (and fails) the streams that came from that ring.
+- ``START`` (llm_worker -> codec_worker, only when tracing is on): payload is a msgpack
+  ``StreamStart``, the stream's trace context; written before the stream's first ``CODES``.
+  The codec worker's spans of the stream continue that trace (``common.tracing``). An error raised in the llm_worker travels through the codec ring and
   the codec worker forwards it, so it reaches the gateway after the audio before it.
 """
 
@@ -49,6 +52,7 @@ class RecordKind(enum.IntEnum):
     END = 3
     ERROR = 4
     RESET = 5
+    START = 6
 
 
 class StreamEnd(msgspec.Struct, frozen=True):
@@ -56,6 +60,11 @@ class StreamEnd(msgspec.Struct, frozen=True):
     frames: int
     tokens: int = 0
     invalid_tokens_prevented: int = 0
+
+
+class StreamStart(msgspec.Struct, frozen=True):
+    traceparent: str  # W3C trace context of the stream's llm worker span
+    voice: str = ""
 
 
 class StreamError(msgspec.Struct, frozen=True):
@@ -68,6 +77,7 @@ record_encoder = msgspec.msgpack.Encoder()
 """Encodes the payload of an END (``StreamEnd``) or ERROR (``StreamError``) record."""
 end_decoder = msgspec.msgpack.Decoder(StreamEnd)
 error_decoder = msgspec.msgpack.Decoder(StreamError)
+start_decoder = msgspec.msgpack.Decoder(StreamStart)
 
 
 def make_stream_id(gateway_index: int, counter: int) -> int:

@@ -20,6 +20,7 @@ from bench.doubles.synthetic_backend import SyntheticBackend
 from common.config import ServeConfig
 from common.gateway_config import GatewayConfig
 from common.text_config import TextConfig
+from common.tracing import Tracing
 from gateway import malformed_http
 from gateway.app import build_app
 from gateway.frontends.zeromq.server import ZmqFrontend
@@ -76,6 +77,7 @@ async def running_gateway(
     *,
     backend: dict[str, Any] | None = None,
     serve: dict[str, Any] | None = None,
+    tracing: Tracing | None = None,
     **gateway_cfg: Any,
 ) -> AsyncIterator[Harness]:
     """A gateway serving HTTP on a free port, with a synthetic backend behind it."""
@@ -87,7 +89,7 @@ async def running_gateway(
     config = serve_config(**gateway_cfg)
     if serve:  # other sections of the configuration ([voices], [llm], ...)
         config = msgspec.structs.replace(config, **serve)
-    gw = Gateway(config, layout, 0, GatewayMetrics(CollectorRegistry()))
+    gw = Gateway(config, layout, 0, GatewayMetrics(CollectorRegistry()), tracing)
     runner: web.AppRunner | None = None
     listener: Listener | None = None
     zmq_front: ZmqFrontend | None = None

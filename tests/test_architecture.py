@@ -158,7 +158,7 @@ def test_the_front_end_registry_adds_every_route() -> None:
     from gateway.app import build_app
 
     gateway = SimpleNamespace(
-        config=ServeConfig(), custom_voices=None, voices=SimpleNamespace(listing=None),
+        config=ServeConfig(), custom_voices=None, voices=SimpleNamespace(listing=None), tracing=None,
         metrics=None,
     )  # fmt: skip
     app = build_app(gateway)  # type: ignore[arg-type]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,23 @@ def test_bench_gateway_smoke(tmp_path: Path) -> None:
     if report["machine"]["cores"] >= 2:  # the gateway has a core to itself, the load the rest
         gw, others = report["machine"]["gateway_cores"], report["machine"]["load_generator_cores"]
         assert len(gw) == 1 and not set(gw) & set(others)
+
+
+def test_bench_gateway_runs_tracing_off_and_on_side_by_side(tmp_path: Path) -> None:
+    """``--tracing off,on``: each mode a run of its own; on exports spans (counted by the
+    loopback receiver), off exports none."""
+    out = tmp_path / "gateway.json"
+    argv = ["--levels", "4", "--duration", "1", "--ramp", "0.3", "--warmup", "0.5",
+            "--audio-seconds", "1", "--client-procs", "1", "--tracing", "off,on",
+            "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    off, on = report["levels"]
+    assert (off["tracing"], on["tracing"]) == ("off", "on")
+    assert off["spans_exported_per_mode"] == 0
+    assert on["spans_exported_per_mode"] >= on["requests_completed"] > 0  # one span each
+    assert off["errors"] == on["errors"] == 0
+    assert "OTEL_SDK_DISABLED" not in os.environ, "the run leaves the environment as it was"
 
 
 def test_steal_share_is_per_core_set() -> None:

@@ -7,4 +7,5 @@
 - ``local_server``: a free loopback port and waiting for ``GET /ready``
 - ``http_client``: many streaming HTTP requests from one process (``bench gateway``)
 - ``clips``: reference clips (WAV) for custom voices
+- ``otlp_receiver``: an OTLP/HTTP traces receiver (the tracing test, ``bench gateway --tracing``)
 """

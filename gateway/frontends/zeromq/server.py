@@ -336,7 +336,9 @@ class ZmqFrontend:
             else:
                 params = params.spoken()
             encoder = make_output(params.output, params.speed)
-            async with self._gateway.requests.open(params, link, text_open=msg.text_open) as active:
+            async with self._gateway.requests.open(
+                params, link, text_open=msg.text_open, traceparent=msg.traceparent or ""
+            ) as active:
                 req.active = active
                 for pending in req.pending:
                     self._append(req, pending)
