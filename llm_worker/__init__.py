@@ -18,4 +18,9 @@ warm-up and ready). Modules, each with one job:
 - ``phase_timers``: the engine core's host time by phase, loaded by ``vllm_plugin`` into
   vLLM's processes only when ``ORPHEUS_PROFILE_PHASES`` names a directory (a measurement
   tool of ``bench engine``)
+- ``heap_trim``: on CPU, the thread in each vLLM process that hands free heap memory back
+  (started by ``vllm_plugin`` from the llm table's cpu_heap_trim_s)
+- ``memory_probe``: each vLLM process's RSS, heap, malloc and object counts, sampled from
+  inside, loaded by ``vllm_plugin`` only when ``ORPHEUS_PROFILE_MEMORY`` names a directory (a
+  measurement tool of ``scripts/dev/worker_memory.py``)
 """
