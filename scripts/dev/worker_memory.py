@@ -149,6 +149,18 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def slim(sample: dict[str, Any]) -> dict[str, Any]:
+    """A sample as the JSON keeps it: RSS, anonymous, heap, malloc totals, object count."""
+    if "rollup" not in sample:
+        return sample
+    out = {k: sample[k] for k in ("t", "name", "heap_rss", "objects_total") if k in sample}
+    out.update({k: sample["rollup"].get(k, 0) for k in ("Rss", "Anonymous")})
+    if "malloc" in sample:
+        keys = ("arena", "uordblks", "fordblks", "hblkhd")
+        out["malloc"] = {k: sample["malloc"][k] for k in keys}
+    return out
+
+
 def summarize(samples: list[dict[str, Any]], warmup_s: float, ended: float) -> dict[str, Any]:
     """First sample after the warm-up against the last before the engine's shutdown (at
     ``ended``): RSS, heap, malloc, object types."""
@@ -222,7 +234,7 @@ def main() -> int:
             "label": args.label, "args": {k: str(v) for k, v in vars(args).items()},
             "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
             "load": load, "loadavg_end": os.getloadavg(), "summary": summary,
-            "samples": procs,
+            "samples": {pid: [slim(x) for x in s] for pid, s in procs.items()},
         }, indent=1))  # fmt: skip
     return 0
 
