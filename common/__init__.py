@@ -9,6 +9,8 @@ gateway, llm_worker, codec_worker); the wire contract below it is ``shm``.
 - ``mps``: whether NVIDIA's Multi-Process Service is active for this process (several engines
   on one GPU overlap only under it)
 - ``heap``: garbage-collector settings of the serving processes once warm
+- ``host_heap``: glibc's heap from Python (its statistics; ``HeapBound``, trimming past
+  a bound, at most once an interval), for the codec worker and vLLM's CPU processes
 - ``profiling``: the workers' profiler hooks, armed by the environment, triggered by a file
 - ``link``: a worker's line to the orchestrator (``WorkerReady``, heartbeats)
 - ``zmq_recv``: receiving on an asyncio ZeroMQ socket without trusting one wakeup

@@ -57,6 +57,11 @@ class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     layers keep their last 32 shapes each; oneDNN's own cache otherwise grew with every new
     batch row count, about 100 KB a primitive and several MB per load peak
     (docs/performance.md, "Memory over hours")."""
+    cpu_heap_trim_s: float = 15.0
+    """CPU build: seconds between two hand-backs of free heap memory in vLLM's engine core
+    and worker (``malloc_trim`` from a thread, only when more than 16 MiB is free; 0: never).
+    Without it the worker kept each flood's freed activations resident and its RSS rose at
+    every new high-water (docs/performance.md, "Memory over hours")."""
     async_scheduling: bool = True
     """Used wherever the installed vLLM supports it (never on the CPU build)."""
     enforce_eager: bool = False

@@ -17,6 +17,7 @@ warm-up and ready). Modules, each with one job:
 - ``model_info``: the model's voices
 - ``metrics``, ``profiling``: Prometheus metrics (labelled by engine); the profiler hook
 - ``vllm_ext/``: what vLLM loads by name into its own processes (the vLLM plugin, the audio
-  head's model class, the logits processors, the CPU LoRA fix, the phase timers) and the
-  token ids they share with the worker; it imports nothing else of the worker
+  head's model class, the logits processors, the CPU LoRA fix, the phase timers, the CPU heap
+  trimmer, the memory probe) and the token ids they share with the worker; it imports nothing
+  else of the worker
 """

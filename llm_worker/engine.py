@@ -52,6 +52,7 @@ from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, Schedule
 from common.llm_config import LLMConfig
 from llm_worker.model_info import find_model_file
 from llm_worker.output_head import HeadChoice
+from llm_worker.vllm_ext.heap_trim import ENV as HEAP_TRIM_ENV
 from llm_worker.vllm_ext.token_space import TokenSpace
 
 if TYPE_CHECKING:
@@ -119,9 +120,12 @@ def check_device(device: str) -> None:
 ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 
 
-def prepare_engine_environment(onednn_cache: int | None = None) -> None:
+def prepare_engine_environment(
+    onednn_cache: int | None = None, heap_trim_s: float | None = None
+) -> None:
     """Environment vLLM reads while it builds the engine (inherited by the engine core and
-    the worker). ``onednn_cache``: ``llm.cpu_onednn_cache``, applied on the CPU build."""
+    the worker). ``onednn_cache``: ``llm.cpu_onednn_cache``; ``heap_trim_s``:
+    ``llm.cpu_heap_trim_s``; both applied on the CPU build."""
     from vllm.platforms import current_platform
 
     from llm_worker.vllm_ext.sampling.runner import prepare_sampler_environment
@@ -130,6 +134,9 @@ def prepare_engine_environment(onednn_cache: int | None = None) -> None:
         log.info("%s", note)
     if onednn_cache is not None and current_platform.is_cpu():
         if note := bound_onednn_cache(onednn_cache):
+            log.info("%s", note)
+    if heap_trim_s is not None and current_platform.is_cpu():
+        if note := trim_vllm_heap(heap_trim_s):
             log.info("%s", note)
 
 
@@ -142,6 +149,17 @@ def bound_onednn_cache(capacity: int, environ: MutableMapping[str, str] = os.env
         return None
     environ[ONEDNN_CACHE_ENV] = str(capacity)
     return f"oneDNN keeps at most {capacity} primitives per vLLM process ({ONEDNN_CACHE_ENV})"
+
+
+def trim_vllm_heap(every_s: float, environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """Have vLLM's processes hand free heap memory back every ``every_s`` seconds (0: never;
+    :mod:`llm_worker.vllm_ext.heap_trim`). Returns a line for the start-up log."""
+    if every_s < 0:
+        raise ValueError(f"llm.cpu_heap_trim_s must be >= 0, not {every_s}")
+    environ[HEAP_TRIM_ENV] = str(every_s)
+    if every_s == 0:
+        return None
+    return f"vLLM's processes hand free heap memory back at most every {every_s:g} s"
 
 
 def kv_bytes_per_token(model: str, kv_cache_dtype: str = "auto") -> int | None:
@@ -302,7 +320,7 @@ def start_engine(
 ) -> AsyncLLM:
     """Build the engine (blocking: loads the model). Call from the event loop's thread."""
     check_device(device)
-    prepare_engine_environment(config.cpu_onednn_cache)
+    prepare_engine_environment(config.cpu_onednn_cache, config.cpu_heap_trim_s)
     args = engine_args(config, device, logits_processors, profiler, head)
     if not config.engine_stats:
         llm = AsyncLLM.from_engine_args(args)

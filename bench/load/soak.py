@@ -63,6 +63,10 @@ SCENARIOS = {
 SLOW_READ_BYTES = 2048
 SLOW_READ_PAUSE_S = 0.1
 """A slow reader takes 20 KB/s: 0.43x the audio's 48 KB/s."""
+SETTLE_S = 20.0
+"""Traffic stopped, then this long before the end sample: the server finishes what
+cancelled and disconnected streams left, and vLLM's CPU processes, which hand free heap
+memory back every ``llm.cpu_heap_trim_s`` (15 s), hand back the last flood's."""
 OUTCOMES = ("ok", "disconnected", "cancelled", "refused", "rejected", "failed", "hung")
 
 
@@ -615,7 +619,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flood-every", type=float, default=60.0, help="seconds between floods")
     p.add_argument("--interval", type=float, default=15.0, help="sampling period (s)")
     p.add_argument("--hang-s", type=float, default=60.0, help="no byte this long: hung")
-    p.add_argument("--settle-s", type=float, default=5.0, help="wait before the end sample")
+    p.add_argument(
+        "--settle-s",
+        type=float,
+        default=SETTLE_S,
+        help=f"wait before the end sample ({SETTLE_S:g})",
+    )
     p.add_argument("--min-frames", type=int, default=6)
     p.add_argument("--max-frames", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)

@@ -1,0 +1,106 @@
+"""A measurement tool: where a vLLM process's memory goes, sampled from inside it.
+
+Loaded by the project's vLLM plugin (:mod:`llm_worker.vllm_plugin`) in every process vLLM
+starts, only when ``ORPHEUS_PROFILE_MEMORY`` names a directory; unset, nothing is imported.
+A daemon thread appends one JSON line every ``ORPHEUS_PROFILE_MEMORY_EVERY_S`` seconds
+(default 10) to ``DIR/<pid>.jsonl``:
+
+- ``name``: the process title (``VLLM::Worker``, ``VLLM::EngineCore``, ...);
+- ``rollup``: ``/proc/self/smaps_rollup`` in bytes (Rss, Anonymous, Private_Dirty, ...);
+- ``heap_rss``: the resident bytes of the ``[heap]`` mapping (glibc's main arena);
+- ``malloc``: glibc's ``mallinfo2`` (``arena``: bytes the arenas hold from the kernel,
+  ``uordblks``: of those in use, ``fordblks``: free, ``hblkhd``: bytes in mmapped blocks):
+  in-use growing is live memory, free growing with in-use flat is fragmentation;
+- ``objects``: the counts of the ``ORPHEUS_PROFILE_MEMORY_TYPES`` most numerous types among
+  the collector's objects (default 25; 0 skips the walk, which holds the GIL for a moment).
+
+``scripts/dev/worker_memory.py`` drives an engine and reads these files.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from common.host_heap import mallinfo2
+
+ENV = "ORPHEUS_PROFILE_MEMORY"
+EVERY_ENV = "ORPHEUS_PROFILE_MEMORY_EVERY_S"
+TYPES_ENV = "ORPHEUS_PROFILE_MEMORY_TYPES"
+
+
+def _title() -> str:
+    try:
+        raw = Path("/proc/self/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
+def rollup() -> dict[str, int]:
+    """``/proc/self/smaps_rollup`` fields in bytes."""
+    out: dict[str, int] = {}
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines()[1:]:
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if len(parts) == 2 and parts[1] == "kB":
+            out[key] = int(parts[0]) * 1024
+    return out
+
+
+def heap_rss() -> int:
+    """Resident bytes of the ``[heap]`` mapping (0 if none)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if not line[0].islower() and not line[0].isupper():
+                inside = line.rstrip().endswith("[heap]")
+            elif inside and line.startswith("Rss:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def sample(mallinfo: Any, types: int) -> dict[str, Any]:
+    rec: dict[str, Any] = {"t": time.time(), "name": _title(), "rollup": rollup()}
+    rec["heap_rss"] = heap_rss()
+    if mallinfo is not None:
+        info = mallinfo()
+        rec["malloc"] = {name: int(getattr(info, name)) for name, _ in info._fields_}
+    if types > 0:
+        counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+        rec["objects"] = dict(counts.most_common(types))
+        rec["objects_total"] = sum(counts.values())
+    return rec
+
+
+def _run(path: Path, every_s: float, types: int) -> None:
+    mallinfo = mallinfo2()
+    while True:
+        try:
+            line = json.dumps(sample(mallinfo, types))
+        except Exception as e:  # a probe must not take its process down
+            line = json.dumps({"t": time.time(), "error": f"{type(e).__name__}: {e}"})
+        with path.open("a") as f:
+            f.write(line + "\n")
+        time.sleep(every_s)
+
+
+def install_from_environment() -> bool:
+    """Start the sampling thread when ``ORPHEUS_PROFILE_MEMORY`` names a directory."""
+    directory = os.environ.get(ENV, "").strip()
+    if not directory:
+        return False
+    every_s = float(os.environ.get(EVERY_ENV, "10"))
+    types = int(os.environ.get(TYPES_ENV, "25"))
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    path = Path(directory) / f"{os.getpid()}.jsonl"
+    threading.Thread(
+        target=_run, args=(path, every_s, types), name="orpheus-memory-probe", daemon=True
+    ).start()
+    return True
