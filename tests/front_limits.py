@@ -10,9 +10,13 @@ import re
 from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from common.config import ServeConfig
 from orchestrator.settings import load_config
+
+if TYPE_CHECKING:
+    from gateway.service import Gateway
 
 PROD_TOML = Path(__file__).resolve().parents[1] / "deploy" / "config" / "orpheus-serve.toml"
 ELEVENLABS_MAX_INACTIVITY_S = 180.0
@@ -45,6 +49,18 @@ def longest_node_silence_s() -> float:
     )
 
 
+def routes_only_gateway() -> Gateway:
+    """What ``build_app`` reads of a gateway to lay out its routes (no process behind it):
+    the tests that check the routes against the deploy files share this one stand-in."""
+    return SimpleNamespace(  # type: ignore[return-value]
+        config=ServeConfig(),
+        custom_voices=None,
+        voices=SimpleNamespace(listing=None),
+        metrics=None,
+        tracing=None,
+    )
+
+
 @cache
 def body_limits() -> dict[str, int]:
     """The largest body the gateway takes on each of its POST routes (its own routes):
@@ -52,13 +68,7 @@ def body_limits() -> dict[str, int]:
     from gateway.app import build_app
 
     cfg = prod_config()
-    gateway = SimpleNamespace(  # what build_app reads to lay out its routes
-        config=ServeConfig(),
-        custom_voices=None,
-        voices=SimpleNamespace(listing=None),
-        metrics=None,
-    )
-    app = build_app(gateway)  # type: ignore[arg-type]
+    app = build_app(routes_only_gateway())
     posts = {r.resource.canonical for r in app.router.routes() if r.method == "POST"}
     assert VOICE_UPLOAD in posts and "/v1/audio/speech" in posts
     big = {VOICE_UPLOAD: cfg.voices.max_upload_bytes}

@@ -17,30 +17,19 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+from front_limits import routes_only_gateway
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from common.config import ServeConfig
 from gateway.app import build_app
-from gateway.service import Gateway
 from orchestrator.settings import load_config
 from shm.admission import segment_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _routes_only_gateway() -> Gateway:
-    """What ``build_app`` reads of a gateway to lay out its routes (no process behind it)."""
-    return SimpleNamespace(  # type: ignore[return-value]
-        config=ServeConfig(),
-        custom_voices=None,
-        voices=SimpleNamespace(listing=None),
-        metrics=None,
-    )
 
 
 DOCKER = ROOT / "deploy" / "docker"
@@ -183,7 +172,7 @@ def test_entrypoint_healthcheck_and_ports_match_the_server(name: str) -> None:
     probe = " ".join(exec_form(health.split("CMD", 1)[1].strip()))
     path = re.search(r"http://127\.0\.0\.1:%s(/\w+)", probe)
     assert path and path.group(1) == "/health"
-    app = build_app(_routes_only_gateway())
+    app = build_app(routes_only_gateway())
     assert ("GET", "/health") in {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource}  # fmt: skip
     assert f"'ORPHEUS_GATEWAY__PORT', '{g.port}'" in probe, "the default port is the config's"
     start = re.search(r"--start-period=(\d+)s", health)

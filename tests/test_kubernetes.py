@@ -23,35 +23,23 @@ import sys
 import tempfile
 import tomllib
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
-from front_limits import body_limits, longest_node_silence_s, nginx_size
+from front_limits import body_limits, longest_node_silence_s, nginx_size, routes_only_gateway
 from prometheus_client import CollectorRegistry
 
 from common.config import ServeConfig
 from common.mps import control_path
 from gateway.app import build_app
 from gateway.metrics import GatewayMetrics
-from gateway.service import Gateway
 from orchestrator.settings import load_config
 from orchestrator.supervisor import STOP_GRACE_S
 from orpheus_wire.zeromq import endpoint_for
 from shm.admission import segment_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _routes_only_gateway() -> Gateway:
-    """What ``build_app`` reads of a gateway to lay out its routes (no process behind it)."""
-    return SimpleNamespace(  # type: ignore[return-value]
-        config=ServeConfig(),
-        custom_voices=None,
-        voices=SimpleNamespace(listing=None),
-        metrics=None,
-    )
 
 
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -131,7 +119,7 @@ def served_config(objs: list[Obj], tmp: Path) -> ServeConfig:
 @functools.cache
 def routes() -> set[tuple[str, str]]:
     """(method, path) of every route of the gateway's aiohttp application."""
-    app = build_app(_routes_only_gateway())
+    app = build_app(routes_only_gateway())
     return {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource}
 
 
