@@ -252,6 +252,7 @@ IMPORT_TO_DIST = {
     "google": "protobuf",
     "cpuinfo": "py-cpuinfo",
     "dateutil": "python-dateutil",
+    "opentelemetry": "opentelemetry-api",  # one namespace over several dists, all carried
 }
 RUNTIME_PACKAGES = (
     "orpheus_serve", "bench", "orchestrator", "orpheus_client", "llm_worker", "codec_worker",

@@ -99,7 +99,7 @@ def test_cpu_fix_masks_rows_without_an_adapter() -> None:
     import torch
     from vllm.lora.ops.torch_ops import lora_ops as vllm_ops
 
-    from llm_worker import lora_cpu
+    from llm_worker.vllm_ext import lora_cpu
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 16, generator=g)
