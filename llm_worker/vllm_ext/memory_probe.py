@@ -40,7 +40,9 @@ def _title() -> str:
         raw = Path("/proc/self/cmdline").read_bytes()
     except OSError:
         return "?"
-    return raw.split(b"\0", 1)[0].decode(errors="replace")
+    # the title vLLM set (VLLM::EngineCore, VLLM::Worker) or the interpreter's file name: no
+    # machine path goes into the samples, which are committed under docs/results/
+    return os.path.basename(raw.split(b"\0", 1)[0].decode(errors="replace"))
 
 
 def rollup() -> dict[str, int]:

@@ -189,6 +189,11 @@ def summarize(samples: list[dict[str, Any]], warmup_s: float, ended: float) -> d
     return out
 
 
+def _repo_relative(value: str) -> str:
+    """``value`` with this checkout's absolute path taken out (the JSON is committed)."""
+    return value.replace(str(Path(__file__).resolve().parents[2]) + os.sep, "")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
@@ -232,7 +237,7 @@ def main() -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "label": args.label, "args": {k: str(v) for k, v in vars(args).items()},
-            "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
+            "env": {k: _repo_relative(os.environ[k]) for k in ENV_KEYS if k in os.environ},
             "load": load, "loadavg_end": os.getloadavg(), "summary": summary,
             "samples": {pid: [slim(x) for x in s] for pid, s in procs.items()},
         }, indent=1))  # fmt: skip
