@@ -8,7 +8,10 @@ gateway, llm_worker, codec_worker); the wire contract below it is ``shm``.
 - ``cpu_plan``: which cores each process (and each engine) runs on when the model runs on CPU
 - ``mps``: whether NVIDIA's Multi-Process Service is active for this process (several engines
   on one GPU overlap only under it)
-- ``heap``: garbage-collector settings of the serving processes once warm
+- ``heap``: garbage-collector settings of the serving processes once warm, and the full
+  collection on a clock that keeps cyclic garbage from waiting for hours
+- ``memory_probe``: a process's memory sampled from inside it (smaps, glibc's heap, the
+  collector's objects), when ``ORPHEUS_PROFILE_MEMORY`` names a directory (a measurement tool)
 - ``host_heap``: glibc's heap from Python (its statistics; ``HeapBound``, trimming past
   a bound, at most once an interval), for the codec worker and vLLM's CPU processes
 - ``profiling``: the workers' profiler hooks, armed by the environment, triggered by a file

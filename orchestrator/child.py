@@ -34,6 +34,8 @@ from shm.layout import InstanceLayout
 
 SPEC_ENV = "ORPHEUS_SERVE_CHILD_SPEC"
 ROLES = ("llm", "codec", "gateway")
+MEMORY_PROBE_ENV = "ORPHEUS_PROFILE_MEMORY"
+"""Mirrors :data:`common.memory_probe.ENV` (not imported: nothing of the probe loads when unset)."""
 
 
 class ChildSpec(msgspec.Struct, frozen=True):
@@ -133,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         setproctitle(f"orpheus-serve {os.environ['ORPHEUS_SERVE_ROLE']}")
     except ImportError:
         pass
+    if os.environ.get(MEMORY_PROBE_ENV, "").strip():  # after the title, which its samples carry
+        from common import memory_probe
+
+        memory_probe.install_from_environment()
     log = logging.getLogger("orchestrator.child")
     try:
         if role == "llm":

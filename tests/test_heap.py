@@ -1,5 +1,6 @@
 """common.heap.settle: the start-up heap leaves the collector, the older generations
-are collected rarely, and cycles made after it are still freed."""
+are collected rarely, cycles made after it are still freed, and a full collection runs on
+the clock (the old generation's garbage does not wait for hours)."""
 
 from __future__ import annotations
 
@@ -31,5 +32,38 @@ print("ok")
 
 def test_settle_freezes_start_up_heap_and_still_collects_new_cycles() -> None:
     out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+SWEEP = """
+import gc, time, weakref
+from common.heap import settle, sweeps
+
+settle(full_every_s=0.1)
+settle(full_every_s=0.1)  # a second call starts no second thread
+gc.disable()  # only the clock's collections run from here
+
+class Node:
+    pass
+
+a, b = Node(), Node()
+a.peer, b.peer = b, a
+ref = weakref.ref(a)
+del a, b
+deadline = time.monotonic() + 10
+while ref() is not None and time.monotonic() < deadline:
+    time.sleep(0.02)
+assert ref() is None, "the cycle was not collected on the clock"
+s = sweeps()
+assert s.count >= 1 and s.collected >= 2 and 0 < s.max_s < 1, s
+import threading
+assert sum(t.name == "orpheus-gc-sweep" for t in threading.enumerate()) == 1
+print("ok")
+"""
+
+
+def test_settle_collects_everything_on_a_clock() -> None:
+    out = subprocess.run([sys.executable, "-c", SWEEP], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"

@@ -3,14 +3,18 @@ least-squares slope, and fds and /dev/shm that must stay flat."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.load.growth import check_growth, default_warmup_s, slope_per_hour
+from bench.load.probe_growth import summarize
 from bench.load.soak import ProcSample, Sample
+from bench.load.soak import main as soak_main
 
 MB = 1_000_000
 
@@ -118,3 +122,56 @@ def test_slope_of_a_line_is_its_slope_per_hour(a: float, b: float, ts: list[int]
 
 def test_slope_of_one_point_or_one_time_is_zero() -> None:
     assert slope_per_hour([(5, 1.0)]) == 0 and slope_per_hour([(5, 1.0), (5, 9.0)]) == 0
+
+
+# -- what the memory probe saw inside each process (bench soak --profile-memory) -----------------
+def probe_record(t: float, anon_mb: float, heap_mb: float, objects: dict[str, int]) -> dict:
+    return {
+        "t": t,
+        "name": "orpheus-serve gateway-0",
+        "rollup": {"Private_Clean": 0, "Private_Dirty": int((anon_mb + 5) * MB),
+                   "Anonymous": int(anon_mb * MB)},
+        "heap_rss": int(heap_mb * MB),
+        "malloc": {"uordblks": int(heap_mb * MB * 0.9), "fordblks": int(heap_mb * MB * 0.1),
+                   "hblkhd": 0},
+        "objects": objects,
+        "objects_total": sum(objects.values()),
+        "gc": {"collections": [50, 5, 1]},
+    }  # fmt: skip
+
+
+def test_probe_growth_compares_the_between_flood_levels_of_the_first_and_last_windows(
+    tmp_path: Path,
+) -> None:
+    # Before t=100 the warm-up (not judged); after it a flood at every 4th sample raises
+    # everything for a moment; the level between floods rises 1 MB in Python's own memory
+    # (anonymous outside the heap) while dicts pile up.
+    recs = [probe_record(t, 10, 5, {"dict": 10}) for t in range(0, 100, 10)]
+    for i, t in enumerate(range(100, 500, 10)):
+        flood = 30 if i % 4 == 0 else 0
+        level = 40 + (1 if t >= 400 else 0)
+        recs.append(probe_record(t, level + flood, 8 + flood, {"dict": 100 + t, "list": 7}))
+    path = tmp_path / "4242.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in recs) + '\n{"t": 1, "rol')  # cut line
+    [g] = summarize(tmp_path, after_t=100)
+    assert g.pid == 4242 and g.name == "orpheus-serve gateway-0" and g.samples == 40
+    assert g.window_s == pytest.approx(97.5)
+    assert g.mb["anonymous"].base == pytest.approx(40) and g.mb["anonymous"].end == pytest.approx(
+        41
+    )
+    assert g.mb["heap"].growth == pytest.approx(0)
+    assert g.mb["other_anonymous"].growth == pytest.approx(1)
+    assert g.grown_types == {
+        "dict": 590 - 290
+    }  # the windows' last samples (t 490, 190) and g.gc_collections == [50, 5, 1]
+
+
+def test_probe_growth_needs_samples_after_the_warm_up(tmp_path: Path) -> None:
+    (tmp_path / "1.jsonl").write_text(json.dumps(probe_record(5, 1, 1, {})) + "\n")
+    assert summarize(tmp_path, after_t=0) == []
+
+
+def test_profile_memory_needs_a_server_the_soak_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--url", "http://127.0.0.1:9", "--pid", "1", "--profile-memory", "probe"]
+    assert soak_main(argv) == 2
+    assert "--profile-memory needs --model" in capsys.readouterr().err

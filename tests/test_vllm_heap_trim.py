@@ -61,7 +61,7 @@ def test_the_thread_hands_free_memory_back_once_started(monkeypatch: pytest.Monk
 
 def test_the_memory_probe_reads_rss_heap_and_malloc() -> None:
     from common.host_heap import mallinfo2
-    from llm_worker.vllm_ext.memory_probe import sample
+    from common.memory_probe import sample
 
     rec = sample(mallinfo2(), types=3)
     assert rec["rollup"]["Rss"] > 0 and rec["rollup"]["Anonymous"] > 0

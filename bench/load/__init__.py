@@ -2,7 +2,8 @@
 
 - ``cli``: ``orpheus-serve bench load``; ``compare``: ``orpheus-serve bench compare``
   (``comparison``: the ratios it reports); ``soak``: ``orpheus-serve bench soak`` (``growth``:
-  its verdict on memory growth after the warm-up, per process).
+  its verdict on memory growth after the warm-up, per process; ``probe_growth``: what each
+  process's memory probe saw inside it, with ``--profile-memory``).
 - ``session``: load levels against one server; ``runner``: closed and open loops;
   ``schedule``: precomputed Poisson arrivals; ``clients``: HTTP and ZeroMQ speech clients;
   ``texts`` + ``corpus/``: the text mix; ``progress``: a live line per level.

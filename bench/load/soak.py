@@ -46,7 +46,10 @@ import msgspec
 from bench.environment import Machine, Versions, machine, versions
 from bench.load.cli import add_output_arguments
 from bench.load.growth import GrowthCheck, check_growth, default_warmup_s
+from bench.load.probe_growth import ProbeGrowth, print_probe, summarize
 from bench.report import write_json
+from common.memory_probe import ENV as PROBE_ENV
+from common.memory_probe import EVERY_ENV as PROBE_EVERY_ENV
 from orchestrator import proctree
 from shm.ring import SHM_DIR
 
@@ -132,6 +135,8 @@ class SoakReport(msgspec.Struct, kw_only=True):
     """end - start: rss_mb, fds, shm_mb (the instance's)."""
     after_warmup: GrowthCheck | None = None
     """Growth per process after the warm-up, with the bounds it was judged by."""
+    probe: list[ProbeGrowth] | None = None
+    """With ``--profile-memory``: what each process's memory probe saw after the warm-up."""
     failures: list[str]
     """Details of the first streams whose outcome was not the expected one."""
     machine: Machine
@@ -257,6 +262,8 @@ class Soak:
         self.instance = instance
         self.rng = random.Random(args.seed)
         self.t0 = time.monotonic()
+        self.started_at = time.time()
+        """The start in epoch seconds (the memory probe's clock)."""
         self.deadline = self.t0 + args.duration
         self.streams: list[SoakStream] = []
         self.window_ttfbs: list[float] = []
@@ -504,6 +511,11 @@ def build_report(soak: Soak, start: Sample, end: Sample) -> SoakReport:
             bound_pct=a.growth_bound_pct,
             floor_mb=a.growth_floor_mb,
         ),
+        probe=(
+            summarize(a.profile_memory, soak.started_at + warmup)
+            if a.profile_memory is not None
+            else None
+        ),
         machine=machine(),
         versions=versions(),
     )
@@ -559,6 +571,8 @@ def print_report(r: SoakReport) -> None:
         print(f"  t={smp.t_s:5.0f}s  {smp.streams:4d} streams  p99 {p99}")
     if r.after_warmup is not None:
         print_growth(r.after_warmup)
+    if r.probe is not None:
+        print_probe(r.probe)
     if r.failures:
         print(f"\nunexpected outcomes ({len(r.failures)} shown):")
         for f in r.failures[:10]:
@@ -648,6 +662,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_output_arguments(p, progress=False)
     p.add_argument("--server-log", type=Path, default=Path("runs/soak-server.log"))
+    p.add_argument(
+        "--profile-memory",
+        type=Path,
+        metavar="DIR",
+        help="with --model: every process of the server samples its own memory into DIR "
+        "(common/memory_probe.py: smaps, glibc's heap, the collector's objects)",
+    )
     return p
 
 
@@ -655,6 +676,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.url and args.pid is None:
         print("orpheus-serve bench soak: --url needs --pid (the orchestrator's)", file=sys.stderr)
+        return 2
+    if args.url and args.profile_memory is not None:
+        print("orpheus-serve bench soak: --profile-memory needs --model (the probe is started "
+              f"with the server; for a running one, set {PROBE_ENV} when starting it)",
+              file=sys.stderr)  # fmt: skip
         return 2
     warmup = args.warmup if args.warmup is not None else default_warmup_s(args.duration)
     if warmup > args.duration - 2 * args.interval:
@@ -667,6 +693,9 @@ def main(argv: list[str] | None = None) -> int:
         from bench.doubles.local_server import free_port
         from bench.load.servers import ServerProcess, orpheus_serve_argv
 
+        if args.profile_memory is not None:
+            os.environ[PROBE_ENV] = str(args.profile_memory)
+            os.environ.setdefault(PROBE_EVERY_ENV, str(args.interval))
         port = free_port()
         argv_ = orpheus_serve_argv(args.model, None, args.device, port)
         url = f"http://127.0.0.1:{port}"

@@ -48,8 +48,13 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 
 def api_error(e: APIError | StreamFailed) -> APIError:
-    """A refusal (``APIError``) or a stream's failure in the workers, as an ``APIError``."""
-    return e if isinstance(e, APIError) else APIError.from_stream_error(e.error)
+    """A refusal (``APIError``) or a stream's failure in the workers, as an ``APIError``:
+    a value to answer with, without the traceback of where it was raised (kept, a caught
+    exception's traceback holds the frames whose locals hold what keeps it: a reference
+    cycle per failed unit that only the cyclic collector frees, common/heap.py)."""
+    return (
+        e.with_traceback(None) if isinstance(e, APIError) else APIError.from_stream_error(e.error)
+    )
 
 
 def abort_of(request: web.Request) -> Callable[[], None] | None:

@@ -4,7 +4,7 @@ the llm worker's: what vLLM imports from a string, an entry point or a class it 
 - ``plugin``: the vllm.general_plugins entry point (pyproject.toml), loaded by vLLM in
   every process it starts: registers the audio head's model class, starts ``heap_trim``;
   with ``ORPHEUS_PROFILE_PHASES`` set, loads ``phase_timers``, with
-  ``ORPHEUS_PROFILE_MEMORY`` set, ``memory_probe``
+  ``ORPHEUS_PROFILE_MEMORY`` set, ``common.memory_probe``
 - ``audio_head_model``: ``OrpheusAudioHeadForCausalLM``, the audio-only output head's model
   class (vLLM builds it from the architectures its hf_overrides name)
 - ``sampling/``: the logits processors (tensor repetition penalty, audio-token constraint;
@@ -14,8 +14,6 @@ the llm worker's: what vLLM imports from a string, an entry point or a class it 
   engine``)
 - ``heap_trim``: on CPU, the thread in each vLLM process that hands free heap memory back
   (the llm table's cpu_heap_trim_s, passed by the worker in ``ORPHEUS_SERVE_VLLM_HEAP_TRIM_S``)
-- ``memory_probe``: each vLLM process's RSS, heap, malloc and object counts, sampled from
-  inside (a measurement tool of ``scripts/dev/worker_memory.py``)
 - ``token_space``, ``tokens``: Orpheus's token ids and the output head's rotation of them,
   which the model class and the processors share with the worker
 

@@ -4,7 +4,7 @@ on the CPU build starts the thread that hands free heap memory back
 ``ORPHEUS_SERVE_VLLM_HEAP_TRIM_S``); and, only when ``ORPHEUS_PROFILE_PHASES`` or
 ``ORPHEUS_PROFILE_MEMORY`` names a directory, loads the per-phase host timers into vLLM's
 engine core (:mod:`llm_worker.vllm_ext.phase_timers`) or the memory sampler into every vLLM
-process (:mod:`llm_worker.vllm_ext.memory_probe`), measurement tools (unset, nothing of them
+process (:mod:`common.memory_probe`), measurement tools (unset, nothing of them
 is imported or wrapped).
 
 Declared in pyproject.toml under the ``vllm.general_plugins`` entry point group, which vLLM
@@ -25,7 +25,7 @@ PHASE_TIMERS_ENV = "ORPHEUS_PROFILE_PHASES"
 """Mirrors :data:`llm_worker.vllm_ext.phase_timers.ENV` (not imported: nothing of it loads when off)."""
 
 MEMORY_PROBE_ENV = "ORPHEUS_PROFILE_MEMORY"
-"""Mirrors :data:`llm_worker.vllm_ext.memory_probe.ENV`: a directory, where every vLLM process
+"""Mirrors :data:`common.memory_probe.ENV`: a directory, where every vLLM process
 appends its memory samples (a measurement tool; unset, nothing is imported)."""
 
 MODEL_CLASS = "llm_worker.vllm_ext.audio_head_model:OrpheusAudioHeadForCausalLM"
@@ -44,6 +44,6 @@ def register() -> None:
         install_from_environment()
     heap_trim.start_from_environment()
     if os.environ.get(MEMORY_PROBE_ENV, "").strip():
-        from llm_worker.vllm_ext import memory_probe
+        from common import memory_probe
 
         memory_probe.install_from_environment()

@@ -7,7 +7,7 @@ children. Waves of requests follow one another until ``--duration``: each wave h
 number of streams (1 to ``--max-streams``; every ``--flood-every``-th wave all of them, like
 the soak's floods), prompts from texts of random length, a random token budget, and a
 fraction ``--cancel`` of its requests aborted part-way. The project's vLLM plugin loads
-:mod:`llm_worker.vllm_ext.memory_probe` into every vLLM process (``ORPHEUS_PROFILE_MEMORY``), which
+:mod:`common.memory_probe` into every vLLM process (``ORPHEUS_PROFILE_MEMORY``), which
 samples RSS, the ``[heap]``, glibc's ``mallinfo2`` and the collector's object counts.
 
     PYTHONPATH=. python scripts/dev/worker_memory.py --model DIR --duration 600 \\
@@ -33,8 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from llm_worker.vllm_ext.memory_probe import ENV as PROBE_ENV
-from llm_worker.vllm_ext.memory_probe import EVERY_ENV, TYPES_ENV
+from common.memory_probe import ENV as PROBE_ENV
+from common.memory_probe import EVERY_ENV, TYPES_ENV
 
 WORDS = (
     "the quick brown fox jumps over a lazy dog while seven bright stars sing softly "

@@ -1,20 +1,27 @@
-"""A measurement tool: where a vLLM process's memory goes, sampled from inside it.
+"""A measurement tool: where a process's memory goes, sampled from inside it.
 
-Loaded by the project's vLLM plugin (:mod:`llm_worker.vllm_plugin`) in every process vLLM
-starts, only when ``ORPHEUS_PROFILE_MEMORY`` names a directory; unset, nothing is imported.
-A daemon thread appends one JSON line every ``ORPHEUS_PROFILE_MEMORY_EVERY_S`` seconds
-(default 10) to ``DIR/<pid>.jsonl``:
+Started only when ``ORPHEUS_PROFILE_MEMORY`` names a directory (unset, nothing of it is
+imported): by :mod:`orchestrator.child` in every worker the server starts (gateways, llm
+workers, the codec worker) and by the project's vLLM plugin (:mod:`llm_worker.vllm_ext.plugin`)
+in every process vLLM starts (its engine core and workers). A daemon thread appends one
+JSON line every ``ORPHEUS_PROFILE_MEMORY_EVERY_S`` seconds (default 10) to
+``DIR/<pid>.jsonl``:
 
-- ``name``: the process title (``VLLM::Worker``, ``VLLM::EngineCore``, ...);
+- ``name``: the process title (``orpheus-serve gateway-0``, ``VLLM::Worker``, ...);
 - ``rollup``: ``/proc/self/smaps_rollup`` in bytes (Rss, Anonymous, Private_Dirty, ...);
 - ``heap_rss``: the resident bytes of the ``[heap]`` mapping (glibc's main arena);
 - ``malloc``: glibc's ``mallinfo2`` (``arena``: bytes the arenas hold from the kernel,
   ``uordblks``: of those in use, ``fordblks``: free, ``hblkhd``: bytes in mmapped blocks):
   in-use growing is live memory, free growing with in-use flat is fragmentation;
 - ``objects``: the counts of the ``ORPHEUS_PROFILE_MEMORY_TYPES`` most numerous types among
-  the collector's objects (default 25; 0 skips the walk, which holds the GIL for a moment).
+  the collector's objects (default 25; 0 skips the walk, which holds the GIL for a moment);
+  objects frozen at start-up (:func:`common.heap.settle`) are not among them;
+- ``gc``: the collector's state: ``counts`` (allocations since the last collection of each
+  generation), ``collections`` and ``collected`` per generation, ``frozen``, and ``sweeps``
+  (the full collections on the clock of :func:`common.heap.settle`: count, found, pauses).
 
-``scripts/dev/worker_memory.py`` drives an engine and reads these files.
+``scripts/dev/worker_memory.py`` drives an engine and reads these files; ``bench soak
+--profile-memory DIR`` sets the variable for the server it starts.
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from common import heap
 from common.host_heap import mallinfo2
 
 ENV = "ORPHEUS_PROFILE_MEMORY"
@@ -68,6 +78,18 @@ def heap_rss() -> int:
     return 0
 
 
+def collector() -> dict[str, Any]:
+    """The cyclic collector's state: what waits in each generation and what it has done."""
+    stats = gc.get_stats()
+    return {
+        "counts": list(gc.get_count()),
+        "collections": [s["collections"] for s in stats],
+        "collected": [s["collected"] for s in stats],
+        "frozen": gc.get_freeze_count(),
+        "sweeps": msgspec.to_builtins(heap.sweeps()),
+    }
+
+
 def sample(mallinfo: Any, types: int) -> dict[str, Any]:
     rec: dict[str, Any] = {"t": time.time(), "name": _title(), "rollup": rollup()}
     rec["heap_rss"] = heap_rss()
@@ -78,6 +100,7 @@ def sample(mallinfo: Any, types: int) -> dict[str, Any]:
         counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
         rec["objects"] = dict(counts.most_common(types))
         rec["objects_total"] = sum(counts.values())
+    rec["gc"] = collector()
     return rec
 
 
@@ -93,11 +116,21 @@ def _run(path: Path, every_s: float, types: int) -> None:
         time.sleep(every_s)
 
 
+_started_in: int | None = None
+"""The pid whose sampling thread is running (a forked child starts its own)."""
+
+
 def install_from_environment() -> bool:
-    """Start the sampling thread when ``ORPHEUS_PROFILE_MEMORY`` names a directory."""
+    """Start the sampling thread when ``ORPHEUS_PROFILE_MEMORY`` names a directory (once per
+    process: the llm worker is both the server's worker and a process vLLM loads its plugin
+    into)."""
+    global _started_in
     directory = os.environ.get(ENV, "").strip()
     if not directory:
         return False
+    if _started_in == os.getpid():
+        return True
+    _started_in = os.getpid()
     every_s = float(os.environ.get(EVERY_ENV, "10"))
     types = int(os.environ.get(TYPES_ENV, "25"))
     Path(directory).mkdir(parents=True, exist_ok=True)
