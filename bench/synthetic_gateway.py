@@ -44,8 +44,10 @@ def _run_source(layout: InstanceLayout, options: dict[str, Any], stop: Any, read
 
 
 def _run_gateway(config: ServeConfig, layout: InstanceLayout) -> None:
+    from common.memory_probe import install_from_environment
     from gateway.main import run
 
+    install_from_environment()  # as orchestrator.child does: only with ORPHEUS_PROFILE_MEMORY
     run(config, layout, 0)
 
 

@@ -111,8 +111,11 @@ def _run(path: Path, every_s: float, types: int) -> None:
             line = json.dumps(sample(mallinfo, types))
         except Exception as e:  # a probe must not take its process down
             line = json.dumps({"t": time.time(), "error": f"{type(e).__name__}: {e}"})
-        with path.open("a") as f:
-            f.write(line + "\n")
+        try:
+            with path.open("a") as f:
+                f.write(line + "\n")
+        except OSError:
+            return  # its directory went away (a test's, removed): nothing left to write to
         time.sleep(every_s)
 
 

@@ -1,6 +1,6 @@
 """A short soak of the real server (vLLM on CPU with the tiny model, SNAC's architecture):
 every process's private RSS stays flat after a warm-up, fds and /dev/shm do not grow,
-nothing hangs or fails (issue 36).
+nothing hangs or fails (issue 36); the memory probe runs inside each process meanwhile.
 
 The bound is tight enough to see the issue's leak: 954 MB over 22,454 streams is ~40 KB a
 stream; the run must serve at least ``FLOOR_MB / 40 KB`` streams after the warm-up (the test
@@ -12,6 +12,7 @@ The 2-hour soak with the issue's 2% bound is a benchmark (docs/benchmarks.md), n
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import msgspec
@@ -40,7 +41,7 @@ def test_short_soak_keeps_every_process_flat(
          "--interval", str(INTERVAL_S), "--users", "6", "--flood-every", "30", "--flood-size", "96",
          "--max-frames", "16", "--hang-s", "60", "--growth-bound-pct", str(BOUND_PCT),
          "--growth-floor-mb", str(FLOOR_MB), "--json", str(out),
-         "--server-log", str(tmp_path / "server.log")]
+         "--server-log", str(tmp_path / "server.log"), "--profile-memory", str(tmp_path / "probe")]
     )  # fmt: skip
     text = capsys.readouterr().out
     print(text)
@@ -62,3 +63,13 @@ def test_short_soak_keeps_every_process_flat(
     # A sample counts the streams whose first audio came in the interval it closes.
     served = sum(s.streams for s in report.samples if s.t_s - INTERVAL_S >= WARMUP_S)
     assert served * LEAK_PER_STREAM_MB > FLOOR_MB, f"{served} streams served after the warm-up"
+    # The memory probe ran inside every process, the server's workers and vLLM's alike, and
+    # the workers' full collections on the clock (common/heap.py) ran while they served.
+    assert report.probe is not None and "ORPHEUS_PROFILE_MEMORY" not in os.environ
+    probed = {g.name: g for g in report.probe}
+    assert set(probed) >= {
+        "orpheus-serve gateway-0", "orpheus-serve codec", "orpheus-serve llm", "VLLM::Worker",
+        "VLLM::EngineCore",
+    }, sorted(probed)  # fmt: skip
+    for name in ("orpheus-serve gateway-0", "orpheus-serve codec", "orpheus-serve llm"):
+        assert probed[name].sweeps >= 2 and probed[name].mb["uss"].base > 10, probed[name]

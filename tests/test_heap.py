@@ -40,8 +40,8 @@ SWEEP = """
 import gc, time, weakref
 from common.heap import settle, sweeps
 
-settle(full_every_s=0.1)
-settle(full_every_s=0.1)  # a second call starts no second thread
+settle(full_min_s=0.1, full_max_s=0.4)
+settle(full_min_s=0.1)  # a second call starts no second thread
 gc.disable()  # only the clock's collections run from here
 
 class Node:
@@ -67,3 +67,13 @@ def test_settle_collects_everything_on_a_clock() -> None:
     out = subprocess.run([sys.executable, "-c", SWEEP], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_the_clock_backs_off_while_sweeps_find_nothing() -> None:
+    from common.heap import next_period
+
+    period, seen = 60.0, []
+    for found in [0, 0, 0, 0, 0, 0, 12, 0]:
+        period = next_period(period, found, 60.0, 960.0)
+        seen.append(period)
+    assert seen == [120, 240, 480, 960, 960, 960, 60, 120]

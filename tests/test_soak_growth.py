@@ -136,7 +136,7 @@ def probe_record(t: float, anon_mb: float, heap_mb: float, objects: dict[str, in
                    "hblkhd": 0},
         "objects": objects,
         "objects_total": sum(objects.values()),
-        "gc": {"collections": [50, 5, 1]},
+        "gc": {"collections": [50, 5, 1], "sweeps": {"count": int(t // 60), "max_s": 0.004}},
     }  # fmt: skip
 
 
@@ -161,6 +161,7 @@ def test_probe_growth_compares_the_between_flood_levels_of_the_first_and_last_wi
     )
     assert g.mb["heap"].growth == pytest.approx(0)
     assert g.mb["other_anonymous"].growth == pytest.approx(1)
+    assert g.sweeps == 8 and g.sweep_max_ms == 4.0
     assert g.grown_types == {
         "dict": 590 - 290
     }  # the windows' last samples (t 490, 190) and g.gc_collections == [50, 5, 1]

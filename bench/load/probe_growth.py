@@ -51,6 +51,10 @@ class ProbeGrowth(msgspec.Struct, frozen=True, kw_only=True):
     """Types whose tracked-object count grew most between the two windows' last samples."""
     gc_collections: list[int]
     """Collections of each generation over the run (the last sample's)."""
+    sweeps: int = 0
+    """Full collections on the clock (``common.heap.settle``) over the run."""
+    sweep_max_ms: float = 0.0
+    """The longest of their pauses."""
 
 
 def read_samples(path: Path) -> list[dict[str, Any]]:
@@ -99,6 +103,7 @@ def summarize_process(
     lo_first, lo_last = _lowest(first), _lowest(last)
     a, b = first[-1].get("objects", {}), last[-1].get("objects", {})
     grown = {k: b.get(k, 0) - a.get(k, 0) for k in set(a) | set(b)}
+    sweeps = late[-1].get("gc", {}).get("sweeps", {})
     grown_types = dict(
         sorted(((k, v) for k, v in grown.items() if v > 0), key=lambda kv: -kv[1])[:top]
     )
@@ -114,6 +119,8 @@ def summarize_process(
         ),
         grown_types=grown_types,
         gc_collections=list(late[-1].get("gc", {}).get("collections", [])),
+        sweeps=int(sweeps.get("count", 0)),
+        sweep_max_ms=round(float(sweeps.get("max_s", 0.0)) * 1000, 2),
     )
 
 
@@ -144,6 +151,6 @@ def print_probe(growth: Iterable[ProbeGrowth]) -> None:
         )
         objects = f"{g.objects.base:.0f}->{g.objects.end:.0f}".rjust(20)
         print(f"{g.name[:26]:26s}{cells}{objects}")
-        if g.grown_types:
-            grown = ", ".join(f"{k} +{v}" for k, v in g.grown_types.items())
-            print(f"{'':26s}  objects that grew: {grown}")
+        grown = ", ".join(f"{k} +{v}" for k, v in g.grown_types.items()) or "none"
+        print(f"{'':26s}  objects that grew: {grown}; full collections on the clock: "
+              f"{g.sweeps}, longest {g.sweep_max_ms:.1f} ms")  # fmt: skip

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -620,6 +622,21 @@ def plot_report(r: SoakReport, path: Path) -> None:
 
 
 # -- command ----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set, restored on leaving."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="orpheus-serve bench soak", description=__doc__.split("\n")[0])
     where = p.add_mutually_exclusive_group(required=True)
@@ -693,14 +710,13 @@ def main(argv: list[str] | None = None) -> int:
         from bench.doubles.local_server import free_port
         from bench.load.servers import ServerProcess, orpheus_serve_argv
 
-        if args.profile_memory is not None:
-            os.environ[PROBE_ENV] = str(args.profile_memory)
-            os.environ.setdefault(PROBE_EVERY_ENV, str(args.interval))
         port = free_port()
         argv_ = orpheus_serve_argv(args.model, None, args.device, port)
         url = f"http://127.0.0.1:{port}"
         server = ServerProcess("orpheus-serve", argv_, url, args.server_log)
-        server.start()
+        probe = {PROBE_ENV: str(args.profile_memory), PROBE_EVERY_ENV: str(args.interval)}
+        with _environment(probe if args.profile_memory is not None else {}):
+            server.start()  # the server's processes inherit it; this one is left as it was
         server.wait_ready(900)
         assert server.pid is not None
         pid = server.pid
