@@ -14,10 +14,10 @@ often. Young objects are still collected as before.
 Cycles are still found, but not *later without bound*: what is alive at a younger
 collection and dies afterwards reaches the oldest generation, which CPython collects only
 after ``OLDER_GENERATION_EVERY ** 2`` young collections, 100 x later than its defaults (the
-soak's gateway made ~0.5 young collections a second: one full collection in 5.5 hours). aiohttp leaves every WebSocket
-connection in a cycle (its ``RequestHandler`` keeps the response's ``_on_data_received``
-after ``connection_lost``), so a soak's gateway held hours of closed connections: +2 MB/h
-(docs/performance.md, "Memory over hours"). ``settle`` therefore also starts a daemon
+soak's gateway made ~0.5 young collections a second: one full collection in 5.5 hours).
+aiohttp leaves every WebSocket connection in a cycle (its ``RequestHandler`` keeps the
+response's ``_on_data_received`` after ``connection_lost``), so a soak's gateway held hours
+of closed connections: +2 MB/h (docs/performance.md, "Memory over hours"). ``settle`` therefore also starts a daemon
 thread that runs full collections on a clock: every ``FULL_COLLECTION_MIN_S`` while they
 find garbage, the period doubling after each that finds none, up to
 ``FULL_COLLECTION_MAX_S``. Garbage waits at most one period. The pause walks only what was

@@ -53,7 +53,7 @@ async def _drain(
         # Receive while the socket says a message is queued, rather than until a receive
         # fails: pyzmq hands a non-blocking receive's ``zmq.Again`` to its future, and the
         # exception's traceback holds the frame that holds the future, a reference cycle
-        # (~15 objects) per burst that only the cyclic collector frees (common/heap.py).
+        # (~20 objects) per burst that only the cyclic collector frees (common/heap.py).
         while sock.get(zmq.EVENTS) & zmq.POLLIN:
             try:
                 msg = await recv(zmq.NOBLOCK)

@@ -34,7 +34,7 @@ async def test_the_soak_mix_leaves_no_cycle_of_ours(layout: InstanceLayout) -> N
     async with running_gateway(
         layout, backend={"realtime": True}, max_active_streams=8, max_queued_streams=4
     ) as h:
-        argv = ["--url", h.url, "--pid", "1", "--duration", "6", "--users", "4",
+        argv = ["--url", h.url, "--pid", "1", "--duration", "10", "--users", "4",
                 "--flood-size", "24", "--flood-every", "2", "--max-frames", "16"]  # fmt: skip
         soak = Soak(build_parser().parse_args(argv), h.url, "orpheus-1")
         gc.collect()
