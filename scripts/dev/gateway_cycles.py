@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import gc
 import os
+import shutil
 import sys
 import tempfile
 from collections import Counter, deque
@@ -111,6 +112,7 @@ async def drive(args: argparse.Namespace) -> list[Any]:
             return garbage
     finally:
         destroy_instance(layout)
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def main() -> int:
