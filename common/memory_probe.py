@@ -2,8 +2,9 @@
 
 Started only when ``ORPHEUS_PROFILE_MEMORY`` names a directory (unset, nothing of it is
 imported): by :mod:`orchestrator.child` in every worker the server starts (gateways, llm
-workers, the codec worker) and by the project's vLLM plugin (:mod:`llm_worker.vllm_ext.plugin`)
-in every process vLLM starts (its engine core and workers). A daemon thread appends one
+workers, the codec worker), by the project's vLLM plugin (:mod:`llm_worker.vllm_ext.plugin`)
+in every process vLLM starts (its engine core and workers), and in the gateway process of
+``bench gateway`` (:mod:`bench.synthetic_gateway`). A daemon thread appends one
 JSON line every ``ORPHEUS_PROFILE_MEMORY_EVERY_S`` seconds (default 10) to
 ``DIR/<pid>.jsonl``:
 
