@@ -42,10 +42,7 @@ async def test_the_soak_mix_leaves_no_cycle_of_ours(layout: InstanceLayout) -> N
         try:
             connector = aiohttp.TCPConnector(limit=0, force_close=True)
             async with aiohttp.ClientSession(connector=connector) as session:
-                flooder = asyncio.create_task(soak.flooder(session))
-                await asyncio.gather(*(soak.user(session) for _ in range(4)))
-                flooder.cancel()
-                await asyncio.gather(flooder, return_exceptions=True)
+                await soak.traffic(session)
             await asyncio.sleep(0.5)  # the gateway's side of the last streams ends
             gc.collect()
             garbage = list(gc.garbage)

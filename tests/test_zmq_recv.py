@@ -22,17 +22,23 @@ pytestmark = pytest.mark.timeout(30)
 RECHECK_S = 0.2
 
 
-async def _lost_wakeup_delivery(
-    receive: Callable[[zmq.asyncio.Socket], AsyncIterator[object]], multipart: bool
-) -> float | None:
-    """Seconds until a message whose wakeup was lost is received (None: not within 3 s)."""
-    ctx = zmq.asyncio.Context()
+def _pair(ctx: zmq.asyncio.Context) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
+    """A PULL socket on a free loopback port and a PUSH connected to it (no linger)."""
     pull = ctx.socket(zmq.PULL)
     pull.setsockopt(zmq.LINGER, 0)
     port = pull.bind_to_random_port("tcp://127.0.0.1")
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
     push.connect(f"tcp://127.0.0.1:{port}")
+    return pull, push
+
+
+async def _lost_wakeup_delivery(
+    receive: Callable[[zmq.asyncio.Socket], AsyncIterator[object]], multipart: bool
+) -> float | None:
+    """Seconds until a message whose wakeup was lost is received (None: not within 3 s)."""
+    ctx = zmq.asyncio.Context()
+    pull, push = _pair(ctx)
     got: asyncio.Queue[object] = asyncio.Queue()
 
     async def consume() -> None:
@@ -110,12 +116,7 @@ async def test_a_burst_is_drained_without_leaving_cyclic_garbage() -> None:
     import gc
 
     ctx = zmq.asyncio.Context()
-    pull = ctx.socket(zmq.PULL)
-    pull.setsockopt(zmq.LINGER, 0)
-    port = pull.bind_to_random_port("tcp://127.0.0.1")
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 0)
-    push.connect(f"tcp://127.0.0.1:{port}")
+    pull, push = _pair(ctx)
     got: list[bytes] = []
 
     async def consume() -> None:

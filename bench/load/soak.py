@@ -447,6 +447,13 @@ class Soak:
             if time.monotonic() >= self.deadline:
                 return
 
+    async def traffic(self, session: aiohttp.ClientSession) -> None:
+        """The soak's requests: ``--users`` users and the floods, until the deadline."""
+        flooder = asyncio.create_task(self.flooder(session))
+        await asyncio.gather(*(self.user(session) for _ in range(self.args.users)))
+        flooder.cancel()
+        await asyncio.gather(flooder, return_exceptions=True)
+
     async def run(self) -> tuple[Sample, Sample]:
         start = sample_instance(self.instance, 0.0, [])
         print(_sample_line(start), flush=True)
@@ -454,10 +461,7 @@ class Soak:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             sampler = asyncio.create_task(self.sampler())
-            flooder = asyncio.create_task(self.flooder(session))
-            await asyncio.gather(*(self.user(session) for _ in range(self.args.users)))
-            flooder.cancel()
-            await asyncio.gather(flooder, return_exceptions=True)
+            await self.traffic(session)
             await sampler
         # Let the server finish what the cancelled/disconnected streams left, then look.
         await asyncio.sleep(self.args.settle_s)

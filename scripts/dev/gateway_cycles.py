@@ -96,10 +96,7 @@ async def drive(args: argparse.Namespace) -> list[Any]:
             try:
                 connector = aiohttp.TCPConnector(limit=0, force_close=True)
                 async with aiohttp.ClientSession(connector=connector) as session:
-                    flooder = asyncio.create_task(soak.flooder(session))
-                    await asyncio.gather(*(soak.user(session) for _ in range(4)))
-                    flooder.cancel()
-                    await asyncio.gather(flooder, return_exceptions=True)
+                    await soak.traffic(session)
                 await asyncio.sleep(1.0)  # the gateway's side of the last streams ends
                 gc.collect()
                 garbage = list(gc.garbage)
