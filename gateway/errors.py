@@ -59,7 +59,7 @@ class APIError(Exception):
     @classmethod
     def from_stream_error(cls, err: StreamError) -> APIError:
         status = err.status if 400 <= err.status <= 599 else 500
-        return cls(status, err.code, err.message)
+        return cls(status, err.code, err.message, retry_after_s=err.retry_after_s)
 
     @property
     def type(self) -> str:

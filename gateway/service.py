@@ -84,6 +84,7 @@ class Gateway:
             self.upstream,
             metrics,
             max_buffered_bytes=int(g.max_buffered_seconds * BYTES_PER_SECOND),
+            retry_after_s=g.retry_after_s,
         )
         self.admission = Admission(
             g.max_active_streams,

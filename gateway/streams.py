@@ -41,6 +41,11 @@ _END = int(RecordKind.END)
 _ERROR = int(RecordKind.ERROR)
 
 
+RETRYABLE_CODES = frozenset({"worker_restarted"})
+"""Stream errors answered with ``Retry-After`` (``gateway.retry_after_s``): the same request
+can succeed once the restarted worker is back."""
+
+
 class StreamFailed(Exception):
     def __init__(self, error: StreamError) -> None:
         super().__init__(f"{error.code}: {error.message}")
@@ -154,11 +159,13 @@ class StreamRegistry:
         metrics: GatewayMetrics,
         *,
         max_buffered_bytes: int,
+        retry_after_s: int | None = None,
     ) -> None:
         self._index = gateway_index
         self._upstream = upstream
         self._metrics = metrics
         self._max_buffered = max_buffered_bytes
+        self._retry_after_s = retry_after_s
         self._streams: dict[int, PcmStream] = {}
         # Stream ids must stay unique across restarts of this gateway while the workers live
         # on (a stale record must never land in a new stream). The counter starts from the
@@ -196,6 +203,10 @@ class StreamRegistry:
         cancel_upstream: bool,
         discard_pending: bool,
     ) -> None:
+        if error.code in RETRYABLE_CODES and error.retry_after_s is None:
+            # Whichever process noticed the restart (the gateway, the codec worker, the llm
+            # worker itself), the client hears when to retry, as for any other 503 here.
+            error = msgspec.structs.replace(error, retry_after_s=self._retry_after_s)
         stream.fail(error, discard_pending=discard_pending)
         if self._streams.get(stream.stream_id) is stream:
             del self._streams[stream.stream_id]

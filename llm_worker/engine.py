@@ -230,12 +230,33 @@ def engine_args(
         # reference prefixes, and is stated here because custom voices depend on it.
         enable_prefix_caching=config.enable_prefix_caching,
         **_lora_args(config, device),
+        **_prefill_args(config, device),
         enable_log_requests=False,
         # tqdm's own switch (the orchestrator sets it below log_level DEBUG) also governs
         # vLLM's weight-loading bar, which passes tqdm an explicit `disable`.
         use_tqdm_on_load=not _tqdm_disabled(),
         **({"profiler_config": profiler} if profiler is not None else {}),
     )
+
+
+def _prefill_args(config: LLMConfig, device: str) -> dict[str, object]:
+    """On the CPU build, every prompt is prefilled in one step.
+
+    When vLLM splits a prefill across steps (chunked prefill) it discards the token sampled
+    for the unfinished request and rewinds that request's generator by a Philox offset
+    (``gen.set_offset(gen.get_offset() - 4)`` in the model runner's bookkeeping); a request
+    has a generator when it carries a ``seed``, and CPU generators have no offset: the worker
+    raises and the whole engine dies (0.25.1 and 0.32). Without chunked prefill a prompt that
+    does not fit the step's token budget waits for the next step instead of being split; the
+    budget is at least ``max_model_len`` tokens, so every admissible prompt fits one step. CUDA
+    generators have offsets: the GPU keeps vLLM's default."""
+    if device != "cpu":
+        return {}
+    return {
+        "enable_chunked_prefill": False,
+        # vLLM also wants a step to take at least one token of every running stream.
+        "max_num_batched_tokens": max(config.max_model_len, config.max_num_seqs),
+    }
 
 
 def _tqdm_disabled() -> bool:

@@ -71,6 +71,7 @@ class StreamError(msgspec.Struct, frozen=True):
     code: str  # machine-readable: "bad_request", "worker_restarted", "backpressure", ...
     message: str
     status: int = 500  # HTTP status the gateway should answer with if nothing was sent yet
+    retry_after_s: int | None = None  # set where retrying can help: the answer's Retry-After
 
 
 record_encoder = msgspec.msgpack.Encoder()

@@ -312,6 +312,7 @@ async def test_worker_restart_fails_streams_in_flight(layout: InstanceLayout) ->
         r = await asyncio.wait_for(task, 5)
         assert r.status == 503
         assert (await r.json())["error"]["code"] == "worker_restarted"
+        assert r.headers["Retry-After"] == "1"  # gateway.retry_after_s: retrying helps
         r.release()
         assert (
             h.metric(

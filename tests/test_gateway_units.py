@@ -213,10 +213,13 @@ class _Control:
         self.cancels.append((stream_id, reason))
 
 
-def _registry(max_bytes: int = 1 << 20) -> tuple[StreamRegistry, _Control, GatewayMetrics]:
+def _registry(
+    max_bytes: int = 1 << 20, retry_after_s: int | None = None
+) -> tuple[StreamRegistry, _Control, GatewayMetrics]:
     ctl = _Control()
     m = GatewayMetrics(CollectorRegistry())
-    return StreamRegistry(3, ctl, m, max_buffered_bytes=max_bytes), ctl, m  # type: ignore[arg-type]
+    reg = StreamRegistry(3, ctl, m, max_buffered_bytes=max_bytes, retry_after_s=retry_after_s)  # type: ignore[arg-type]
+    return reg, ctl, m
 
 
 def _pcm(sid: int, seq: int, n: int = 8) -> Record:
@@ -241,6 +244,32 @@ async def test_registry_routes_in_order_and_ends() -> None:
     reg.release(a, "client_disconnected")  # already ended: nothing to cancel
     reg.release(b, "client_disconnected")
     assert ctl.cancels == [(b.stream_id, "client_disconnected")]
+
+
+def _error(sid: int, err: StreamError) -> Record:
+    return Record(RecordKind.ERROR, sid, 0, memoryview(record_encoder.encode(err)))
+
+
+async def test_registry_says_when_to_retry_a_stream_lost_to_a_restart() -> None:
+    reg, _, _ = _registry(retry_after_s=3)
+    a, b, c = reg.open(0.0), reg.open(0.0), reg.open(0.0)
+    # From a worker's ERROR record (the codec or llm worker noticed the restart) ...
+    reg.dispatch([_error(a.stream_id, StreamError("worker_restarted", "died; retry", 503))], 0.0)
+    reg.dispatch([_error(b.stream_id, StreamError("bad_request", "no", 400))], 0.0)
+    # ... and from the gateway's own view of the cluster.
+    reg.fail(
+        c, StreamError("worker_restarted", "gone", 503), cancel_upstream=True, discard_pending=True
+    )
+    got = []
+    for s in (a, b, c):
+        with pytest.raises(StreamFailed) as e:
+            await s.next_chunks()
+        got.append((e.value.error.code, APIError.from_stream_error(e.value.error).headers()))
+    assert got == [
+        ("worker_restarted", {"Retry-After": "3"}),
+        ("bad_request", {}),
+        ("worker_restarted", {"Retry-After": "3"}),
+    ]
 
 
 async def test_registry_fails_a_stream_on_a_sequence_gap_only() -> None:
