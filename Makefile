@@ -21,7 +21,7 @@ VLLM025_TESTS := tests/test_llm_sampling_runner.py tests/test_llm_sampling_plan.
   tests/test_vllm_source_compat.py \
   tests/test_llm_sampling_processors.py tests/test_llm_sampling_engine.py \
   tests/test_llm_worker_process.py tests/test_llm_service.py tests/test_llm_output.py \
-  tests/test_request_limits.py \
+  tests/test_request_limits.py tests/test_llm_cpu_seed.py \
   tests/test_e2e_server.py::test_pcm_byte_count_matches_frames_generated \
   tests/test_e2e_server.py::test_client_disconnect_cancels_into_vllm
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from vllm import LLM, SamplingParams
+from offline_engine import sync_llm
+from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
 from bench.doubles.tiny_model import write_tiny_model
@@ -38,15 +39,7 @@ def test_seeded_prompts_over_a_steps_budget_complete(tmp_path: Path) -> None:
     args = engine_args(cfg, "cpu", [])
     assert args.enable_chunked_prefill is False
     assert args.max_num_batched_tokens == MODEL_LEN
-    kwargs = {
-        k: getattr(args, k)
-        for k in (
-            "model", "skip_tokenizer_init", "max_model_len", "max_num_seqs", "dtype",
-            "enforce_eager", "kv_cache_memory_bytes", "generation_config",
-            "enable_chunked_prefill", "max_num_batched_tokens",
-        )
-    }  # fmt: skip
-    engine = LLM(**kwargs, seed=0)
+    engine = sync_llm(args)
     try:
         prompts = [
             TokensPrompt(prompt_token_ids=list(range(1000 + i, 1000 + i + PROMPT)))

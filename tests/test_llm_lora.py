@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from offline_engine import sync_llm
 from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
 
@@ -46,16 +47,10 @@ def llm(model: Path) -> Iterator[LLM]:
     assert args.enable_lora and args.max_loras == 2 and args.max_lora_rank == 8
     assert args.enable_prefix_caching
     assert args.worker_extension_cls == "llm_worker.vllm_ext.lora_cpu.LoraCpuFix"
-    kwargs = {
-        k: getattr(args, k)
-        for k in (
-            "model", "skip_tokenizer_init", "max_model_len", "max_num_seqs", "dtype",
-            "enforce_eager", "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras",
-            "kv_cache_memory_bytes", "generation_config", "enable_prefix_caching",
-            "worker_extension_cls",
-        )
-    }  # fmt: skip
-    engine = LLM(**kwargs, seed=0)
+    engine = sync_llm(
+        args, "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras",
+        "enable_prefix_caching", "worker_extension_cls",
+    )  # fmt: skip
     yield engine
     del engine
 
