@@ -340,8 +340,9 @@ def _run_mode(
     def configure(shm: ShmConfig, port: int, _run_dir: str) -> ServeConfig:
         return ServeConfig(
             device="cpu", log_level="WARNING", shm=shm,
+            # A fixed count: the synthetic backend's pace is set here, not by the load.
             gateway=GatewayConfig(port=port, max_active_streams=max(levels) + 64,
-                                  max_queued_streams=1024, playground=False),
+                                  max_queued_streams=1024, playground=False, admission="fixed"),
             # the gateway refuses max_tokens over the cap (common.limits): room for --audio-seconds
             llm=LLMConfig(max_tokens_cap=max(LLMConfig().max_tokens_cap, _tokens(args.audio_seconds))),
             otlp_traces_endpoint=traces_endpoint,

@@ -218,8 +218,9 @@ def _serve(args: argparse.Namespace, reserve: int | None) -> SyntheticGateway:
         )
         return ServeConfig(
             device="cpu", log_level="WARNING", shm=shm, jobs=jobs,
+            # A fixed count: the synthetic backend's pace is set here, not by the load.
             gateway=GatewayConfig(port=port, max_active_streams=args.max_active,
-                                  max_queued_streams=256, playground=False),
+                                  max_queued_streams=256, playground=False, admission="fixed"),
         )  # fmt: skip
 
     return SyntheticGateway(configure, first_chunk_delay_s=args.first_chunk_ms / 1000, tick_s=0.005)

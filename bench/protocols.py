@@ -202,7 +202,9 @@ def _local_server(first_chunk_s: float, normalization: str = "on") -> SyntheticG
     def configure(shm: ShmConfig, port: int, _run_dir: str) -> ServeConfig:
         return ServeConfig(
             device="cpu", log_level="WARNING", shm=shm,
-            gateway=GatewayConfig(port=port, max_active_streams=256, playground=False),
+            # A fixed count: the synthetic backend's pace is set here, not by the load.
+            gateway=GatewayConfig(port=port, max_active_streams=256, playground=False,
+                                  admission="fixed"),
             text=TextConfig(normalization=normalization),  # type: ignore[arg-type]
         )  # fmt: skip
 

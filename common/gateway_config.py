@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 OPENAI_VOICES = {
@@ -18,7 +20,24 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     max_active_streams: int = 256
     max_queued_streams: int = 64
     queue_timeout_s: float = 10.0
-    """A request that waited this long in the admission queue is answered 429."""
+    """A request that waited this long in the admission queue is answered 429 (learned
+    admission waits less: what the TTFB budget leaves)."""
+    admission: Literal["learned", "fixed"] = "learned"
+    """``learned``: each engine admits as many streams as it holds in real time, learned
+    from the audio the gateway receives (``gateway/capacity.py``); ``fixed``:
+    ``max_active_streams`` is the operating point."""
+    ttfb_budget_s: float = 1.0
+    """Learned admission: the time to first audio a client can use. A request that cannot
+    start within it is refused at once (429 with Retry-After), and the limit keeps the
+    streams' start time within half of it."""
+    realtime_margin: float = 0.1
+    """Learned admission: the speed above real time admitted streams must keep (0.1: audio
+    arrives 1.1 times as fast as it plays)."""
+    max_streams_per_key: int = 0
+    """Streams one API key may hold at once (an HTTP request, a WebSocket utterance, a
+    ZeroMQ request); one more is answered 429 ``too_many_concurrent_requests``. 0: no limit."""
+    key_max_streams: dict[str, int] = {}
+    """Per-key overrides of ``max_streams_per_key`` (the key as clients send it)."""
     api_keys: list[str] = []
     max_input_chars: int = 4096
     max_body_bytes: int = 64 * 1024

@@ -11,7 +11,9 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
   the stall watchdog's clock, the audio bytes, the abort; audio that outlives its unit too
 - ``readiness``: whether the gateway can take a stream (``/ready``, admission's gate)
 - ``streams`` / ``pcm_pump``: PCM ring records routed into bounded per-stream buffers
-- ``admission``, ``cluster``, ``upstream``: slots and queue; ClusterStatus; control PUSH
+- ``admission``, ``cluster``, ``upstream``: slots and the queue (fair between keys);
+  ClusterStatus; control PUSH
+- ``capacity``: each engine's real-time limit, learned from the streams' audio
 - ``schemas``, ``voices``, ``errors``: request validation, voice names, JSON errors
 - ``auth``, ``browser_guard``, ``listener``, ``malformed_http``: API keys, browsers, the
   socket and its limits, what aiohttp refuses before a handler

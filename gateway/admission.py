@@ -1,5 +1,19 @@
-"""Admission control: at most ``max_active`` streams, a bounded FIFO queue behind them, and
-each admitted stream placed on one of the node's vLLM engines.
+"""Admission control: at most as many streams as the node holds in real time, a bounded queue
+behind them served fairly between API keys, and each admitted stream placed on one of the
+node's vLLM engines.
+
+The limit (``gateway.admission``): ``"learned"`` (the default) takes each engine's limit from
+``gateway.capacity`` (the streams that engine holds real-time, learned from the audio the
+gateway receives), ``max_active`` being only a ceiling; ``"fixed"`` takes ``max_active`` split
+over the engines. A lower limit only stops new admissions: admitted streams are never cut.
+
+Waiting (learned): a request waits only as long as a real-time client can use
+(``wait_budget``: the TTFB budget less the start time the engine needs now); one that could
+not start within it (more requests ahead than the node finishes in that time) is refused at
+once, with Retry-After. Per key: ``gateway.max_streams_per_key`` (and per-key overrides) caps
+a key's streams (429 ``too_many_concurrent_requests`` at once: the key queues on its side);
+when the node is full, its waiting requests are served across keys in turn, so a flooding key
+delays another key's request by at most one turn.
 
 A request either gets a slot at once, waits in the queue (at most ``max_queued`` waiters,
 each for at most ``queue_timeout_s``), or is refused with 429 and Retry-After. While the
@@ -35,8 +49,34 @@ from shm.admission import NOBODY, AdmissionBoard, Others
 
 Gate = Callable[[], APIError | None]
 ReadyEngines = Callable[[], tuple[bool, ...]]
+WaitBudget = Callable[[], float]
 POLL_S = 0.005
 """How often a process with queued requests looks for slots freed by the other processes."""
+DEPARTURE_WINDOW_S = 10.0
+"""Slots freed over this long estimate how fast the queue moves."""
+ANONYMOUS = ""
+"""The key of requests that carry none (no ``gateway.api_keys``)."""
+
+
+class KeyLimits:
+    """Streams one API key may hold at once: ``default`` (0: no limit) unless ``overrides``
+    names the key."""
+
+    def __init__(self, default: int = 0, overrides: dict[str, int] | None = None) -> None:
+        self.default = default
+        self.overrides = dict(overrides or {})
+
+    def of(self, key: str) -> int:
+        return self.overrides.get(key, self.default)
+
+
+class _Waiter:
+    __slots__ = ("fut", "key", "since")
+
+    def __init__(self, fut: asyncio.Future[int], key: str, since: int) -> None:
+        self.fut = fut
+        self.key = key
+        self.since = since
 
 
 class Admission:
@@ -51,6 +91,10 @@ class Admission:
         *,
         engines: int = 1,
         ready_engines: ReadyEngines | None = None,
+        learned: bool = False,
+        initial_limit: int = 1,
+        wait_budget: WaitBudget | None = None,
+        key_limits: KeyLimits | None = None,
     ) -> None:
         self.max_active = max_active
         self.max_queued = max_queued
@@ -60,12 +104,29 @@ class Admission:
         self._board = board
         self.engines = engines
         self.per_engine = math.ceil(max_active / engines)
-        """Most streams one engine takes (the node's limit split evenly)."""
+        """Most streams one engine takes (the node's ceiling split evenly)."""
         self._ready_engines: ReadyEngines = ready_engines or (lambda: (True,) * engines)
         self.by_engine = [0] * engines
         """Streams this process holds on each engine."""
-        self._waiters: deque[tuple[asyncio.Future[int], int]] = deque()
-        """This process's queued requests and their arrival times (monotonic ns)."""
+        self.learned = learned
+        self.opinions = [0] * engines
+        """This process's learned limit of each engine (0: no fresh opinion); the node's is
+        the lowest fresh opinion of its gateway processes (``limits``)."""
+        self.limits = [
+            min(self.per_engine, initial_limit) if learned else self.per_engine
+        ] * engines
+        """Each engine's limit in force (learned: the node's opinion, at most its share)."""
+        self._wait_budget = wait_budget
+        self._key_limits = key_limits or KeyLimits()
+        self.by_key: dict[str, int] = {}
+        """Streams this process holds per API key (keys with none are not kept)."""
+        self._queues: dict[str, deque[_Waiter]] = {}
+        """This process's queued requests, per key, in arrival order."""
+        self._turns: deque[str] = deque()
+        """Keys with queued requests, in the order they are served (one request a turn)."""
+        self._queued = 0
+        self._departures: deque[float] = deque()
+        """When slots were freed (monotonic s), over the last ``DEPARTURE_WINDOW_S``."""
         self._poller: asyncio.Task[None] | None = None
 
     @property
@@ -75,15 +136,42 @@ class Admission:
 
     @property
     def queued(self) -> int:
-        return len(self._waiters)
+        return self._queued
+
+    def _oldest(self) -> int:
+        return min((q[0].since for q in self._queues.values() if q), default=0)
+
+    def _engine_limit(self, e: int) -> int:
+        if not self.learned:
+            return self.per_engine
+        return min(self.per_engine, self.limits[e])
 
     def capacity(self) -> int:
-        """Streams the node can hold now: its ready engines' shares, at most ``max_active``."""
-        ready = sum(self._ready_engines())
-        return min(self.max_active, self.per_engine * ready)
+        """Streams the node can hold now: its ready engines' limits, at most ``max_active``."""
+        ready = self._ready_engines()
+        total = sum(self.limits[e] if self.learned else self.per_engine
+                    for e in range(self.engines) if e < len(ready) and ready[e])  # fmt: skip
+        return min(self.max_active, total)
 
-    def _place(self, others: Others) -> int | None:
-        """The engine a new stream goes to, or None while no ready engine has room."""
+    def learn(self, opinions: list[int]) -> None:
+        """This process's learned limit per engine (0 where it has no fresh evidence); the
+        limits in force become the node's (the lowest fresh opinion of any gateway)."""
+        self.opinions = [max(0, min(self.per_engine, n)) for n in opinions]
+        with self._node() as others:
+            self._take_opinions(others)
+            self._grant(others)  # a risen limit may admit a waiter now
+
+    def _take_opinions(self, others: Others) -> None:
+        for e in range(self.engines):
+            own = self.opinions[e]
+            other = others.limits[e] if e < len(others.limits) else 0
+            fresh = [n for n in (own, other) if n > 0]
+            if fresh:
+                self.limits[e] = min(fresh)
+
+    def _place(self, others: Others, *, ceiling: bool = False) -> int | None:
+        """The engine a new stream goes to, or None while no ready engine has room (under
+        its limit; with ``ceiling``, under its share of ``max_active``)."""
         if self.active + others.active >= self.max_active:
             return None
         best: int | None = None
@@ -92,7 +180,8 @@ class Admission:
             if not ready or e >= self.engines:
                 continue
             load = self.by_engine[e] + others.by_engine[e]
-            if load < self.per_engine and (best is None or load < best_load):
+            limit = self.per_engine if ceiling else self._engine_limit(e)
+            if load < limit and (best is None or load < best_load):
                 best, best_load = e, load
         return best
 
@@ -108,13 +197,23 @@ class Admission:
             try:
                 yield others
             finally:
-                oldest = self._waiters[0][1] if self._waiters else 0
-                self._board.publish(self.active, len(self._waiters), oldest, tuple(self.by_engine))
+                self._board.publish(
+                    self.active,
+                    self._queued,
+                    self._oldest(),
+                    tuple(self.by_engine),
+                    tuple(self.opinions) if self.learned else (),
+                )
 
     def node_counts(self) -> tuple[int, int]:
         """Active and queued streams of the whole node."""
         with self._node() as others:
-            return self.active + others.active, len(self._waiters) + others.queued
+            return self.active + others.active, self._queued + others.queued
+
+    def node_by_engine(self) -> list[int]:
+        """The node's active streams on each engine."""
+        with self._node() as others:
+            return [self.by_engine[e] + others.by_engine[e] for e in range(self.engines)]
 
     def saturation(self) -> float:
         """The node's active streams over ``capacity()``, in 0..1: 1 when it can take no
@@ -128,82 +227,213 @@ class Admission:
     def full(self) -> bool:
         return self.node_counts()[0] >= self.capacity()
 
-    def _busy(self, code: str, message: str) -> APIError:
-        return APIError(429, code, message, retry_after_s=self._retry_after_s)
+    def _busy(self, code: str, message: str, current: int) -> APIError:
+        return APIError(
+            429,
+            code,
+            message,
+            retry_after_s=self._retry_after_s,
+            headers={
+                "current-concurrent-requests": str(current),
+                "maximum-concurrent-requests": str(self.capacity()),
+            },
+        )
 
-    async def acquire(self) -> int:
+    def _key_busy(self, key: str, limit: int) -> APIError:
+        held = self.by_key.get(key, 0)
+        return APIError(
+            429,
+            "too_many_concurrent_requests",
+            f"this API key already has {held} streams open, its limit "
+            f"(gateway.max_streams_per_key); wait for one to end",
+            retry_after_s=self._retry_after_s,
+            headers={
+                "current-concurrent-requests": str(held),
+                "maximum-concurrent-requests": str(limit),
+            },
+        )
+
+    def wait_limit_s(self) -> float:
+        """How long a request may wait for a slot."""
+        if self._wait_budget is None:
+            return self._queue_timeout_s
+        return min(self._queue_timeout_s, self._wait_budget())
+
+    def _departure_rate(self, now: float) -> float:
+        """Slots freed per second lately (this process's)."""
+        d = self._departures
+        while d and now - d[0] > DEPARTURE_WINDOW_S:
+            d.popleft()
+        if not d:
+            return 0.0
+        return len(d) / max(now - d[0], 1.0)
+
+    async def acquire(self, key: str = ANONYMOUS, *, continuing: bool = False) -> int:
         """Take a slot (waiting in the queue if needed) or raise ``APIError``. Returns the
-        engine the stream is placed on; ``release`` it with the same engine."""
+        engine the stream is placed on; ``release`` it with the same engine and key.
+        ``continuing``: the request continues an admitted stream (the next sentence of one
+        response): it takes a slot under the ceiling at once, whatever the learned limit
+        and the queue say, and so an admitted stream is never cut."""
         refused = self._gate()
         if refused is not None:
             raise refused
+        if continuing:
+            with self._node() as others:
+                engine = self._place(others, ceiling=True)
+                if engine is not None:
+                    self._take(engine, key)
+                    return engine
+        key_limit = self._key_limits.of(key)
+        if key_limit and self.by_key.get(key, 0) + self._queued_of(key) >= key_limit:
+            raise self._key_busy(key, key_limit)
         loop = asyncio.get_running_loop()
+        wait_s = self.wait_limit_s()
         with self._node() as others:
-            nobody_waits = not self._waiters and not others.queued
+            if self.learned:
+                self._take_opinions(others)
+            nobody_waits = not self._queued and not others.queued
             engine = self._place(others) if nobody_waits else None
             if engine is not None:
-                self.by_engine[engine] += 1
+                self._take(engine, key)
                 return engine
-            if len(self._waiters) + others.queued >= self.max_queued:
+            waiting = self._queued + others.queued
+            if waiting >= self.max_queued:
                 raise self._busy(
                     "server_busy",
                     f"all {self.capacity()} streams are busy and {self.max_queued} requests wait",
+                    self.active + others.active,
                 )
+            if self.learned:
+                starts = self._departure_rate(time.monotonic()) * wait_s
+                if self._position(key) > max(1.0, starts):
+                    raise self._busy(
+                        "server_busy",
+                        f"all {self.capacity()} streams the node holds in real time are busy "
+                        f"and {waiting} requests wait: this one could not start within "
+                        f"{wait_s:.2f} s",
+                        self.active + others.active,
+                    )
             fut: asyncio.Future[int] = loop.create_future()
-            self._waiters.append((fut, time.monotonic_ns()))
+            self._enqueue(_Waiter(fut, key, time.monotonic_ns()))
         if self._board is not None and (self._poller is None or self._poller.done()):
             self._poller = loop.create_task(self._poll(), name="admission-poll")
-        timer = loop.call_later(self._queue_timeout_s, self._expire, fut)
+        timer = loop.call_later(wait_s, self._expire, fut, wait_s)
         try:
             return await fut  # on success a slot was handed over (counted on its engine)
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
-                self.release(fut.result())  # we were handed a slot just as we were cancelled
+                self.release(fut.result(), key)  # handed a slot just as we were cancelled
             raise
         finally:
             timer.cancel()
-            self._forget(fut)
+            self._forget(fut, key)
 
-    def _forget(self, fut: asyncio.Future[int]) -> None:
-        for i, (f, _) in enumerate(self._waiters):
-            if f is fut:
+    def _position(self, key: str) -> int:
+        """Where a new request of ``key`` would be served in this process's queue: after
+        one request of every other waiting key for each request its own key has waiting."""
+        mine = self._queued_of(key)
+        others = len(self._turns) - (1 if mine else 0)
+        return mine * (others + 1) + others + 1
+
+    def _take(self, engine: int, key: str) -> None:
+        self.by_engine[engine] += 1
+        self.by_key[key] = self.by_key.get(key, 0) + 1
+
+    def _queued_of(self, key: str) -> int:
+        q = self._queues.get(key)
+        return len(q) if q else 0
+
+    def _enqueue(self, waiter: _Waiter) -> None:
+        q = self._queues.get(waiter.key)
+        if q is None:
+            q = self._queues[waiter.key] = deque()
+        if not q:
+            self._turns.append(waiter.key)
+        q.append(waiter)
+        self._queued += 1
+
+    def _forget(self, fut: asyncio.Future[int], key: str) -> None:
+        q = self._queues.get(key)
+        if not q:
+            return
+        for i, w in enumerate(q):
+            if w.fut is fut:
                 with self._node():
-                    del self._waiters[i]
+                    del q[i]
+                    self._queued -= 1
+                    self._drop_empty(key)
                 return
 
-    def _expire(self, fut: asyncio.Future[int]) -> None:
+    def _drop_empty(self, key: str) -> None:
+        q = self._queues.get(key)
+        if q is not None and not q:
+            del self._queues[key]
+            with contextlib.suppress(ValueError):
+                self._turns.remove(key)
+
+    def _expire(self, fut: asyncio.Future[int], wait_s: float) -> None:
         if not fut.done():
             fut.set_exception(
                 self._busy(
                     "queue_timeout",
-                    f"no stream slot became free within {self._queue_timeout_s:g} s",
+                    f"no stream slot became free within {wait_s:.2f} s",
+                    self.active,
                 )
             )
 
+    def _next_waiter(self) -> _Waiter | None:
+        """The waiter whose turn it is (the next key in turn, its oldest request); waiters
+        that expired or were cancelled are dropped on the way."""
+        while self._turns:
+            key = self._turns[0]
+            q = self._queues[key]
+            while q and q[0].fut.done():  # expired or cancelled; its acquire() forgets it
+                q.popleft()
+                self._queued -= 1
+            if q:
+                return q[0]
+            self._turns.popleft()
+            del self._queues[key]
+        return None
+
     def _grant(self, others: Others) -> None:
-        """Hand free node slots to this process's waiters while they are the node's oldest."""
-        while self._waiters and (engine := self._place(others)) is not None:
-            fut, since = self._waiters[0]
-            if fut.done():  # expired or cancelled; its acquire() forgets it
-                self._waiters.popleft()
-                continue
+        """Hand free node slots to this process's waiters, one key at a time in turn, while
+        this process holds the node's oldest request."""
+        while (waiter := self._next_waiter()) is not None:
+            engine = self._place(others)
+            if engine is None:
+                return
             if others.oldest_wait_ns and (others.oldest_wait_ns, others.oldest_index) < (
-                since,
+                self._oldest(),
                 self._board.index if self._board is not None else 0,
             ):
                 return  # another process holds an older request: the slot is its
-            self._waiters.popleft()
-            self.by_engine[engine] += 1
-            fut.set_result(engine)
+            key = self._turns.popleft()
+            self._queues[key].popleft()
+            self._queued -= 1
+            if self._queues[key]:
+                self._turns.append(key)  # its next request waits for the key's next turn
+            else:
+                del self._queues[key]
+            self._take(engine, key)
+            waiter.fut.set_result(engine)
 
     async def _poll(self) -> None:
-        while self._waiters:
+        while self._queued:
             await asyncio.sleep(POLL_S)
             with self._node() as others:
+                if self.learned:
+                    self._take_opinions(others)
                 self._grant(others)
 
-    def release(self, engine: int = 0) -> None:
+    def release(self, engine: int = 0, key: str = ANONYMOUS) -> None:
         """Give a slot on ``engine`` back; the node's oldest waiter takes it over."""
+        self._departures.append(time.monotonic())
+        n = self.by_key.get(key, 0) - 1
+        if n > 0:
+            self.by_key[key] = n
+        else:
+            self.by_key.pop(key, None)
         with self._node() as others:
             self.by_engine[engine] -= 1
             self._grant(others)
@@ -216,10 +446,14 @@ class Admission:
     def refuse_waiting(self, error: APIError) -> None:
         """Fail every queued request with ``error`` (the gateway starts draining)."""
         with self._node():
-            while self._waiters:
-                fut, _ = self._waiters.popleft()
-                if not fut.done():
-                    fut.set_exception(error)
+            for q in self._queues.values():
+                for w in q:
+                    if not w.fut.done():
+                        w.fut.set_exception(error)
+                q.clear()
+            self._queues.clear()
+            self._turns.clear()
+            self._queued = 0
 
     def close(self) -> None:
         """Stop polling and give this process's slot on the node back."""

@@ -40,9 +40,13 @@ def json_response(
     )
 
 
-def error_response(err: APIError) -> web.Response:
+ELEVENLABS_PATHS = ("/v1/text-to-speech/", "/v1/text-to-dialogue")
+"""Routes whose clients (ElevenLabs' SDKs) read its error shape on a 429."""
+
+
+def error_response(err: APIError, *, elevenlabs: bool = False) -> web.Response:
     return web.Response(
-        body=err.to_json(),
+        body=err.to_elevenlabs_json() if elevenlabs and err.status == 429 else err.to_json(),
         status=err.status,
         content_type="application/json",
         headers=err.headers(),
@@ -55,7 +59,7 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     try:
         return await handler(request)
     except APIError as e:
-        return error_response(e)
+        return error_response(e, elevenlabs=request.path.startswith(ELEVENLABS_PATHS))
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -121,6 +125,7 @@ def build_app(gateway: Gateway) -> web.Application:
         # The one node-wide ratio no stream event keeps current (another process's streams,
         # an engine going down): computed at the scrape, the newest write of any process wins.
         gateway.metrics.saturation.set(gateway.admission.saturation())
+        gateway.metrics.capacity.set(gateway.admission.capacity())
         body, content_type = gateway.metrics.exposition()
         return web.Response(body=body, headers={"Content-Type": content_type})
 

@@ -37,6 +37,22 @@ class ErrorBody(msgspec.Struct, frozen=True):
     error: ErrorDetail
 
 
+class ElevenLabsDetail(msgspec.Struct, frozen=True):
+    status: str
+    message: str
+
+
+class ElevenLabsErrorBody(msgspec.Struct, frozen=True):
+    """ElevenLabs' error shape, ``{"detail": {"status", "message"}}``."""
+
+    detail: ElevenLabsDetail
+
+
+ELEVENLABS_BUSY = {"too_many_concurrent_requests": "too_many_concurrent_requests"}
+"""Admission's 429 codes as ElevenLabs names them; every other 429 is ``system_busy`` (the
+node is full: back off), as ElevenLabs' clients expect."""
+
+
 class APIError(Exception):
     """A request failed in a way the client should hear about, with an HTTP status."""
 
@@ -48,6 +64,7 @@ class APIError(Exception):
         *,
         param: str | None = None,
         retry_after_s: int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -55,6 +72,9 @@ class APIError(Exception):
         self.message = message
         self.param = param
         self.retry_after_s = retry_after_s
+        self.extra_headers = headers
+        """Headers the answer carries besides ``Retry-After`` (admission's 429s: the
+        concurrency counts ElevenLabs clients read)."""
 
     @classmethod
     def from_stream_error(cls, err: StreamError) -> APIError:
@@ -71,10 +91,19 @@ class APIError(Exception):
     def to_json(self) -> bytes:
         return msgspec.json.encode(self.body())
 
+    def to_elevenlabs_json(self) -> bytes:
+        """The body ElevenLabs' clients read: their overload statuses on a 429
+        (``detail.status``), this error's code otherwise."""
+        status = self.code
+        if self.status == 429:
+            status = ELEVENLABS_BUSY.get(self.code, "system_busy")
+        return msgspec.json.encode(ElevenLabsErrorBody(ElevenLabsDetail(status, self.message)))
+
     def headers(self) -> dict[str, str]:
-        if self.retry_after_s is None:
-            return {}
-        return {"Retry-After": str(self.retry_after_s)}
+        out = dict(self.extra_headers) if self.extra_headers else {}
+        if self.retry_after_s is not None:
+            out["Retry-After"] = str(self.retry_after_s)
+        return out
 
     def __repr__(self) -> str:
         return f"APIError({self.status}, {self.code!r}, {self.message!r})"

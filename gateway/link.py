@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Protocol
@@ -54,6 +55,12 @@ class Unit(Protocol):
         """The client stopped reading this unit's audio: fail its stream, abort the link."""
 
 
+CONTINUE_S = 1.0
+"""A unit that starts this soon after its connection's previous one ended continues an
+admitted stream (the next sentence of one response, of one utterance): it is not queued or
+refused by the learned limit (``gateway.admission``), so an admitted stream is never cut."""
+
+
 class ClientLink:
     """The writes of one client connection (see the module docstring)."""
 
@@ -65,14 +72,29 @@ class ClientLink:
         "_writing",
         "api",
         "bytes_sent",
+        "key",
         "on_abort",
+        "unit_ended_at",
+        "units_open",
         "write_started",
     )
 
-    def __init__(self, links: ClientLinks, api: str, on_abort: Callable[[], None] | None) -> None:
+    def __init__(
+        self,
+        links: ClientLinks,
+        api: str,
+        on_abort: Callable[[], None] | None,
+        key: str = "",
+    ) -> None:
         self._links = links
         self._loop = links.loop
         self.api = api
+        self.key = key
+        """The API key the client presented ("" without one): admission counts per key."""
+        self.units_open = 0
+        """Units of this connection admitted and not finished (``gateway.requests``)."""
+        self.unit_ended_at = -math.inf
+        """Loop time its last unit finished."""
         self.on_abort = on_abort
         """Tears the client's connection down (None: nothing to tear down, e.g. a job)."""
         self.bytes_sent = 0
@@ -167,6 +189,10 @@ class ClientLink:
             self._links.metrics.bytes_sent_by_api[self.api].inc(self._unreported)
             self._unreported = 0
 
+    def continues(self, now: float) -> bool:
+        """A new unit now continues a stream this connection was admitted for."""
+        return self.units_open > 0 or now - self.unit_ended_at <= CONTINUE_S
+
     def close(self) -> None:
         """The connection is done: count what is left and leave the watchdog's view."""
         self._report()
@@ -188,9 +214,12 @@ class ClientLinks:
         return len(self.active)
 
     @contextmanager
-    def open(self, api: str, on_abort: Callable[[], None] | None = None) -> Iterator[ClientLink]:
-        """The link of a connection, for the ``with`` block that serves it."""
-        link = ClientLink(self, api, on_abort)
+    def open(
+        self, api: str, on_abort: Callable[[], None] | None = None, *, key: str = ""
+    ) -> Iterator[ClientLink]:
+        """The link of a connection, for the ``with`` block that serves it; ``key``: the
+        API key its client presented."""
+        link = ClientLink(self, api, on_abort, key)
         self.active.add(link)
         try:
             yield link

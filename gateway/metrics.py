@@ -91,6 +91,14 @@ class GatewayMetrics:
             registry=registry,
             multiprocess_mode="livemostrecent",
         )
+        self.capacity = Gauge(
+            "orpheus_gateway_capacity",
+            "Streams the node can hold now: with learned admission the streams its ready "
+            "engines hold in real time, learned from their audio (at most "
+            "gateway.max_active_streams); node-wide, refreshed at every scrape",
+            registry=registry,
+            multiprocess_mode="livemostrecent",
+        )
         self.requests = Counter(
             "orpheus_gateway_requests",
             "Speech requests by API and outcome",

@@ -278,7 +278,10 @@ class RequestTracker:
         asked_ns = 0 if self.tracing is None else self._trace_request(request)
         with self.metrics.queued.track_inprogress():
             try:
-                engine = await self.admission.acquire()
+                link = request.link
+                engine = await self.admission.acquire(
+                    link.key, continuing=link.continues(self.loop.time())
+                )
             except BaseException as e:
                 if isinstance(e, APIError):
                     self.metrics.count_request(request.api, "rejected")
@@ -312,13 +315,14 @@ class RequestTracker:
                 cancel_upstream=False,
                 discard_pending=True,
             )
-            self.admission.release(engine)
+            self.admission.release(engine, request.link.key)
             self.metrics.count_request(request.api, "upstream_error")
             self._end_span(request.span, "upstream_error", str(e))
             raise APIError(
                 503, "upstream_unavailable", str(e), retry_after_s=self.config.retry_after_s
             ) from None
         stream.on_abort = request.link.abort
+        request.link.units_open += 1
         request.stream = stream
         if request.span is not None:
             request.span.set_attribute("orpheus.stream_id", f"{stream.stream_id:#x}")
@@ -359,7 +363,10 @@ class RequestTracker:
         self.active.discard(request)
         self.metrics.active.dec()
         self._engine_active[stream.engine].dec()
-        self.admission.release(stream.engine)
+        link = request.link
+        link.units_open -= 1
+        link.unit_ended_at = self.loop.time()
+        self.admission.release(stream.engine, link.key)
 
     @staticmethod
     def _end_span(span: Span | None, outcome: str, message: str = "") -> None:

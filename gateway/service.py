@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import TYPE_CHECKING
 
 from common.config import ServeConfig
 from common.limits import RequestLimits
-from gateway.admission import Admission
+from gateway.admission import Admission, KeyLimits
+from gateway.capacity import INITIAL_LIMIT, CapacityController
 from gateway.cluster import ClusterWatcher, worker_lost
 from gateway.custom_voices import CustomVoices
 from gateway.errors import APIError
@@ -86,6 +88,21 @@ class Gateway:
             max_buffered_bytes=int(g.max_buffered_seconds * BYTES_PER_SECOND),
             retry_after_s=g.retry_after_s,
         )
+        learned = g.admission == "learned"
+        self.capacity = (
+            CapacityController(
+                layout.engines,
+                margin=g.realtime_margin,
+                ttfb_budget_s=g.ttfb_budget_s,
+                initial=INITIAL_LIMIT,
+                upper=math.ceil(g.max_active_streams / layout.engines),
+                bytes_per_second=BYTES_PER_SECOND,
+            )
+            if learned
+            else None
+        )
+        """Learns each engine's real-time limit from the streams' audio (learned admission)."""
+        self._wait_s = g.ttfb_budget_s
         self.admission = Admission(
             g.max_active_streams,
             g.max_queued_streams,
@@ -98,6 +115,10 @@ class Gateway:
             else None,
             engines=layout.engines,
             ready_engines=self._ready_engines,
+            learned=learned,
+            initial_limit=INITIAL_LIMIT,
+            wait_budget=(lambda: self._wait_s) if learned else None,
+            key_limits=KeyLimits(g.max_streams_per_key, g.key_max_streams),
         )
         self.cluster = ClusterWatcher(layout.status)
         self.cluster.on_change(self._on_status)
@@ -232,6 +253,14 @@ class Gateway:
             # is this status only after this callback, so look again on the next loop turn.
             self.loop.call_soon(self.admission.reconsider)
 
+    def _learn(self, now: float) -> None:
+        """The capacity controller's tick: this period's samples, the limits they give."""
+        assert self.capacity is not None
+        node = self.admission.node_by_engine()
+        opinions = self.capacity.tick(self.registry.streams(), node, now)
+        self._wait_s = self.capacity.wait_budget_s(node, now)
+        self.admission.learn(opinions)
+
     async def _watchdog(self) -> None:
         g = self.config.gateway
         idle_s = g.upstream_idle_timeout_s
@@ -249,6 +278,8 @@ class Gateway:
         while True:
             await asyncio.sleep(WATCHDOG_PERIOD_S)
             now = self.loop.time()
+            if self.capacity is not None:
+                self._learn(now)
             self.links.sweep(now, stall_s)
             self.requests.sweep(
                 now,

@@ -70,9 +70,12 @@ class PcmStream:
         "end",
         "engine",
         "error",
+        "first_audio_at",
+        "first_chunk_bytes",
         "last_record_at",
         "next_seq",
         "on_abort",
+        "opened_at",
         "stream_id",
         "text_closed",
     )
@@ -93,6 +96,10 @@ class PcmStream:
         self.error: StreamError | None = None
         self.last_record_at = now
         """Monotonic time of the last record or appended text: the idle watchdogs' clock."""
+        self.opened_at = now
+        self.first_audio_at: float | None = None
+        """When its first PCM arrived (``gateway.capacity`` measures from here)."""
+        self.first_chunk_bytes = 0
         self.text_closed = text_closed
         self.on_abort: Callable[[], None] | None = None
         """Set by the front end: tears down the client connection (slow or stalled client)."""
@@ -100,6 +107,11 @@ class PcmStream:
     @property
     def done(self) -> bool:
         return self.end is not None or self.error is not None
+
+    @property
+    def ended(self) -> bool:
+        """It ended with its END record (all its audio arrived), not a failure."""
+        return self.end is not None and self.error is None
 
     # -- producer side (the dispatcher) ----------------------------------------------------
     def _wake(self) -> None:
@@ -258,6 +270,9 @@ class StreamRegistry:
                         stream, f"client left more than {self._max_buffered} bytes unread"
                     )
                 elif n:
+                    if not stream.bytes_received:
+                        stream.first_audio_at = now
+                        stream.first_chunk_bytes = n
                     stream.push(bytes(payload))
             elif kind == _END:
                 self._end(stream, payload, seq)

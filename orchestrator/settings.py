@@ -225,6 +225,10 @@ def validate(cfg: ServeConfig) -> None:
         problems.append("gateway.processes must be >= 1")
     if g.max_active_streams < 1 or g.max_queued_streams < 0:
         problems.append("gateway.max_active_streams >= 1 and max_queued_streams >= 0")
+    if not g.ttfb_budget_s > 0 or not g.realtime_margin >= 0:
+        problems.append("gateway.ttfb_budget_s must be > 0 and realtime_margin >= 0")
+    if g.max_streams_per_key < 0 or any(n < 0 for n in g.key_max_streams.values()):
+        problems.append("gateway.max_streams_per_key and key_max_streams must be >= 0")
     if g.zmq_max_message_bytes < 1024:
         problems.append("gateway.zmq_max_message_bytes must be >= 1024 (one speak message)")
     if not g.zmq_text_idle_timeout_s > 0 or not g.http_error_log_interval_s >= 0:

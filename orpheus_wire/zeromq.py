@@ -97,6 +97,9 @@ class Error(msgspec.Struct, frozen=True, tag="error", tag_field="type"):
     status: int
     code: str
     message: str
+    retry_after_s: int | None = None
+    """Seconds after which the same request may succeed (a full node, a worker restart);
+    None: retrying will not help."""
 
 
 ClientMessage = Speak | AppendText | Cancel

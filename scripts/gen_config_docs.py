@@ -102,9 +102,10 @@ DESCRIPTIONS: dict[str, str] = {
     "gateway.processes": "Gateway processes, sharing the port (SO_REUSEPORT); each has its "
     "own event loop and PCM ring; they admit against the node's limits together (a shared "
     "counter in the instance's shared memory).",
-    "gateway.max_active_streams": "Streams the node serves at once, over all of "
-    "gateway.processes; when all are busy GET /ready (of every gateway process) answers 503 "
-    "and new requests wait in the queue.",
+    "gateway.max_active_streams": "Most streams the node serves at once, over all of "
+    'gateway.processes: with `admission = "learned"` a ceiling above the learned limit, with '
+    '`"fixed"` the limit itself; when the limit is reached GET /ready (of every gateway '
+    "process) answers 503 and new requests wait in the queue.",
     "gateway.max_queued_streams": "Requests that may wait for a slot, for the whole node (served "
     "in arrival order across gateway processes); beyond it requests are refused at once with 429 "
     "and Retry-After.",

@@ -3,13 +3,16 @@
 With ``gateway.processes > 1`` the gateway processes admit streams against one set of limits
 (``max_active_streams``, ``max_queued_streams``) for the whole node, so that ``GET /ready``
 and the 429s of any gateway say what the node can take. The segment
-``/dev/shm/<instance>-admission`` holds one 128-byte slot per gateway process::
+``/dev/shm/<instance>-admission`` holds one 256-byte slot per gateway process::
 
     slot i:  pid i64 | active i64 | queued i64 | oldest_wait_ns i64
-             | active on engine 0..7: 8 x i64 | (32 bytes unused)
+             | active on engine 0..7: 8 x i64 | learned limit of engine 0..7: 8 x i64
+             | (96 bytes unused)
 
 The per-engine counts place each stream on one of the node's vLLM engines (``llm.engines``)
-by the streams every gateway holds there, so two gateways do not pile onto one engine.
+by the streams every gateway holds there, so two gateways do not pile onto one engine. The
+learned limits (``gateway.admission = "learned"``) are each gateway's opinion of what each
+engine holds in real time (0: no fresh evidence); the node takes the lowest fresh one.
 
 A slot is written only by its gateway (``index``), and only while that gateway holds an
 exclusive ``flock`` on the segment, so that "count the node, then take a slot" is atomic
@@ -37,11 +40,13 @@ import numpy as np
 from shm.layout import MAX_ENGINES, pid_alive
 from shm.ring import SHM_DIR
 
-SLOT_BYTES = 128
+SLOT_BYTES = 256
 _FIELDS = SLOT_BYTES // 8
 PID, ACTIVE, QUEUED, OLDEST = 0, 1, 2, 3
 ENGINE0 = 4
 """Index of engine 0's count in a slot; engine ``e``'s is ``ENGINE0 + e``."""
+LIMIT0 = ENGINE0 + MAX_ENGINES
+"""Index of engine 0's learned limit in a slot."""
 
 
 def segment_bytes(slots: int) -> int:
@@ -73,6 +78,8 @@ class Others(NamedTuple):
     """Index of the gateway holding that request (ties go to the lower index)."""
     by_engine: tuple[int, ...] = (0,) * MAX_ENGINES
     """Their active streams on each engine."""
+    limits: tuple[int, ...] = (0,) * MAX_ENGINES
+    """The lowest learned limit of each engine among them (0: none has an opinion)."""
 
 
 NOBODY = Others(0, 0, 0, -1)
@@ -117,6 +124,7 @@ class AdmissionBoard:
         active = queued = 0
         oldest, oldest_index = 0, -1
         by_engine = np.zeros(MAX_ENGINES, dtype=np.int64)
+        limits = np.zeros(MAX_ENGINES, dtype=np.int64)
         for i, slot in enumerate(self._slots):
             if i == self.index:
                 continue
@@ -129,16 +137,31 @@ class AdmissionBoard:
             active += int(slot[ACTIVE])
             queued += int(slot[QUEUED])
             by_engine += slot[ENGINE0 : ENGINE0 + MAX_ENGINES]
+            theirs = slot[LIMIT0 : LIMIT0 + MAX_ENGINES]
+            limits = np.where((theirs > 0) & ((limits == 0) | (theirs < limits)), theirs, limits)
             t = int(slot[OLDEST])
             if t and (oldest == 0 or t < oldest):
                 oldest, oldest_index = t, i
-        return Others(active, queued, oldest, oldest_index, tuple(int(n) for n in by_engine))
+        return Others(
+            active,
+            queued,
+            oldest,
+            oldest_index,
+            tuple(int(n) for n in by_engine),
+            tuple(int(n) for n in limits),
+        )
 
     def publish(
-        self, active: int, queued: int, oldest_wait_ns: int, by_engine: tuple[int, ...] = ()
+        self,
+        active: int,
+        queued: int,
+        oldest_wait_ns: int,
+        by_engine: tuple[int, ...] = (),
+        limits: tuple[int, ...] = (),
     ) -> None:
         """Write this gateway's counts (lock held); ``by_engine``: its active streams on
-        each engine (engines beyond it: none)."""
+        each engine (engines beyond it: none); ``limits``: its learned limit of each engine
+        (0 or missing: no opinion)."""
         assert self._locked, "publish() needs the lock"
         slot = self._slots[self.index]
         slot[ACTIVE] = active
@@ -147,6 +170,9 @@ class AdmissionBoard:
         engines = slot[ENGINE0 : ENGINE0 + MAX_ENGINES]
         engines[:] = 0
         engines[: len(by_engine)] = by_engine
+        opinions = slot[LIMIT0 : LIMIT0 + MAX_ENGINES]
+        opinions[:] = 0
+        opinions[: len(limits)] = limits
 
     def close(self) -> None:
         """Give this gateway's slot back (its streams are over) and unmap. Idempotent."""

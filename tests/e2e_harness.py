@@ -116,16 +116,22 @@ def start_server(
     zmq: bool = False,
     codec_model: bool = True,
     log: IO[bytes] | None = None,
+    admission: str = "fixed",
 ) -> Server:
     """Start the server on free loopback ports and wait until ``/ready``.
 
     ``codec_model=False`` leaves out ``--codec-model`` (the server finds ``model/snac``);
-    ``log``: where the server's stdout and stderr go (a file; default: inherited)."""
+    ``log``: where the server's stdout and stderr go (a file; default: inherited);
+    ``admission``: ``gateway.admission``. These tests start several streams at once on a
+    two-core CPU that holds about two in real time, and check what happens to each of them
+    (placement, faults, cleanup), so they admit by a fixed count unless asked; learned
+    admission against the real engine is tested in tests/test_e2e_admission.py."""
     port = free_port()
     zmq_endpoint = f"tcp://127.0.0.1:{free_port()}" if zmq else ""
     codec = str(model / "snac") if codec_model else None
     zmq_set = ["--set", f"gateway.zmq_endpoint={zmq_endpoint}"] if zmq else []
-    cmd = orpheus_serve_argv(str(model), codec, "cpu", port, [*extra, *zmq_set])
+    admission_set = ["--set", f"gateway.admission={admission}"]
+    cmd = orpheus_serve_argv(str(model), codec, "cpu", port, [*admission_set, *extra, *zmq_set])
     proc = subprocess.Popen(cmd, stdout=log, stderr=log)
     srv = Server(proc, f"http://127.0.0.1:{port}", zmq_endpoint)
     try:

@@ -65,7 +65,10 @@ async def wait_until(cond: Callable[[], bool], timeout_s: float = 5.0, what: str
 def serve_config(**gateway: Any) -> ServeConfig:
     """The harness's configuration. Text normalisation is off: the synthetic backend reads
     commands in the text ("error-after-2") and its audio is one frame per character, both of
-    which normalisation would change; the tests of normalisation turn it on."""
+    which normalisation would change; the tests of normalisation turn it on. Admission is
+    ``fixed`` unless asked: the synthetic backend's pace is set by the test, not by a load, so
+    a learned limit would measure nothing (tests/test_gateway_capacity.py asks for it)."""
+    gateway.setdefault("admission", "fixed")
     return ServeConfig(
         device="cpu", gateway=GatewayConfig(**gateway), text=TextConfig(normalization="off")
     )

@@ -160,7 +160,11 @@ async def test_admission_queues_in_order_then_refuses() -> None:
     assert adm.queued == 1
     with pytest.raises(APIError) as e:
         await adm.acquire()
-    assert e.value.status == 429 and e.value.headers() == {"Retry-After": "2"}
+    assert e.value.status == 429 and e.value.headers() == {
+        "Retry-After": "2",
+        "current-concurrent-requests": "1",
+        "maximum-concurrent-requests": "1",
+    }
     adm.release()  # hands the slot to the waiter
     await waiter
     assert adm.active == 1 and adm.queued == 0

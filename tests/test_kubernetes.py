@@ -572,9 +572,9 @@ def test_voice_state_is_on_a_persistent_volume_every_pod_shares(
 
 def quantity(q: str | int) -> float:
     """A Kubernetes resource quantity in bytes (binary and decimal suffixes)."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]i?)?", str(q))
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(m|[KMGT]i?)?", str(q))
     assert m, q
-    scale = {None: 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+    scale = {None: 1, "m": 1e-3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
              "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}[m.group(2)]  # fmt: skip
     return float(m.group(1)) * scale
 
@@ -607,10 +607,12 @@ def test_autoscaling_is_on_the_servers_stream_metrics(overlay: str, tmp_path: Pa
         queries = [rules[0]["seriesQuery"], rules[0]["metricsQuery"]]
         replicas = (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"])
     used = set().union(*(promql_metrics(q) for q in queries))
-    assert used >= {"orpheus_gateway_active_streams"}, used
+    assert used >= {"orpheus_gateway_active_streams", "orpheus_gateway_capacity"}, used
     assert used <= metric_names(), f"not defined by the server: {used - metric_names()}"
-    # Scale before the pods are full: a full pod answers /ready 503 and queues or refuses.
-    assert 0.5 * cfg.gateway.max_active_streams <= target < cfg.gateway.max_active_streams
+    # Demand in pods' worth (over the capacity each pod learned, gateway.admission): scale
+    # before the pods are full, as a full pod answers /ready 503 and queues or refuses.
+    assert cfg.gateway.admission == "learned"
+    assert 0.5 <= target < 1.0
     # The PDB lets one pod go at a time; two replicas keep serving through it.
     assert replicas[0] >= 2 and replicas[1] > replicas[0]
 

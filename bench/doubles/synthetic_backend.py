@@ -9,7 +9,10 @@ deterministic tone of ``max_tokens // 7`` frames (one frame = 2048 samples = 85.
 
 Pacing: ``realtime=True`` emits each stream's frames at the rate a real-time pipeline does
 (one per 85.3 ms after ``first_chunk_delay_s``), batched per ``tick_s`` like the codec
-worker's decode batches; otherwise as fast as the ring takes them. With ``stamp=True`` the
+worker's decode batches; otherwise as fast as the ring takes them. ``capacity=C`` (with
+``realtime``) plays a node that holds C streams in real time: with n streams open each frame
+takes ``85.3 ms * n / C`` (faster than real time below C, slower above), as a batched
+engine's step time grows with its batch. With ``stamp=True`` the
 first 8 bytes of each chunk carry ``time.monotonic_ns()`` at the moment it was written, so
 a client can measure delivery lag (CLOCK_MONOTONIC is system-wide on Linux).
 """
@@ -157,8 +160,10 @@ class SyntheticBackend:
         stamp: bool = False,
         status: ClusterStatus | Literal["ready"] | None = "ready",
         ring_timeout_s: float = 5.0,
+        capacity: float | None = None,
     ) -> None:
         self.layout = layout
+        self.capacity = capacity
         self.plan = plan or default_plan(voices)
         self.realtime = realtime
         self.first_chunk_delay_s = first_chunk_delay_s
@@ -313,8 +318,10 @@ class SyntheticBackend:
                 streams.pop(sid, None)
                 continue
             if s.frames_sent < s.frames_budget:
-                s.due = (s.due + s.plan.frames_per_chunk * SAMPLES_PER_FRAME / SAMPLE_RATE
-                         if self.realtime else now)  # fmt: skip
+                step = s.plan.frames_per_chunk * SAMPLES_PER_FRAME / SAMPLE_RATE
+                if self.capacity:
+                    step *= len(streams) / self.capacity
+                s.due = s.due + step if self.realtime else now
                 s.scheduled = True
                 heapq.heappush(heap, (s.due, sid))
             elif not s.text_open:

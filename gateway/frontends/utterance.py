@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import WSMessage, web
 
+from gateway.auth import presented_key
 from gateway.frontends.shared import abort_of
 from gateway.link import ClientLink
 from gateway.requests import ActiveRequest
@@ -236,7 +237,7 @@ async def serve_websocket(
     ws = web.WebSocketResponse(
         max_msg_size=gateway.config.gateway.max_body_bytes, heartbeat=WS_HEARTBEAT_S
     )
-    with gateway.links.open(api, abort_of(request)) as link:
+    with gateway.links.open(api, abort_of(request), key=presented_key(request)) as link:
         await link.write(ws.prepare(request))
         with contextlib.suppress(ConnectionError):
             await serve(ws, link)

@@ -8,8 +8,10 @@ process. A claimed job speaks the units that have no file yet, at most
 ``jobs.streams_per_job`` at once, each as one request through ``Gateway.requests`` (the same
 admission, placement, metrics and log line as an interactive request, ``api="jobs"``).
 
-Priority: a unit is admitted only while the node has fewer than ``max_active_streams -
-jobs.reserve_streams`` active streams and no interactive request waits (``has_room``); one
+Priority: a unit is admitted only while the node has fewer than its capacity (what its
+ready engines hold: the learned limit, or ``max_active_streams``) less
+``jobs.reserve_streams`` (learned: at most half the capacity) active streams and no
+interactive request waits (``has_room``); one
 unit at a time passes that check and is admitted (the gate lock), so the units of several
 jobs never overshoot it together. A unit already running is not stopped.
 
@@ -204,8 +206,14 @@ class JobRunner:
         request waits for one."""
         admission = self.gateway.admission
         active, queued = admission.node_counts()
-        limit = admission.max_active - self.config.reserve_streams
-        self.metrics.job_reserve_in_use.set(max(0, min(active - limit, admission.max_active)))
+        capacity = admission.capacity()
+        # Learned admission: the reserve is at most half of what the node holds in real
+        # time, so that a small node still speaks jobs while nobody else talks.
+        reserve = self.config.reserve_streams
+        if admission.learned:
+            reserve = min(reserve, capacity // 2)
+        limit = capacity - reserve
+        self.metrics.job_reserve_in_use.set(max(0, min(active - limit, capacity)))
         return queued == 0 and active < limit and not self.gateway.draining
 
     @contextlib.asynccontextmanager

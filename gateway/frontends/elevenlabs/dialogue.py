@@ -294,7 +294,7 @@ def dialogue_handler(gateway: Gateway, *, stream: bool, timestamps: bool) -> Han
         enc = make_output(templates[0].output)
         first = True
         try:
-            with gateway.links.open(API, abort_of(request)) as link:
+            with gateway.links.open(API, abort_of(request), key=presented_key(request)) as link:
                 out = _Dialogue(request, link, fmt, enc, stream=stream, timestamps=timestamps)
                 try:
                     for n, (turn, template) in enumerate(zip(body.inputs, templates, strict=True)):

@@ -159,7 +159,7 @@ def stream_handler(gateway: Gateway, *, timestamps: bool) -> Handler:
         units = splitter.feed(params.text) + splitter.flush()
         enc = make_output(params.output, params.speed)
         try:
-            with gateway.links.open(API, abort_of(request)) as link:
+            with gateway.links.open(API, abort_of(request), key=presented_key(request)) as link:
                 out = _HttpStream(request, link, fmt, enc, timestamps)
                 try:
                     for i, unit in enumerate(units):

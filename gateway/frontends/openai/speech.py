@@ -64,7 +64,7 @@ async def respond(
     params = params.spoken()
     encoder = make_output(params.output, params.speed)
     try:
-        with gateway.links.open(api, abort_of(request)) as link:
+        with gateway.links.open(api, abort_of(request), key=presented_key(request)) as link:
             async with gateway.requests.open(params, link, started_at=started_at) as active:
                 return await _stream(request, link, active, encoder)
     finally:

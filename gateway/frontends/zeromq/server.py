@@ -262,7 +262,9 @@ class ZmqFrontend:
         # Queued: its task has sent nothing, and is stopped before it can.
         if req.task is not None:
             req.task.cancel()
-        await self._end(req, Error(req.rid, error.status, error.code, error.message))
+        await self._end(
+            req, Error(req.rid, error.status, error.code, error.message, error.retry_after_s)
+        )
 
     def _fail_admitted(self, req: _Request, error: StreamError) -> None:
         """Fail an admitted request's stream: its task answers (a no-op once it ended)."""
@@ -317,7 +319,7 @@ class ZmqFrontend:
 
     async def _serve(self, msg: Speak, req: _Request) -> None:
         on_abort = req.task.cancel if req.task is not None else None
-        with self._gateway.links.open(Api.ZMQ, on_abort) as link:
+        with self._gateway.links.open(Api.ZMQ, on_abort, key=msg.api_key) as link:
             req.link = link
             try:
                 await self._serve_on(msg, req, link)
@@ -355,10 +357,10 @@ class ZmqFrontend:
                         await self._end(req, Done(rid, "cancelled", seconds, 0), active)
                     else:
                         err = APIError.from_stream_error(e.error)
-                        error = Error(rid, err.status, err.code, err.message)
+                        error = Error(rid, err.status, err.code, err.message, err.retry_after_s)
                         await self._end(req, error, active)
         except APIError as e:
-            await self._end(req, Error(rid, e.status, e.code, e.message))
+            await self._end(req, Error(rid, e.status, e.code, e.message, e.retry_after_s))
         except _PeerGone:
             req.ended = True  # nobody to answer; leaving the request cancelled the stream
         except asyncio.CancelledError:

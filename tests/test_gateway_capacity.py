@@ -1,0 +1,310 @@
+"""Learned admission (``gateway.admission = "learned"``): the limit follows what the node holds
+in real time, waiting is bounded by the TTFB budget, and keys are served fairly.
+
+The model (``gateway.capacity.CapacityModel``) is checked on its own: it converges on the load
+whose real-time factor leaves the margin, rises at most by doubling, falls when the streams
+slow down, and does not flap on noise. Through a gateway, the synthetic backend plays a node of
+known capacity (``capacity=C``: each frame takes 85.3 ms * n / C with n streams open): under a
+flood of closed-loop clients far above C the learned limit settles near C / (1 + margin), the
+admitted streams stay real-time and the rest are refused at once; a key that floods does not
+hold back another key's request; a key over its own limit hears
+``too_many_concurrent_requests``, in ElevenLabs' shape on its routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+from gateway_harness import running_gateway, wait_until
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.admission import Admission, KeyLimits
+from gateway.capacity import CapacityModel
+from gateway.errors import APIError
+from shm.admission import AdmissionBoard
+from shm.config import ShmConfig
+from shm.layout import InstanceLayout
+from shm.records import SAMPLE_RATE
+from shm.segments import create_instance, destroy_instance
+
+pytestmark = pytest.mark.timeout(120)
+
+MARGIN = 0.1
+
+
+def model(upper: int = 256, initial: int = 2) -> CapacityModel:
+    return CapacityModel(margin=MARGIN, start_budget_s=0.5, initial=initial, upper=upper)
+
+
+def drive(m: CapacityModel, rtf_of_n, ticks: int, *, t0: float = 0.0, noise: float = 0.0):
+    """Run the loop the gateway runs: the load is the limit (a flood), each tick one sample."""
+    trace = []
+    rng = random.Random(7)
+    now = t0
+    for _ in range(ticks):
+        n = m.limit
+        rtf = rtf_of_n(n) * (1 + rng.uniform(-noise, noise))
+        m.observe_ratio(n, 1.0 / rtf, now)
+        m.observe_start(n, 0.05, now)
+        trace.append(m.update(now))
+        now += 0.25
+    return trace
+
+
+def test_the_limit_converges_on_the_load_that_leaves_the_margin() -> None:
+    # A GPU-like engine: a fixed step cost plus a cost per stream; real time at n = 100.
+    m = model()
+    trace = drive(m, lambda n: 0.3 + 0.007 * n, 200)
+    best = (1 / (1 + MARGIN) - 0.3) / 0.007  # 87.0
+    assert abs(trace[-1] - best) <= 2, trace[-20:]
+    # Slow start: from 2, each step at most doubles.
+    assert all(b <= 2 * a for a, b in itertools.pairwise(trace))
+
+
+def test_the_limit_falls_when_streams_slow_and_rises_again() -> None:
+    m = model()
+    drive(m, lambda n: n / 40, 120)  # holds 40 in real time
+    high = m.limit
+    assert 33 <= high <= 37
+    # Something else takes half the machine: the same load is now twice as slow.
+    drive(m, lambda n: n / 20, 120, t0=30)
+    low = m.limit
+    assert 16 <= low <= 19
+    # It is gone again; the limit comes back as old evidence fades (HALF_LIFE_S).
+    drive(m, lambda n: n / 40, 1200, t0=60)
+    assert m.limit >= high - 3
+
+
+def test_noise_does_not_make_the_limit_flap() -> None:
+    m = model()
+    trace = drive(m, lambda n: n / 30, 600, noise=0.05)
+    settled = trace[200:]
+    assert max(settled) - min(settled) <= 3, sorted(set(settled))
+    changes = sum(1 for a, b in itertools.pairwise(settled) if a != b)
+    assert changes <= 20, changes
+
+
+def test_a_slow_start_time_bounds_the_limit_too() -> None:
+    m = model()
+    for _ in range(100):
+        n = m.limit
+        m.observe_ratio(n, 5.0, 0.0)  # generation is never the problem...
+        m.observe_start(n, 0.02 * n, 0.0)  # ...but starts slow down: 0.5 s at n = 25
+        m.update(0.0)
+    assert 20 <= m.limit <= 25
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    upper=st.integers(1, 512),
+    samples=st.lists(
+        st.tuples(st.integers(1, 600), st.floats(0.0, 50.0), st.floats(0.0, 5.0)), max_size=60
+    ),
+)
+def test_the_limit_stays_within_one_and_the_ceiling(
+    upper: int, samples: list[tuple[int, float, float]]
+) -> None:
+    m = model(upper=upper)
+    most = 1
+    for i, (n, ratio, start) in enumerate(samples):
+        most = max(most, n)
+        before = m.limit
+        m.observe_ratio(n, ratio, i * 0.25)
+        m.observe_start(n, start, i * 0.25)
+        after = m.update(i * 0.25)
+        assert 1 <= after <= upper
+        assert after <= max(before, 2 * most)  # never past twice a load it has seen
+
+
+# -- admission with learned limits -----------------------------------------------------------
+async def test_a_request_that_cannot_start_in_time_is_refused_at_once() -> None:
+    adm = Admission(
+        8, 64, 10.0, 1, lambda: None, learned=True, initial_limit=1, wait_budget=lambda: 0.2
+    )
+    engine = await adm.acquire()
+    # Nothing has ended lately: one request may wait (it gets the TTFB budget), the next
+    # could not start in time and hears so now, not after queue_timeout_s.
+    waiter = asyncio.create_task(adm.acquire())
+    await asyncio.sleep(0)
+    t0 = time.monotonic()
+    with pytest.raises(APIError) as e:
+        await adm.acquire()
+    assert time.monotonic() - t0 < 0.05
+    assert e.value.status == 429 and e.value.code == "server_busy"
+    assert e.value.headers()["Retry-After"] == "1"
+    with pytest.raises(APIError) as e:
+        await waiter  # the budget passed: refused, not held 10 s
+    assert e.value.code == "queue_timeout"
+    # A request continuing an admitted stream (its next sentence) is never held back.
+    assert await adm.acquire(continuing=True) == engine
+    adm.release(engine)
+    adm.release(engine)
+    assert adm.active == 0 and adm.queued == 0
+
+
+async def test_waiting_requests_are_served_across_keys_in_turn() -> None:
+    adm = Admission(1, 64, 10.0, 1, lambda: None)
+    await adm.acquire("a")
+    flood = [asyncio.create_task(adm.acquire("a")) for _ in range(5)]
+    await asyncio.sleep(0)
+    other = asyncio.create_task(adm.acquire("b"))
+    await asyncio.sleep(0)
+    adm.release(0, "a")  # the first freed slot: key a's oldest (a came first)...
+    await asyncio.sleep(0)
+    assert flood[0].done() and not other.done()
+    adm.release(0, "a")  # ...the next: key b's turn, ahead of a's four others
+    await asyncio.sleep(0)
+    assert other.done() and not any(t.done() for t in flood[1:])
+    for t in flood[1:]:
+        t.cancel()
+    await asyncio.gather(*flood[1:], return_exceptions=True)
+    adm.release(0, "b")
+    assert adm.active == 0 and adm.queued == 0 and not adm.by_key
+
+
+async def test_a_key_over_its_limit_is_refused_as_elevenlabs_names_it() -> None:
+    adm = Admission(8, 8, 10.0, 1, lambda: None, key_limits=KeyLimits(2, {"big": 3}))
+    for _ in range(2):
+        await adm.acquire("k")
+    with pytest.raises(APIError) as e:
+        await adm.acquire("k")
+    assert e.value.code == "too_many_concurrent_requests"
+    assert e.value.headers()["maximum-concurrent-requests"] == "2"
+    assert e.value.headers()["current-concurrent-requests"] == "2"
+    assert b'"too_many_concurrent_requests"' in e.value.to_elevenlabs_json()
+    for _ in range(3):
+        await adm.acquire("big")
+    await adm.acquire("other")
+
+
+@pytest.fixture
+def node(layout: InstanceLayout) -> Iterator[InstanceLayout]:
+    """An instance of two gateway processes' admission segment."""
+    lay = InstanceLayout(instance=layout.instance, run_dir=layout.run_dir, gateways=2)
+    create_instance(lay, ShmConfig(code_ring_bytes=64 << 10, pcm_ring_bytes=1 << 20))
+    yield lay
+    destroy_instance(lay)
+
+
+async def test_gateway_processes_admit_to_the_lowest_fresh_opinion_per_engine(
+    node: InstanceLayout,
+) -> None:
+    def gateway(index: int) -> Admission:
+        return Admission(
+            64, 8, 5.0, 1, lambda: None,
+            board=AdmissionBoard(node.admission_segment, node.gateways, index),
+            engines=2, learned=True, initial_limit=2, wait_budget=lambda: 0.0,
+        )  # fmt: skip
+
+    a, b = gateway(0), gateway(1)
+    try:
+        assert a.capacity() == 4  # slow start: 2 an engine before any evidence
+        a.learn([10, 6])
+        b.learn([0, 0])  # no fresh evidence of its own: it takes the node's
+        assert b.limits == [10, 6] and b.capacity() == 16
+        b.learn([7, 9])  # the lowest fresh opinion of each engine wins, in both processes
+        a.learn([10, 6])
+        assert a.limits == b.limits == [7, 6]
+        for _ in range(7):
+            await a.acquire()
+        for _ in range(6):
+            await b.acquire()
+        assert sorted(a.by_engine[e] + b.by_engine[e] for e in (0, 1)) == [6, 7]
+        with pytest.raises(APIError):  # the node is full: 13 streams on 7 + 6
+            await b.acquire()
+    finally:
+        a.close()
+        b.close()
+
+
+# -- through a gateway, against a node of known capacity ------------------------------------
+CAPACITY = 8
+FRAMES = 24  # about 2 s of audio a request
+
+
+async def _speak(
+    s: aiohttp.ClientSession, url: str, key: str, frames: int = FRAMES
+) -> tuple[int, float, float, float]:
+    """One request: (status, seconds to the answer's head, TTFB, worst lag behind real time
+    of its audio, s: > 0 means a player with that much buffer would have run dry)."""
+    body = {"model": "tts-1", "input": "x", "voice": "alloy", "response_format": "pcm",
+            "max_tokens": 7 * frames}  # fmt: skip
+    t0 = time.monotonic()
+    async with s.post(
+        f"{url}/v1/audio/speech", json=body, headers={"Authorization": f"Bearer {key}"}
+    ) as r:
+        head = time.monotonic() - t0
+        if r.status != 200:
+            await r.read()
+            return r.status, head, 0.0, 0.0
+        first = None
+        got = 0
+        worst = 0.0
+        async for chunk in r.content.iter_any():
+            now = time.monotonic()
+            if first is None:
+                first = now
+            else:
+                worst = max(worst, (now - first) - got / 2 / SAMPLE_RATE)
+            got += len(chunk)
+        return 200, head, (first or t0) - t0, worst
+
+
+async def test_a_flood_is_held_to_what_the_node_plays_in_real_time(
+    layout: InstanceLayout,
+) -> None:
+    async with running_gateway(
+        layout,
+        backend={"realtime": True, "capacity": CAPACITY, "tick_s": 0.02},
+        admission="learned",
+        api_keys=["flood", "calm"],
+    ) as h:
+        results: list[tuple[int, float, float, float]] = []
+        calm: list[tuple[int, float, float, float]] = []
+        limits: list[int] = []
+        stop = time.monotonic() + 14.0
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+
+            async def client(key: str, out: list[tuple[int, float, float, float]]) -> None:
+                while time.monotonic() < stop:
+                    res = await _speak(s, h.url, key)
+                    out.append(res)
+                    if res[0] == 429:
+                        await asyncio.sleep(0.2)
+
+            async def watch() -> None:
+                while time.monotonic() < stop:
+                    limits.append(h.gateway.admission.capacity())
+                    await asyncio.sleep(0.25)
+
+            # 24 flooding clients: three times what the node holds; one calm client.
+            await asyncio.gather(
+                watch(),
+                client("calm", calm),
+                *(client("flood", results) for _ in range(3 * CAPACITY)),
+            )
+        await wait_until(lambda: h.gateway.admission.active == 0, what="streams released")
+
+    settled = limits[len(limits) // 2 :]
+    assert settled and min(settled) >= CAPACITY // 2 and max(settled) <= CAPACITY, limits
+    played = [r for r in results if r[0] == 200]
+    refused = [r for r in results if r[0] == 429]
+    assert played and refused, (len(played), len(refused))
+    assert {r[0] for r in results} <= {200, 429}
+    # Refusals are answered at once, not after queue_timeout_s (10 s).
+    refusal_s = sorted(r[1] for r in refused)
+    assert refusal_s[int(len(refusal_s) * 0.99) - 1] < 1.0
+    # Admitted after the limit settled (the second half): they play in real time.
+    late = played[len(played) // 2 :]
+    real_time = [r for r in late if r[2] < 1.0 and r[3] < 0.1]
+    assert len(real_time) >= 0.9 * len(late), sorted(r[3] for r in late)
+    # The calm key, one request at a time, is not starved by the flood.
+    calm_played = [r for r in calm if r[0] == 200]
+    assert len(calm_played) >= 0.5 * len(calm), calm
