@@ -91,7 +91,7 @@ class Done(msgspec.Struct, frozen=True, tag="done", tag_field="type"):
     frames: int
 
 
-class Error(msgspec.Struct, frozen=True, tag="error", tag_field="type"):
+class Error(msgspec.Struct, frozen=True, tag="error", tag_field="type", omit_defaults=True):
     request_id: int | None
     """None when the message that failed could not be decoded."""
     status: int
@@ -99,7 +99,7 @@ class Error(msgspec.Struct, frozen=True, tag="error", tag_field="type"):
     message: str
     retry_after_s: int | None = None
     """Seconds after which the same request may succeed (a full node, a worker restart);
-    None: retrying will not help."""
+    None (left out of the message: the bytes of before): retrying will not help."""
 
 
 ClientMessage = Speak | AppendText | Cancel

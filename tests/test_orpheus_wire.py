@@ -202,3 +202,10 @@ def test_gateway_process_endpoints() -> None:
     assert endpoint_for("tcp://127.0.0.1:8001", 0) == "tcp://127.0.0.1:8001"
     assert endpoint_for("tcp://127.0.0.1:8001", 2) == "tcp://127.0.0.1:8003"
     assert endpoint_for("ipc:///run/orpheus/zmq", 1) == "ipc:///run/orpheus/zmq-1"
+
+
+def test_an_error_names_retry_after_only_when_retrying_helps() -> None:
+    busy = Error(request_id=3, status=429, code="server_busy", message="full", retry_after_s=1)
+    assert server_decoder.decode(encoder.encode(busy)) == busy
+    bad = Error(request_id=3, status=400, code="invalid_message", message="bad")
+    assert b"retry_after_s" not in encoder.encode(bad)  # an older client's bytes

@@ -159,6 +159,11 @@ def side_names(args: argparse.Namespace) -> dict[Variant, str]:
 def server_for(variant: Variant, args: argparse.Namespace, rnd: int) -> ServerProcess:
     port = free_port()
     shared = [f"--set={kv}" for kv in args.set]
+    if variant != "baseline" or args.against_set:
+        # Both sides serve every stream of a level (a fixed count), unless asked otherwise:
+        # the comparison is of speed at a concurrency; refusing is ``bench overload``'s.
+        if not any(kv.startswith("gateway.admission=") for kv in args.set):
+            shared.insert(0, "--set=gateway.admission=fixed")
     if args.config is not None:
         shared += ["--config", args.config]
     if variant == "baseline" and args.against_set:

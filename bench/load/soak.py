@@ -715,7 +715,11 @@ def main(argv: list[str] | None = None) -> int:
         from bench.load.servers import ServerProcess, orpheus_serve_argv
 
         port = free_port()
-        argv_ = orpheus_serve_argv(args.model, None, args.device, port)
+        # A fixed admission count: the soak judges memory over a traffic mix whose floods fill
+        # admission's queue, as every soak before learned admission did (comparable runs);
+        # learned admission has its own bench (``bench overload``).
+        fixed = ["--set", "gateway.admission=fixed"]
+        argv_ = orpheus_serve_argv(args.model, None, args.device, port, fixed)
         url = f"http://127.0.0.1:{port}"
         server = ServerProcess("orpheus-serve", argv_, url, args.server_log)
         probe = {PROBE_ENV: str(args.profile_memory), PROBE_EVERY_ENV: str(args.interval)}

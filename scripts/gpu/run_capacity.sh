@@ -234,6 +234,7 @@ stage_serve() {
   # shellcheck disable=SC2086
   setsid env "${envs[@]}" "${OS[@]}" serve --model "$MODEL" --codec-model "$MODEL/snac" \
     --device "$DEVICE" --port "$PORT" --set codec.compile="$CODEC_COMPILE" \
+    --set gateway.admission="${ADMISSION:-fixed}" \
     --set gateway.max_active_streams=1024 --set gateway.max_queued_streams=1024 \
     --set gateway.processes="$GATEWAYS" $flags ${SERVE_EXTRA:-} \
     >"$LOGS/serve-$variant.log" 2>&1 </dev/null &
