@@ -428,7 +428,11 @@ class Admission:
 
     def release(self, engine: int = 0, key: str = ANONYMOUS) -> None:
         """Give a slot on ``engine`` back; the node's oldest waiter takes it over."""
-        self._departures.append(time.monotonic())
+        now = time.monotonic()
+        d = self._departures
+        d.append(now)
+        while now - d[0] > DEPARTURE_WINDOW_S:
+            d.popleft()
         n = self.by_key.get(key, 0) - 1
         if n > 0:
             self.by_key[key] = n
