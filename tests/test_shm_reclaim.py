@@ -23,7 +23,15 @@ import msgspec
 import pytest
 
 from orchestrator import proctree
-from orchestrator.reclaim import Manifest, Owner, Recorder, manifest_name, read_manifests, reclaim
+from orchestrator.reclaim import (
+    Held,
+    Manifest,
+    Owner,
+    Recorder,
+    manifest_name,
+    read_manifests,
+    reclaim,
+)
 from shm.config import ShmConfig
 from shm.layout import InstanceLayout
 from shm.ring import SHM_DIR
@@ -247,3 +255,40 @@ def test_the_record_follows_what_is_held(holders: list[Holder], run_dir: str) ->
             assert msgspec.json.decode(f.read(), type=Manifest) == rec.manifest()
     finally:
         destroy_instance(lay)
+
+
+def test_a_record_is_trusted_no_further_than_it_goes(holders: list[Holder], run_dir: str) -> None:
+    """A live recorded holder keeps a file even when nobody maps it (a named semaphore between
+    uses); a recorded name that now denotes another file (another inode) is not ours."""
+    orch = Holder()
+    holders.append(orch)
+    orch_start = proctree.start_time(orch.pid) or 0
+    orch.kill_all()
+    instance = f"orpheus-{orch.pid}"
+    tag = os.urandom(4).hex()
+    names = {k: f"psm_reclaim_test_{tag}_{k}" for k in ("held", "renamed", "dead")}
+    inodes = {}
+    for key, name in names.items():
+        with open(os.path.join(SHM_DIR, name), "wb") as f:
+            f.write(b"\0" * 4096)
+        inodes[key] = os.stat(os.path.join(SHM_DIR, name)).st_ino
+    me = Owner(os.getpid(), proctree.start_time(os.getpid()) or 0)
+    gone = Owner(orch.pid, orch_start)
+    man = Manifest(instance, run_dir, gone, [
+        Held(names["held"], inodes["held"], [me]),  # alive, though it maps nothing now
+        Held(names["renamed"], inodes["renamed"] + 1, [gone]),  # the name is another file's
+        Held(names["dead"], inodes["dead"], [gone]),
+    ])  # fmt: skip
+    with open(os.path.join(SHM_DIR, manifest_name(instance)), "wb") as f:
+        f.write(msgspec.json.encode(man))
+    try:
+        r = reclaim(run_dir)
+        assert [f[0] for f in r.freed if f[0].startswith("psm_reclaim_test")] == [names["dead"]]
+        assert r.kept == [names["held"]]
+        assert os.path.exists(os.path.join(SHM_DIR, names["held"]))
+        assert os.path.exists(os.path.join(SHM_DIR, names["renamed"]))
+        assert not os.path.exists(os.path.join(SHM_DIR, names["dead"]))
+        kept = read_manifests()[instance]
+        assert [o.name for o in kept.objects] == [names["held"]], "the record shrinks to it"
+    finally:
+        _unlink([*names.values(), manifest_name(instance)])
