@@ -232,7 +232,9 @@ class Reclaimed(msgspec.Struct):
         return text
 
 
-def _instance_dead(instance: str, manifests: dict[str, Manifest]) -> bool:
+def _instance_dead(instance: str, manifests: dict[str, Manifest], starting: str | None) -> bool:
+    if instance == starting:
+        return True
     man = manifests.get(instance)
     if man is not None:
         return not man.orchestrator.alive()
@@ -240,10 +242,14 @@ def _instance_dead(instance: str, manifests: dict[str, Manifest]) -> bool:
     return m is not None and not pid_alive(int(m.group(2)))
 
 
-def reclaim(run_dir: str, *, dry_run: bool = False) -> Reclaimed:
+def reclaim(run_dir: str, *, dry_run: bool = False, starting: str | None = None) -> Reclaimed:
     """Take back what dead instances left in /dev/shm (the rule is the module's) and their
-    socket directories under ``run_dir``; ``dry_run``: only say what would go. Call it before
-    creating an instance."""
+    socket directories under ``run_dir``; ``dry_run``: only say what would go.
+
+    ``starting``: the instance the caller is about to create. Whatever already bears its name
+    was left by a dead predecessor with the same pid (a restarted container's orchestrator
+    often gets its predecessor's pid), even one that died before it wrote its manifest: it
+    must go, or creating the rings fails on the existing names."""
     manifests = read_manifests()
     listing = _shm_listing()
     live_inodes: set[int] | None = None
@@ -253,7 +259,7 @@ def reclaim(run_dir: str, *, dry_run: bool = False) -> Reclaimed:
     rewritten to list only those, for a later pass."""
     touched: set[str] = set()
     for instance, man in sorted(manifests.items()):
-        if man.orchestrator.alive():
+        if man.orchestrator.alive() and instance != starting:
             continue
         for obj in man.objects:
             st = listing.get(obj.name)
@@ -273,7 +279,7 @@ def reclaim(run_dir: str, *, dry_run: bool = False) -> Reclaimed:
             touched.add(instance)
 
     def dead(instance: str) -> bool:
-        return _instance_dead(instance, manifests)
+        return _instance_dead(instance, manifests, starting)
 
     socket_dirs: list[str] = []
     if dry_run:

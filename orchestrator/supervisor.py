@@ -168,7 +168,7 @@ class Supervisor:
         """Serve until SIGINT/SIGTERM. Returns the process exit code."""
         if not proctree.become_subreaper():
             log.warning("cannot become a child subreaper: orphans of a dead worker go to init")
-        reclaimed = reclaim(self.config.shm.run_dir)
+        reclaimed = reclaim(self.config.shm.run_dir, starting=self.layout.instance)
         if reclaimed.instances:
             log.warning("%s", reclaimed.describe())
         create_instance(self.layout, self.config.shm)

@@ -292,3 +292,23 @@ def test_a_record_is_trusted_no_further_than_it_goes(holders: list[Holder], run_
         assert [o.name for o in kept.objects] == [names["held"]], "the record shrinks to it"
     finally:
         _unlink([*names.values(), manifest_name(instance)])
+
+
+def test_a_start_removes_what_bears_its_own_name(holders: list[Holder], run_dir: str) -> None:
+    """A restarted container's orchestrator can get its dead predecessor's pid: files under
+    its own instance name, even without a manifest, are the predecessor's, and must go before
+    it creates its rings (which refuse existing names)."""
+    h = Holder()  # stands for this start's orchestrator: alive, and the pid is its own
+    holders.append(h)
+    lay = InstanceLayout.for_pid(h.pid, run_dir, gateways=1)
+    create_instance(lay, SMALL)  # the predecessor's rings, no manifest
+    ring = os.path.join(SHM_DIR, lay.pcm_ring(0).segment)
+    try:
+        reclaim(run_dir)
+        assert os.path.exists(ring), "a live pid without a record is a live instance"
+        r = reclaim(run_dir, starting=lay.instance)
+        assert not os.path.exists(ring) and not os.path.exists(lay.socket_dir)
+        assert lay.instance in r.instances
+        create_instance(lay, SMALL)
+    finally:
+        destroy_instance(lay)
