@@ -10,6 +10,8 @@ shared-memory ownership, fail-fast checks. The ``orpheus-serve`` command is ``or
   several engines run without it
 - ``child``: every worker's entry point (``python -m orchestrator.child ROLE [INDEX]``)
 - ``proctree``: a worker's whole process tree (vLLM's included), killed and cleaned up
+- ``reclaim``: what the instance holds in /dev/shm, recorded while it runs, and taken back
+  after the whole instance died (at the next start, or ``orpheus-serve cleanup``)
 - ``failures``: permanent start-up failures, found before or at start and said in one line
 - ``logs``: text or JSON log lines on stderr for every process
 - ``say``: ``orpheus-serve say``, one utterance through a running server into a WAV file

@@ -147,6 +147,52 @@ def shm_mappings(pids: Iterable[int]) -> set[str]:
     return {n for n in names if n and "/" not in n}
 
 
+def start_time(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot (``/proc/<pid>/stat`` field 22):
+    with the pid, an identity that a reused pid does not share. None if there is no such
+    process (or it is a zombie: dead)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2 :].split()
+    try:
+        return None if fields[0] == "Z" else int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def shm_inodes(pids: Iterable[int]) -> dict[int, set[int]]:
+    """The /dev/shm files the processes map or hold open, by inode: ``{inode: {pid, ...}}``.
+
+    By inode, not name: glibc's ``sem_open`` creates a semaphore under a temporary name
+    (``sem.XXXXXX``), maps it, links it to its real name (``sem.mp-...``) and unlinks the
+    temporary one, so the process's maps name a deleted file while the semaphore lives on
+    under another name. The inode is the file's, whatever name it was opened by."""
+    out: dict[int, set[int]] = {}
+    prefix = " " + SHM_DIR + "/"
+    try:
+        shm_dev = os.stat(SHM_DIR).st_dev
+    except OSError:
+        return out
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    if prefix in line:
+                        # address perms offset dev inode path
+                        with contextlib.suppress(IndexError, ValueError):
+                            out.setdefault(int(line.split(None, 5)[4]), set()).add(pid)
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    st = os.stat(f"/proc/{pid}/fd/{fd}")
+                    if st.st_dev == shm_dev:
+                        out.setdefault(st.st_ino, set()).add(pid)
+    return out
+
+
 def _reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)

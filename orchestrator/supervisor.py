@@ -42,6 +42,7 @@ from orchestrator.failures import EXIT_PERMANENT, Failure
 from orchestrator.launcher import Launcher, Process, launch_in_own_session
 from orchestrator.logs import library_env
 from orchestrator.mps import log_mps
+from orchestrator.reclaim import Recorder, reclaim
 from shm.layout import InstanceLayout
 from shm.messages import (
     ClusterStatus,
@@ -53,12 +54,7 @@ from shm.messages import (
     control_encoder,
     orchestrator_decoder,
 )
-from shm.segments import (
-    create_instance,
-    describe_segments,
-    destroy_instance,
-    remove_stale_instances,
-)
+from shm.segments import create_instance, describe_segments, destroy_instance
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +66,9 @@ MAX_START_FAILURES = 5
 """Starts in a row that end before the worker is ready: then the server gives up (exit 1)."""
 TREE_SNAPSHOT_S = 10.0
 """How often the shared-memory segments mapped by each worker's process tree are noted (a
-tree killed by the kernel in a cascade may be gone before the orchestrator looks)."""
+tree killed by the kernel in a cascade may be gone before the orchestrator looks), and the
+instance's manifest of them rewritten if they changed (``orchestrator.reclaim``: a start
+after the whole instance was killed takes them back)."""
 ORPHAN_REAP_S = 2.0
 LOOP_STALL_WARN_S = 5.0
 """One pass of the supervision loop longer than this is logged (deaths are noticed late)."""
@@ -161,15 +159,22 @@ class Supervisor:
         """When the workers were started (or the first pass ran): the ready timeout and the
         "ready in" line count from it."""
         self._announced = False
+        self._recorder: Recorder | None = None
+        """The record of what the instance's processes hold in /dev/shm, for a start after a
+        crash of the whole instance (``orchestrator.reclaim``); set by ``run``."""
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> int:
         """Serve until SIGINT/SIGTERM. Returns the process exit code."""
         if not proctree.become_subreaper():
             log.warning("cannot become a child subreaper: orphans of a dead worker go to init")
-        remove_stale_instances(self.config.shm.run_dir)
+        reclaimed = reclaim(self.config.shm.run_dir, starting=self.layout.instance)
+        if reclaimed.instances:
+            log.warning("%s", reclaimed.describe())
         create_instance(self.layout, self.config.shm)
         log.info("%s", describe_segments(self.layout))
+        self._recorder = Recorder(self.layout)
+        self._recorder.write()
         plan = cpu_plan(
             self.config.device,
             self.config.cpu_affinity,
@@ -300,6 +305,7 @@ class Supervisor:
             child.failed_starts = 0
             child.ready_since = child.last_seen
             self._snapshot(child)
+            self._record()
             log.info(
                 "%s ready (pid %d, %.1fs)%s", child.name, msg.pid,
                 child.last_seen - child.started_at, f": {msg.detail}" if msg.detail else "",
@@ -404,6 +410,10 @@ class Supervisor:
             mapped = proctree.shm_mappings(tree)
             child.segments |= {s for s in mapped if not s.startswith(self.layout.instance)}
 
+    def _record(self) -> None:
+        if self._recorder is not None:
+            self._recorder.record()
+
     def _kill_tree(self, child: Child) -> None:
         """Kill what is left of a dead (or stopped) child's process group and unlink the
         segments only its tree had mapped."""
@@ -438,6 +448,7 @@ class Supervisor:
             for child in self.workers:
                 if child.ready:
                     self._snapshot(child)
+            self._record()
         if now >= self._next_reap:
             self._next_reap = now + ORPHAN_REAP_S
             # Every pid we started, dead or alive: Popen must reap its own children itself.

@@ -1,4 +1,4 @@
-"""The ``orpheus-serve`` command: ``serve`` and ``say`` (orchestrator/), ``tiny-model`` and
+"""The ``orpheus-serve`` command: ``serve``, ``say`` and ``cleanup`` (orchestrator/), ``tiny-model`` and
 ``bench ...`` (bench/; ``rich`` and ``matplotlib`` come with the ``bench`` extra)."""
 
 from __future__ import annotations
@@ -135,6 +135,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    """Free what dead instances left in /dev/shm (``orchestrator.reclaim``; every start does
+    the same first). Live instances are never touched, so it is safe beside running servers."""
+    from orchestrator.reclaim import reclaim
+    from orchestrator.settings import ConfigError, load_config, set_overrides
+
+    try:
+        cfg = load_config(args.config, set_overrides(args.set or []))
+    except ConfigError as exc:
+        tell(f"orpheus-serve: {exc}")
+        return 2
+    print(reclaim(cfg.shm.run_dir, dry_run=args.dry_run).describe(), flush=True)
+    return 0
+
+
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from bench.doubles.tiny_model import write_random_lora, write_random_snac, write_tiny_model
 
@@ -189,6 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="override any configuration key, e.g. --set codec.max_batch=32 (repeatable)",
     )  # fmt: skip
 
+    k = sub.add_parser(
+        "cleanup",
+        help="after a crash of the whole server: free what dead instances left in /dev/shm "
+        "(every start does it too; live instances are never touched)",
+    )
+    k.add_argument("--config", help="TOML configuration file (its shm.run_dir)")
+    k.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="as for serve")
+    k.add_argument("--dry-run", action="store_true", help="only say what would be freed")
+
     t = sub.add_parser("tiny-model", help="write the deterministic tiny test model + random SNAC")
     t.add_argument("dir")
     t.add_argument("--seed", type=int, default=0)
@@ -234,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return cmd_serve(args)
+    if args.command == "cleanup":
+        return cmd_cleanup(args)
     if args.command == "tiny-model":
         return cmd_tiny_model(args)
     if args.command == "say":

@@ -1,23 +1,23 @@
 """Lifecycle of an instance's shared-memory segments and socket directory.
 
 The orchestrator owns them: it creates them before starting workers, unlinks them on exit,
-and at start removes those of instances whose orchestrator is dead (``orpheus-<pid>-*``).
+and at start removes those of instances whose orchestrator is dead (``orpheus-<pid>-*``;
+``orchestrator.reclaim`` also takes back what such an instance's workers held).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 
 from shm.admission import create_admission_segment, unlink_admission_segment
 from shm.config import ShmConfig
 from shm.layout import SEGMENT_PREFIX, InstanceLayout, pid_alive
 from shm.ring import SHM_DIR, create_ring, unlink_ring
 
-log = logging.getLogger(__name__)
 _INSTANCE_RE = re.compile(rf"^{re.escape(SEGMENT_PREFIX)}(\d+)(?:-|$)")
 
 
@@ -62,8 +62,11 @@ def instance_segments(instance: str) -> list[str]:
     return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(f"{instance}-"))
 
 
-def remove_stale_instances(run_dir: str) -> list[str]:
-    """Remove segments and socket dirs left by orchestrators that are no longer running."""
+def remove_stale_instances(run_dir: str, dead: Callable[[str], bool] | None = None) -> list[str]:
+    """Remove the segments (``orpheus-<pid>-*``) and socket dirs of dead instances; returns
+    their paths. ``dead(instance)`` says which are; by default those whose orchestrator pid
+    runs no process (``orchestrator.reclaim`` passes a finer rule, and logs what went)."""
+    is_dead = dead or (lambda instance: not pid_alive(int(instance[len(SEGMENT_PREFIX) :])))
     removed: list[str] = []
     for directory, is_shm in ((SHM_DIR, True), (run_dir, False)):
         try:
@@ -72,7 +75,7 @@ def remove_stale_instances(run_dir: str) -> list[str]:
             continue
         for name in names:
             m = _INSTANCE_RE.match(name)
-            if not m or pid_alive(int(m.group(1))):
+            if not m or not is_dead(f"{SEGMENT_PREFIX}{m.group(1)}"):
                 continue
             path = os.path.join(directory, name)
             if is_shm:
@@ -83,6 +86,4 @@ def remove_stale_instances(run_dir: str) -> list[str]:
             else:
                 shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
-    if removed:
-        log.info("removed %d stale segment(s)/socket dir(s) of dead instances", len(removed))
     return removed

@@ -185,6 +185,18 @@ def test_template_unit_does_not_remove_other_instances_ipc() -> None:
 
 
 @pytest.mark.parametrize("path", UNITS, ids=lambda p: p.name)
+def test_units_free_what_a_crashed_instance_left(path: Path) -> None:
+    """After any stop, a crash included, `orpheus-serve cleanup` with the server's own
+    configuration (its shm.run_dir); a failure there does not fail the unit (issue 47)."""
+    from orpheus_serve.cli import build_parser
+
+    post = parse_unit(path)["Service"]["ExecStopPost"]
+    assert post == ["-" + EXEC.replace(" serve ", " cleanup ")]
+    args = build_parser().parse_args(post[0][1:].split()[1:])
+    assert args.command == "cleanup" and args.config == "/etc/orpheus-serve/config.toml"
+
+
+@pytest.mark.parametrize("path", UNITS, ids=lambda p: p.name)
 def test_systemd_analyze_verify(path: Path, tmp_path: Path) -> None:
     exe = tool("systemd-analyze")
     if exe is None:
