@@ -360,7 +360,7 @@ class ZmqFrontend:
                 link,
                 text_open=msg.text_open,
                 traceparent=msg.traceparent or "",
-                text_chars=req.chars,
+                text_chars=req.chars if msg.text_open else None,
             ) as active:
                 req.active = active
                 for pending in req.pending:
