@@ -15,6 +15,7 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
   ClusterStatus; control PUSH
 - ``capacity``: each engine's real-time limit, learned from the streams' audio
 - ``schemas``, ``voices``, ``errors``: request validation, voice names, JSON errors
+- ``languages``: the languages of the checkpoint and of each voice (the listings')
 - ``auth``, ``browser_guard``, ``listener``, ``malformed_http``: API keys, browsers, the
   socket and its limits, what aiohttp refuses before a handler
 - ``audio``: the audio output (formats, streaming encoders, the output pipeline)
@@ -26,7 +27,7 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
 
 The front ends, one package each under ``frontends`` (``frontends.registry`` lists those on
 HTTP): ``frontends.openai`` (``POST /v1/audio/speech``), ``frontends.omni`` (vLLM-Omni's
-WebSocket), ``frontends.elevenlabs`` (WebSocket and HTTP), ``frontends.baseten`` (WebSocket
+WebSocket), ``frontends.elevenlabs`` (WebSocket, HTTP, voice and model lists), ``frontends.baseten`` (WebSocket
 and HTTP), ``frontends.zeromq`` (internal clients; the client library is
 ``orpheus_client.zmq_client``). What they share is beside
 them: ``frontends.shared``, ``frontends.utterance`` (units spoken in order),

@@ -15,6 +15,7 @@ from gateway import custom_voices, jobs
 from gateway.auth import ApiKeys, http_middleware
 from gateway.browser_guard import BrowserGuard, add_cors_headers
 from gateway.errors import APIError
+from gateway.frontends import elevenlabs
 from gateway.frontends.registry import HTTP_FRONTENDS
 from gateway.frontends.shared import Handler
 from gateway.listener import body_deadline
@@ -137,7 +138,11 @@ def build_app(gateway: Gateway) -> web.Application:
         body = await loop.run_in_executor(None, custom.listing, listing.aliases, listing.default)
         return json_response(body)
 
-    async def list_models(_: web.Request) -> web.Response:
+    elevenlabs_models = elevenlabs.models_handler(gateway)
+
+    async def list_models(request: web.Request) -> web.Response:
+        if elevenlabs.asks_for_models(request):  # the ElevenLabs SDKs' models.list
+            return await elevenlabs_models(request)
         return json_response(models)
 
     async def playground(_: web.Request) -> web.FileResponse:

@@ -171,9 +171,11 @@ class ActiveRequest:
         self.completed = True
 
     # -- the request's stream ------------------------------------------------------------------
-    def append_text(self, text: str, *, final: bool) -> None:
-        """More text for a request opened with ``text_open`` (ZeroMQ)."""
-        self._tracker.append_text(self, text, final=final)
+    def append_text(self, text: str, *, final: bool, chars: int | None = None) -> None:
+        """More text for a request opened with ``text_open`` (ZeroMQ). ``chars``: the
+        client's characters this append brought (default ``len(text)``); a front end that
+        holds text back or rewrites it counts what the client sent, when it arrived."""
+        self._tracker.append_text(self, text, final=final, chars=chars)
 
     def fail(self, error: StreamError) -> None:
         """Fail the request's stream (cancelled upstream); its front end learns it from
@@ -184,6 +186,17 @@ class ActiveRequest:
         """Drop a client that stopped reading: fail the stream and tear down the connection
         (its link's ``drop``)."""
         self._tracker.registry.drop_slow_client(self.stream, why)
+
+
+def open_text_too_long(total: int, limit: int) -> APIError:
+    """The error of an open text (ZeroMQ ``text_open``) whose characters, counted as the
+    client sent them, would pass ``gateway.max_input_chars``."""
+    return APIError(
+        400,
+        "input_too_long",
+        f"the stream's text would reach {total} characters; the limit is {limit}",
+        param="text",
+    )
 
 
 class RequestTracker:
@@ -224,13 +237,18 @@ class RequestTracker:
         text_open: bool = False,
         started_at: float | None = None,
         traceparent: str | None = None,
+        text_chars: int | None = None,
     ) -> ActiveRequest:
         """A request for ``params`` whose audio goes out on ``link`` (its ``api`` labels the
         request), to enter with ``async with`` (admitted on entry). ``traceparent``: the
         client's W3C trace context (default: the HTTP request's header,
-        ``INCOMING_TRACEPARENT``); used only when tracing is on."""
+        ``INCOMING_TRACEPARENT``); used only when tracing is on. ``text_chars``: the
+        client's characters ``params.text`` stands for, when the front end rewrote or held
+        back some of it (ZeroMQ's open text; default ``len(params.text)``)."""
         t0 = self.loop.time() if started_at is None else started_at
         request = ActiveRequest(self, params, link, t0, text_open)
+        if text_chars is not None:  # the client's characters, before the front end's rewriting
+            request.text_chars = text_chars
         if self.tracing is not None:
             request.traceparent = INCOMING_TRACEPARENT.get() if traceparent is None else traceparent
         return request
@@ -380,24 +398,23 @@ class RequestTracker:
             span.set_status(Status(StatusCode.ERROR, message or outcome))
         span.end()
 
-    def append_text(self, request: ActiveRequest, text: str, *, final: bool) -> None:
+    def append_text(
+        self, request: ActiveRequest, text: str, *, final: bool, chars: int | None = None
+    ) -> None:
         stream = request.stream
         if stream.text_closed:
             raise APIError(400, "text_closed", "this stream's text is already complete")
         limit = self.config.max_input_chars
-        if request.text_chars + len(text) > limit:
-            raise APIError(
-                400,
-                "input_too_long",
-                f"the stream's text would reach {request.text_chars + len(text)} characters; "
-                f"the limit is {limit}",
-                param="text",
-            )
-        check_text(text, limit, param="text", allow_empty=True)
-        request.text_chars += len(text)
+        total = request.text_chars + (len(text) if chars is None else chars)
+        if total > limit:
+            raise open_text_too_long(total, limit)
+        check_text(text, None, param="text", allow_empty=True)
+        request.text_chars = total
         if stream.done:
             return  # ended or failed meanwhile: the front end learns it from next_chunks
         stream.last_record_at = self.loop.time()  # the open text's idle clock too
+        if not text and not final:
+            return  # all of it held back by the front end (normalisation, dictionaries)
         try:
             self.upstream.engine(stream.engine).append_text(stream.stream_id, text, final=final)
         except UpstreamUnavailable as e:

@@ -132,6 +132,12 @@ ROUTES = {
     ("POST", "/v1/text-to-dialogue/stream"),
     ("POST", "/v1/text-to-dialogue/stream/with-timestamps"),
     ("POST", "/v1/text-to-dialogue/with-timestamps"),
+    # ElevenLabs' whole speech, voices (issue 46).
+    ("POST", "/v1/text-to-speech/{voice_id}"),
+    ("POST", "/v1/text-to-speech/{voice_id}/with-timestamps"),
+    ("GET", "/v1/voices"),
+    ("GET", "/v2/voices"),
+    ("GET", "/v1/voices/{voice_id}"),
     ("GET", "/v1/audio/voices"),
     ("POST", "/v1/audio/voices"),
     ("DELETE", "/v1/audio/voices/{voice_id}"),

@@ -155,6 +155,18 @@ def test_a_custom_voice_speaks_in_every_api(server: Server) -> None:
         pcm = b"".join(c.speech("Hello there.", voice="me", max_tokens=7 * FRAMES, seed=1))
     assert len(pcm) == FRAMES * BYTES_PER_FRAME
 
+    # The official ElevenLabs SDK (sync, its defaults): the voice listed and spoken whole.
+    from elevenlabs import ElevenLabs
+
+    el = ElevenLabs(base_url=server.url, api_key=KEY)
+    kinds = {v.voice_id: v.category for v in el.voices.get_all().voices}
+    assert (kinds["tara"], kinds["me"], kinds["ava"]) == ("premade", "cloned", "professional")
+    assert el.voices.get("me").description == "a test voice (random weights: noise)"
+    audio = b"".join(el.text_to_speech.convert("me", text="Hi there.", output_format="pcm_24000"))
+    assert len(audio) > 0 and len(audio) % BYTES_PER_FRAME == 0
+    timed = el.text_to_speech.convert_with_timestamps("me", text="Hi there.", seed=3)
+    assert timed.alignment is not None and "".join(timed.alignment.characters) == "Hi there."
+
 
 def test_the_reference_prefix_is_reused_from_vllms_prefix_cache(server: Server) -> None:
     hits0 = server.metric("vllm:prefix_cache_hits_total")

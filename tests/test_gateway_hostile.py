@@ -27,6 +27,7 @@ from codec_worker.encoder import EncodeServer, VoiceEncoder
 from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
 from common.gateway_config import GatewayConfig
 from common.llm_config import LLMConfig
+from common.text_config import TextConfig
 from gateway.browser_guard import BrowserGuard
 from gateway.custom_voices import confined_lora_path
 from gateway.listener import FD_RESERVE, connection_limit
@@ -263,6 +264,52 @@ async def test_text_queued_on_a_websocket_is_capped(layout: InstanceLayout) -> N
             assert base.close_code == 1013
             assert h.gateway.active_streams <= 3
             assert len(h.backend.submitted()) < 3 * 45, "nothing past the cap was queued"
+            for ws in (omni, eleven, base):
+                await ws.close()
+        await assert_recovered(h, fds)
+
+
+async def test_text_without_sentence_ends_on_a_websocket_is_capped(
+    layout: InstanceLayout,
+) -> None:
+    """Words that never end a sentence, normalised: what a socket holds (the text not cut
+    into a unit yet, and the units cut at ``UNIT_MAX_CHARS``) counts against the cap, so
+    past it each message is refused, as for whole sentences (ZeroMQ's open text:
+    tests/test_gateway_zmq.py)."""
+    async with running_gateway(
+        layout, backend={"realtime": True}, serve={"text": TextConfig()}, **QUEUE_CAP
+    ) as h:
+        fds = open_fds()
+        async with aiohttp.ClientSession() as s:
+            omni = await open_omni(s, h, "")
+            eleven = await s.ws_connect(h.url + ELEVEN)
+            base = await s.ws_connect(h.url + BASETEN)
+            await base.send_json({"voice": "tara"})
+            for _ in range(FLOOD):
+                await omni.send_json({"type": "input.text", "text": "word 12 "})
+                await eleven.send_json({"text": "word 12 ", "context_id": "c1"})
+                if not base.closed:
+                    await base.send_str("word 12 ")
+
+            # 600 characters queued and at most one 280-character unit being spoken (the
+            # realtime backend takes seconds per unit): the rest of the 3,200 are refused.
+            most_taken = (600 + 2 * 280) // len("word 12 ")
+
+            async def refusals(ws: aiohttp.ClientWebSocketResponse, key: str) -> int:
+                n = 0
+                while n < FLOOD - most_taken:
+                    msg = await ws.receive(10)
+                    if msg.type == aiohttp.WSMsgType.TEXT:
+                        n += json.loads(msg.data).get(key) == "input_queue_full"
+                return n
+
+            assert await refusals(omni, "code") == FLOOD - most_taken
+            assert await refusals(eleven, "error") == FLOOD - most_taken
+            while (await base.receive(10)).type == aiohttp.WSMsgType.BINARY:
+                pass
+            assert base.close_code == 1013
+            spoken = sum(len(sub.text) for sub in h.backend.submitted())
+            assert spoken <= 3 * (600 + 2 * 280), "nothing past the cap was queued"
             for ws in (omni, eleven, base):
                 await ws.close()
         await assert_recovered(h, fds)

@@ -19,6 +19,7 @@ import zmq.asyncio
 from gateway_harness import running_gateway, wait_until
 
 from bench.doubles.synthetic_backend import synthetic_pcm
+from common.text_config import TextConfig
 from gateway.frontends.zeromq.server import MAX_PENDING_APPENDS
 from orpheus_client.zmq_client import AsyncClient, Client, SpeechError
 from orpheus_wire.zeromq import (
@@ -293,3 +294,79 @@ async def test_frames_over_the_size_limit_are_never_read(
         while not isinstance(reply := await _next(raw), Done | Error) or reply.request_id != 2:
             pass
         assert isinstance(reply, Done)
+
+
+# Open text without a sentence end: every character the client sends counts against
+# gateway.max_input_chars when it arrives, whether the server sends it on, holds it back
+# (normalisation and dictionaries hold the last words of an append) or holds the whole
+# append while the request waits for admission.
+NO_SENTENCE_END = ["x" * 100, "word " * 20]
+
+
+@pytest.mark.parametrize("piece", NO_SENTENCE_END, ids=["one_word", "words"])
+@pytest.mark.parametrize("normalization", ["on", "off"])
+async def test_open_text_past_the_limit_ends_with_input_too_long(
+    layout: InstanceLayout, piece: str, normalization: str
+) -> None:
+    async with running_gateway(
+        layout,
+        zmq=True,
+        max_input_chars=400,
+        serve={"text": TextConfig(normalization=normalization)},  # what "auto" means
+    ) as h:
+        async with AsyncClient(h.config.gateway.zmq_endpoint or "") as c:
+            async with c.stream(voice="tara") as s:
+                for _ in range(4):  # 400 characters: within the limit
+                    await s.append(piece)
+                with pytest.raises(SpeechError) as e:
+                    await s.append(piece)  # 500
+                    async with asyncio.timeout(5):
+                        _ = [x async for x in s]
+            assert (e.value.status, e.value.code) == (400, "input_too_long")
+            assert "500 characters; the limit is 400" in str(e.value)
+        await wait_until(lambda: h.gateway.active_streams == 0, what="the slot freed")
+
+
+@pytest.mark.parametrize("normalization", ["on", "off"])
+async def test_raw_open_text_past_the_limit_and_after(
+    layout: InstanceLayout, normalization: str
+) -> None:
+    async with running_gateway(
+        layout, zmq=True, max_input_chars=100
+    ) as h, _dealer(h.config.gateway.zmq_endpoint or "") as raw:  # fmt: skip
+        await raw.send(
+            _msg(
+                type="speak", request_id=1, input="x" * 10, text_open=True,
+                apply_text_normalization=normalization,
+            )
+        )  # fmt: skip
+        assert isinstance(await _next(raw), Started)
+        for _ in range(4):  # 110 characters
+            await raw.send(_msg(type="append", request_id=1, text="y" * 25))
+        while isinstance(reply := await _next(raw), Audio):  # "off": what was sent on is spoken
+            pass
+        assert isinstance(reply, Error), reply
+        assert (reply.request_id, reply.status, reply.code) == (1, 400, "input_too_long")
+        assert "110 characters; the limit is 100" in reply.message
+        # Later appends hold nothing: the request is gone.
+        for _ in range(3):
+            await raw.send(_msg(type="append", request_id=1, text="z" * 25))
+            assert (await _next(raw)).code == "unknown_request"  # type: ignore[union-attr]
+        await wait_until(lambda: h.gateway.active_streams == 0, what="the slot freed")
+
+
+async def test_open_text_past_the_limit_while_queued(layout: InstanceLayout) -> None:
+    async with running_gateway(layout, zmq=True, max_active_streams=1, max_input_chars=4096) as h:
+        ep = h.config.gateway.zmq_endpoint or ""
+        async with _slot_taken(ep), _dealer(ep) as raw:
+            await raw.send(
+                _msg(type="speak", request_id=7, input="Hi ", text_open=True,
+                     apply_text_normalization="on")
+            )  # fmt: skip
+            for _ in range(5):
+                await raw.send(_msg(type="append", request_id=7, text="x" * 1000))
+            reply = await _next(raw)
+            assert isinstance(reply, Error) and (reply.request_id, reply.status) == (7, 400)
+            assert reply.code == "input_too_long" and "5003 characters" in reply.message
+            assert await _silent(raw, 0.3)
+        assert len(h.backend.submitted()) == 1  # the slot holder's only

@@ -1,4 +1,4 @@
-"""ElevenLabs' streaming text-to-speech over HTTP.
+"""ElevenLabs' text-to-speech over HTTP, streamed and whole.
 
 ``POST /v1/text-to-speech/{voice_id}/stream`` answers the audio bytes of ``output_format``;
 ``POST .../stream/with-timestamps`` answers JSON lines, each with base64 audio and the
@@ -6,6 +6,12 @@ estimated character times of the text it speaks (``gateway.frontends.alignment``
 text is spoken a sentence at a time, one request per sentence, into one continuous encoded
 stream; the status is decided by the first sentence (an error before any audio is JSON
 with its status), a failure after the headers cuts the connection.
+
+``POST /v1/text-to-speech/{voice_id}`` (the SDK's ``convert``) and ``.../with-timestamps``
+(``convert_with_timestamps``) speak the same way and answer once all of it is spoken: the
+whole audio (with its ``Content-Length``), or one JSON object with the whole audio in
+base64 and the alignments of all its characters; a failure anywhere is a JSON error with
+its status.
 """
 
 from __future__ import annotations
@@ -27,8 +33,10 @@ from gateway.frontends.elevenlabs.messages import (
     HttpAlignment,
     SpeechBody,
     TimestampChunk,
+    WholeTimestamps,
     output_format,
     params_for,
+    refuse_unsupported,
 )
 from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, api_error, read_body
 from gateway.frontends.text_units import UnitSplitter
@@ -47,13 +55,19 @@ class _HttpStream:
 
     def __init__(
         self, request: web.Request, link: ClientLink, fmt: OutputFormat, enc: AudioEncoder,
-        timestamps: bool,
+        timestamps: bool, whole: bool = False,
     ) -> None:  # fmt: skip
         self.request = request
         self.link = link
         self.fmt = fmt
         self.enc = enc
         self.timestamps = timestamps
+        self.whole = whole
+        """Answer once all is spoken (``convert``): the audio and alignment are gathered."""
+        self.audio = bytearray()
+        """Whole: the encoded audio so far."""
+        self.gathered = (HttpAlignment([], [], []), HttpAlignment([], [], []))
+        """Whole, with timestamps: the alignment and the normalized alignment so far."""
         self.resp: web.StreamResponse | None = None
         self.audio_ms = 0.0
         """Audio encoded so far, in ms of 24 kHz PCM."""
@@ -65,7 +79,14 @@ class _HttpStream:
         """The units whose audio the encoder may hold, not sent yet (the last: the latest)."""
 
     async def write(self, data: bytes, n: int = 0, units: Sequence[ActiveRequest] = ()) -> None:
-        """``data`` to the client, carrying ``n`` audio bytes of ``units``."""
+        """``data`` to the client, carrying ``n`` audio bytes of ``units`` (whole: gathered,
+        counted as delivered)."""
+        if self.whole:
+            self.audio += data
+            self.link.wrote(n, units=units)
+            if n:
+                del self.units[:-1]
+            return
         if self.resp is None:
             self.resp = web.StreamResponse(
                 status=200,
@@ -93,15 +114,29 @@ class _HttpStream:
         self.span_start[which] = self.audio_ms
         return HttpAlignment(times.chars, starts, ends)
 
-    def line(
-        self, data: bytes, times: CharTimes | None, normalized: CharTimes | None = None
-    ) -> bytes:
+    def _alignments(
+        self, times: CharTimes | None, normalized: CharTimes | None
+    ) -> tuple[HttpAlignment | None, HttpAlignment | None]:
         al = self._alignment(times, 0)
         nal = al if normalized is times else self._alignment(normalized, 1)
         if normalized is times:
             self.span_start[1] = self.span_start[0]
+        return al, nal
+
+    def line(
+        self, data: bytes, times: CharTimes | None, normalized: CharTimes | None = None
+    ) -> bytes:
+        al, nal = self._alignments(times, normalized)
         chunk = TimestampChunk(base64.b64encode(data).decode() if data else None, al, nal)
         return _json.encode(chunk) + b"\n"
+
+    def gather(self, times: CharTimes | None, normalized: CharTimes | None) -> None:
+        """Whole: add the character times of the audio just encoded."""
+        for got, into in zip(self._alignments(times, normalized), self.gathered, strict=True):
+            if got is not None:
+                into.characters.extend(got.characters)
+                into.character_start_times_seconds.extend(got.character_start_times_seconds)
+                into.character_end_times_seconds.extend(got.character_end_times_seconds)
 
     async def deliver(self, unit: ActiveRequest, chunks: list[bytes], last: bool) -> None:
         """Encode and write one batch of the current unit's PCM."""
@@ -116,24 +151,44 @@ class _HttpStream:
                 await self.write(data, len(data), self.units)
             return
         times, normalized = self.aligners.take(pcm_ms(n), last=last)
-        if data or times is not None or normalized is not None:
+        if self.whole:
+            self.gather(times, normalized)
+            await self.write(data, len(data), self.units)
+        elif data or times is not None or normalized is not None:
             await self.write(self.line(data, times, normalized), len(data), self.units)
 
     async def finish(self) -> web.StreamResponse:
         """The encoder's tail (the last units' audio, after they ended), then the end."""
         tail = self.enc.finish()
         if tail:
-            line = self.line(tail, None) if self.timestamps else tail
+            line = self.line(tail, None) if self.timestamps and not self.whole else tail
             await self.write(line, len(tail), self.units)
+        if self.whole:
+            return await self._send_whole()
         if self.resp is None:
             await self.write(b"")
         assert self.resp is not None
         await self.link.write(self.resp.write_eof())
         return self.resp
 
+    async def _send_whole(self) -> web.StreamResponse:
+        if self.timestamps:
+            al, nal = self.gathered
+            body = _json.encode(WholeTimestamps(base64.b64encode(self.audio).decode(), al, nal))
+            content_type = "application/json"
+        else:
+            body, content_type = bytes(self.audio), self.fmt.content_type
+        self.resp = web.StreamResponse(status=200, headers={"Content-Type": content_type})
+        self.resp.content_length = len(body)
+        await self.link.write(self.resp.prepare(self.request))
+        await self.link.write(self.resp.write(body))
+        await self.link.write(self.resp.write_eof())
+        return self.resp
 
-def stream_handler(gateway: Gateway, *, timestamps: bool) -> Handler:
-    """``POST .../stream`` (audio bytes) and ``.../stream/with-timestamps`` (JSON lines)."""
+
+def stream_handler(gateway: Gateway, *, timestamps: bool, whole: bool = False) -> Handler:
+    """``POST .../stream`` (audio bytes) and ``.../stream/with-timestamps`` (JSON lines);
+    ``whole``: ``POST /v1/text-to-speech/{voice_id}`` and ``.../with-timestamps``."""
     g = gateway.config.gateway
     decoder = msgspec.json.Decoder(SpeechBody)
 
@@ -145,6 +200,7 @@ def stream_handler(gateway: Gateway, *, timestamps: bool) -> Handler:
             req = decoder.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise APIError(400, "invalid_request", f"invalid body: {e}") from None
+        refuse_unsupported(req)
         plan = await gateway.speech_text.plan(
             req.pronunciation_dictionary_locators,
             req.apply_text_normalization,
@@ -160,7 +216,7 @@ def stream_handler(gateway: Gateway, *, timestamps: bool) -> Handler:
         enc = make_output(params.output, params.speed)
         try:
             with gateway.links.open(API, abort_of(request), key=presented_key(request)) as link:
-                out = _HttpStream(request, link, fmt, enc, timestamps)
+                out = _HttpStream(request, link, fmt, enc, timestamps, whole)
                 try:
                     for i, unit in enumerate(units):
                         spoken = msgspec.structs.replace(params, text=unit.text).spoken()

@@ -3,6 +3,8 @@ the streaming HTTP bodies (``websocket`` and ``http`` serve them)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 from aiohttp import web
 
@@ -21,6 +23,8 @@ WS_PATH = "/v1/text-to-speech/{voice_id}/multi-stream-input"
 WS_SINGLE_PATH = "/v1/text-to-speech/{voice_id}/stream-input"
 STREAM_PATH = "/v1/text-to-speech/{voice_id}/stream"
 TIMESTAMPS_PATH = "/v1/text-to-speech/{voice_id}/stream/with-timestamps"
+CONVERT_PATH = "/v1/text-to-speech/{voice_id}"
+CONVERT_TIMESTAMPS_PATH = "/v1/text-to-speech/{voice_id}/with-timestamps"
 DEFAULT_FORMAT = "mp3_44100_128"
 MAX_CONTEXTS = 16
 """Open contexts per socket (ElevenLabs allows 5; clients that leave contexts open while
@@ -71,6 +75,10 @@ def params_for(
 
 
 class VoiceSettings(msgspec.Struct):
+    """Only ``speed`` is honoured; ``stability``, ``similarity_boost``, ``style`` and
+    ``use_speaker_boost`` (sent by most clients, with the voice's defaults) are ignored
+    (docs/api.md)."""
+
     speed: float | None = None
 
 
@@ -119,7 +127,10 @@ class ErrorMessage(msgspec.Struct, omit_defaults=True):
 
 
 class SpeechBody(msgspec.Struct, kw_only=True):
-    """Body of ``POST /v1/text-to-speech/{voice_id}/stream``; other fields are ignored."""
+    """Body of the four ``POST /v1/text-to-speech/{voice_id}...`` routes. Fields this server
+    cannot honour are ignored (``previous_text``, ``next_text``, ``previous_request_ids``,
+    ``next_request_ids``, ``use_pvc_as_ivc``, any ``model_id``), except those that would
+    change the audio: ``refuse_unsupported`` (docs/api.md lists each)."""
 
     text: str
     model_id: str | None = None
@@ -127,12 +138,34 @@ class SpeechBody(msgspec.Struct, kw_only=True):
     voice_settings: VoiceSettings | None = None
     pronunciation_dictionary_locators: list[Locator] | None = None
     apply_text_normalization: str | None = None
+    audio_effects: Any = None
+    """Reverb, filters, background noise: refused (``refuse_unsupported``)."""
+
+
+def refuse_unsupported(body: SpeechBody) -> None:
+    """APIError 400 for a field whose effect this server cannot give, rather than audio
+    without it."""
+    if body.audio_effects:  # None, {}: no effect asked for
+        raise APIError(
+            400,
+            "unsupported_field",
+            "audio_effects are not supported by this server; send the request without them",
+            param="audio_effects",
+        )
 
 
 class HttpAlignment(msgspec.Struct):
     characters: list[str]
     character_start_times_seconds: list[float]
     character_end_times_seconds: list[float]
+
+
+class WholeTimestamps(msgspec.Struct):
+    """Body of ``POST .../with-timestamps`` (``convert_with_timestamps``)."""
+
+    audio_base64: str
+    alignment: HttpAlignment | None
+    normalized_alignment: HttpAlignment | None
 
 
 class TimestampChunk(msgspec.Struct, omit_defaults=True):

@@ -32,8 +32,8 @@ from gateway.audio.output import make_output
 from gateway.auth import ZMQ_KEY_HINT, ApiKeys
 from gateway.errors import APIError
 from gateway.link import ClientLink
-from gateway.requests import ActiveRequest
-from gateway.schemas import SpeechParams, build_params, sampling_overrides
+from gateway.requests import ActiveRequest, open_text_too_long
+from gateway.schemas import SpeechParams, build_params, check_text, sampling_overrides
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
 from gateway.text.plan import HeldText
@@ -87,7 +87,7 @@ class _PeerGone(Exception):
 
 
 class _Request:
-    __slots__ = ("active", "ended", "held", "identity", "link", "pending", "rid", "task")
+    __slots__ = ("active", "chars", "ended", "held", "identity", "link", "pending", "rid", "task")
 
     def __init__(self, identity: bytes, rid: int) -> None:
         self.identity = identity
@@ -101,6 +101,11 @@ class _Request:
         """The open text's rewriting (dictionaries, normalisation), when it has a plan."""
         self.pending: list[AppendText] = []
         """Text that arrived while the request waited for admission."""
+        self.chars = 0
+        """The client's characters of this request until it is admitted (its ``input`` and
+        the pending appends), counted when they arrive against ``gateway.max_input_chars``;
+        from admission on, the request's ``text_chars`` counts them, also as they arrive:
+        text held back (by ``held``) counts as much as text sent upstream."""
         self.ended = False
         """The request's one Done or Error is sent (or none is due: cancelled while queued)."""
 
@@ -189,6 +194,7 @@ class ZmqFrontend:
                 )
                 return
             req = _Request(identity, msg.request_id)
+            req.chars = len(msg.input)
             self._requests[key] = req
             req.task = asyncio.create_task(self._serve(msg, req))
             # Also when cancelled before it ran (a Speak and its Cancel in one burst).
@@ -200,7 +206,12 @@ class ZmqFrontend:
             )
         elif isinstance(msg, AppendText):
             if req.active is None:
-                if len(req.pending) >= MAX_PENDING_APPENDS:
+                req.chars += len(msg.text)
+                limit = self._gateway.config.gateway.max_input_chars
+                if req.chars > limit:
+                    e = open_text_too_long(req.chars, limit)
+                    await self._fail(req, StreamError(e.code, e.message, e.status))
+                elif len(req.pending) >= MAX_PENDING_APPENDS:
                     await self._fail(
                         req,
                         StreamError(
@@ -271,13 +282,21 @@ class ZmqFrontend:
         assert req.active is not None
         req.active.fail(error)
 
-    def _append(self, req: _Request, msg: AppendText) -> None:
+    def _append(self, req: _Request, msg: AppendText, counted: bool = False) -> None:
+        """Send ``msg``'s text upstream (what ``held`` lets through). Its characters count
+        against the limit here, as they arrive, before any is held back; ``counted``: a
+        pending append, counted when it arrived."""
         assert req.active is not None
         text = msg.text
-        if req.held is not None:
-            text = req.held.feed(text) + (req.held.flush() if msg.final else "")
+        chars = 0 if counted else len(text)
         try:
-            req.active.append_text(text, final=msg.final)
+            if req.held is not None:
+                check_text(text, None, param="text", allow_empty=True)  # a NUL, before holding
+                if req.active.text_chars + chars <= self._gateway.config.gateway.max_input_chars:
+                    text = req.held.feed(text) + (req.held.flush() if msg.final else "")
+                else:
+                    text = ""  # refused below: nothing more is held
+            req.active.append_text(text, final=msg.final, chars=chars)
         except APIError as e:
             self._fail_admitted(req, StreamError(e.code, e.message, e.status))
 
@@ -339,11 +358,15 @@ class ZmqFrontend:
                 params = params.spoken()
             encoder = make_output(params.output, params.speed)
             async with self._gateway.requests.open(
-                params, link, text_open=msg.text_open, traceparent=msg.traceparent or ""
+                params,
+                link,
+                text_open=msg.text_open,
+                traceparent=msg.traceparent or "",
+                text_chars=req.chars if msg.text_open else None,
             ) as active:
                 req.active = active
                 for pending in req.pending:
-                    self._append(req, pending)
+                    self._append(req, pending, counted=True)
                 req.pending.clear()
                 started = Started(
                     rid, active.stream.stream_id, params.output.sample_rate, params.response_format
