@@ -404,3 +404,34 @@ async def test_the_next_sentence_of_an_admitted_response_is_never_refused(
         assert status == 200 and len(audio) == (12 + 8 + 8) * 2048 * 2  # every sentence
         assert over >= 1, "its later sentences were admitted over a full node's limit"
         assert {(await t)[0] for t in others} <= {200, 429}
+
+
+async def test_a_keys_limit_is_answered_in_each_protocols_terms(layout: InstanceLayout) -> None:
+    async with (
+        running_gateway(
+            layout, backend={"realtime": True}, api_keys=["k"], max_streams_per_key=1
+        ) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        first = asyncio.create_task(_speak(s, h.url, "k", frames=40))
+        await wait_until(lambda: h.gateway.admission.active == 1, what="the key's stream")
+        body = {"text": "Hello there.", "model_id": "eleven_turbo_v2_5"}
+        for path in ("/stream", ""):  # ElevenLabs' streaming and whole routes
+            async with s.post(
+                f"{h.url}/v1/text-to-speech/tara{path}", json=body, headers={"xi-api-key": "k"}
+            ) as r:
+                assert r.status == 429
+                assert r.headers["Retry-After"] == "1"
+                assert r.headers["current-concurrent-requests"] == "1"
+                assert r.headers["maximum-concurrent-requests"] == "1"
+                detail = (await r.json())["detail"]
+                assert detail["status"] == "too_many_concurrent_requests", detail
+        status = await _speak(s, h.url, "k")  # the OpenAI route: its own shape, same code
+        assert status[0] == 429
+        async with s.post(
+            f"{h.url}/v1/audio/speech",
+            json={"model": "tts-1", "input": "x", "voice": "alloy"},
+            headers={"Authorization": "Bearer k"},
+        ) as r:
+            assert (await r.json())["error"]["code"] == "too_many_concurrent_requests"
+        assert (await first)[0] == 200
