@@ -13,6 +13,8 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
 - ``streams`` / ``pcm_pump``: PCM ring records routed into bounded per-stream buffers
 - ``admission``, ``cluster``, ``upstream``: slots and queue; ClusterStatus; control PUSH
 - ``schemas``, ``voices``, ``errors``: request validation, voice names, JSON errors
+- ``voice_languages``: the languages of the checkpoint and of each voice (a request's
+  default language)
 - ``auth``, ``browser_guard``, ``listener``, ``malformed_http``: API keys, browsers, the
   socket and its limits, what aiohttp refuses before a handler
 - ``audio``: the audio output (formats, streaming encoders, the output pipeline)

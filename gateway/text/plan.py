@@ -1,5 +1,7 @@
 """What is done to a request's text before the model reads it: its dictionaries' rules, in
-order, then normalisation (so that a rule for "3D" is applied before digits are spelled).
+order, then normalisation in the request's language (so that a rule for "3D" is applied
+before digits are spelled): English's ``gateway.text.normalize``, another language's
+``gateway.text.intl``; a language with no normaliser is spoken as written.
 
 A ``TextPlan`` is resolved once per request (or WebSocket context) by
 ``gateway.text.service.SpeechText.plan`` and carried by its ``SpeechParams``; it is applied
@@ -12,19 +14,29 @@ a number might still continue.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
+from common.languages import DEFAULT_LANGUAGE
+from gateway.text.intl import normalizer_for
 from gateway.text.lexicon import Lexicon
-from gateway.text.normalize import normalize
+from gateway.text.normalize import normalize as normalize_english
 
 _WORD_STARTS = re.compile(r"(?<=\s)\S")
 
 
 class TextPlan:
-    __slots__ = ("lexicons", "normalize")
+    __slots__ = ("_normalizer", "language", "lexicons", "normalize")
 
-    def __init__(self, lexicons: tuple[Lexicon, ...], normalize: bool) -> None:
+    def __init__(
+        self, lexicons: tuple[Lexicon, ...], normalize: bool, language: str = DEFAULT_LANGUAGE
+    ) -> None:
+        """``language``: an ISO 639-1 code (``common.languages.language_tag``)."""
         self.lexicons = lexicons
         self.normalize = normalize
+        self.language = language
+        self._normalizer: Callable[[str], str] | None = None
+        if normalize:
+            self._normalizer = normalize_english if language == "en" else normalizer_for(language)
 
     @property
     def hold_words(self) -> int:
@@ -36,10 +48,13 @@ class TextPlan:
     def apply(self, text: str) -> str:
         for lx in self.lexicons:
             text = lx.apply(text)
-        return normalize(text) if self.normalize else text
+        return self._normalizer(text) if self._normalizer is not None else text
 
     def __repr__(self) -> str:
-        return f"TextPlan({len(self.lexicons)} dictionaries, normalize={self.normalize})"
+        return (
+            f"TextPlan({len(self.lexicons)} dictionaries, normalize={self.normalize}, "
+            f"language={self.language!r})"
+        )
 
 
 class HeldText:

@@ -127,6 +127,8 @@ class SpeechBody(msgspec.Struct, kw_only=True):
     voice_settings: VoiceSettings | None = None
     pronunciation_dictionary_locators: list[Locator] | None = None
     apply_text_normalization: str | None = None
+    language_code: str | None = None
+    """ISO 639-1; None: the voice's language (``gateway.voice_languages``)."""
 
 
 class HttpAlignment(msgspec.Struct):
