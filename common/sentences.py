@@ -12,13 +12,13 @@ An end is:
   abbreviation of the language (``Dr.``, ``z.B.``, ``Mme.``) or after a single letter (an
   initial: "J. Smith") ends nothing. "3.14" and "e.g.x" are not followed by whitespace.
 - The ideographic full stop and the fullwidth marks (``。！？｡``) and the Devanagari danda
-  (``।``, ``॥``), then closing quotes or brackets, then *anything*: Chinese and Japanese
+  (``।``, ``॥``), then closing quotes or brackets, then anything else: Chinese and Japanese
   put no space after a sentence. At the very end of the text such an end waits for what
   follows (a closing quote may still come), as a Latin end waits for its space; a flush
   releases it.
 
 A clause also ends at ``,``, ``;``, ``:`` or a spaced dash followed by whitespace, and at
-the fullwidth ``，、；：`` followed by anything.
+the fullwidth ``，、；：`` followed by anything but a closing quote.
 
 Import-light (re only).
 """
@@ -38,11 +38,9 @@ _WIDE_ENDS = "。！？｡।॥"
 
 _SENTENCE = (
     rf"[.!?…]+[{_CLOSERS}]*(?=\s|[{_CJK}])"
-    rf"|[.!?…]*[{_WIDE_ENDS}][{_WIDE_ENDS}!?…]*[{_CLOSERS}]*(?=[\s\S])"
+    rf"|[.!?…]*[{_WIDE_ENDS}][{_WIDE_ENDS}!?…]*[{_CLOSERS}]*(?=[^{_WIDE_ENDS}!?…{_CLOSERS}])"
 )
-_CLAUSE = (
-    rf"{_SENTENCE}|(?:[,;:]|(?<=\s)[-–—])[{_CLOSERS}]*(?=\s)|[，、；：][{_CLOSERS}]*(?=[\s\S])"
-)
+_CLAUSE = rf"{_SENTENCE}|(?:[,;:]|(?<=\s)[-–—])[{_CLOSERS}]*(?=\s)|[，、；：][{_CLOSERS}]*(?=[^{_CLOSERS}])"
 
 _ABBREVIATIONS: dict[str, frozenset[str]] = {
     lang: frozenset(words.split())

@@ -357,6 +357,7 @@ def _generic(lang: str) -> Callable[[], Spec]:
 
 # -- the scanner ---------------------------------------------------------------------------
 
+_DIGIT_RUN = re.compile(r"\d+")
 _B = "0-9A-Za-zÀ-ÖØ-öø-ÿ_"
 """What may not touch a number on either side ("MP3", "3D" stay as written)."""
 
@@ -492,10 +493,21 @@ class _Normalizer:
             words = spec.feminine(words)
         return words
 
+    def _sub(self, m: re.Match[str]) -> str:
+        try:
+            return self._rewrite[m.lastgroup](m)  # type: ignore[index]
+        except (ValueError, TypeError, OverflowError, NotImplementedError, IndexError, KeyError):
+            # Past what the library spells (cn2an: 16 digits; indic_numtowords: 9): the
+            # digits one by one, still in the language.
+            spec = self.spec
+            return _DIGIT_RUN.sub(
+                lambda d: _digits(spec.cardinal, d.group(), spec.digit_sep), m.group()
+            )
+
     def __call__(self, text: str) -> str:
         if not self._quick.search(text):
             return text
-        return self._pattern.sub(lambda m: self._rewrite[m.lastgroup](m), text)  # type: ignore[index]
+        return self._pattern.sub(self._sub, text)
 
 
 LANGUAGES: frozenset[str] = frozenset(
