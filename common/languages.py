@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["DEFAULT_LANGUAGE", "ISO_639_1", "UnknownLanguage", "language_tag"]
+__all__ = ["DEFAULT_LANGUAGE", "ISO_639_1", "SPACELESS", "UnknownLanguage", "language_tag"]
 
 DEFAULT_LANGUAGE = "en"
+
+SPACELESS = frozenset({"zh", "ja", "th", "lo", "km", "my"})
+"""Languages written without spaces between words (a "word" there is a sentence)."""
 
 ISO_639_1 = frozenset(
     """

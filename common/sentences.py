@@ -30,7 +30,7 @@ from typing import ClassVar
 
 from common.languages import language_tag
 
-__all__ = ["SentenceEnds", "abbreviations"]
+__all__ = ["SentenceEnds", "abbreviations", "joins_tight"]
 
 _CLOSERS = "\"'”’)\\]»」』）】》"
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
@@ -58,6 +58,15 @@ _ABBREVIATIONS: dict[str, frozenset[str]] = {
     }.items()
 }
 _ALL = frozenset().union(*_ABBREVIATIONS.values())
+
+
+_TIGHT = re.compile(rf"[{_CJK}{_WIDE_ENDS}，、；：{_CLOSERS}]")
+
+
+def joins_tight(left: str, right: str) -> bool:
+    """Whether two pieces of text join with no space between them (either side is CJK
+    text or its punctuation: "你好。" + "我们" is "你好。我们")."""
+    return bool(left and right and (_TIGHT.match(left[-1]) or _TIGHT.match(right[0])))
 
 
 def abbreviations(language: str | None) -> frozenset[str]:

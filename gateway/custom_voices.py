@@ -4,7 +4,7 @@ and the LoRA admin calls ``POST /v1/admin/lora``, ``DELETE /v1/admin/lora/{name}
 A zero-shot voice is made here, in four steps:
 
 1. the multipart form is read (``name``, ``audio`` (or ``audio_sample``), ``transcript``,
-   optional ``description``) within ``voices.max_upload_bytes``, the audio spooled (in
+   optional ``description`` and ``language``: the voice's, ISO 639-1) within ``voices.max_upload_bytes``, the audio spooled (in
    memory up to ``SPOOL_MEMORY_BYTES``, then a temporary file); at most
    ``voices.max_concurrent_uploads`` at once per gateway process (429 past it);
 2. the audio is decoded and resampled to 24 kHz mono float with PyAV (FFmpeg: any container
@@ -38,6 +38,7 @@ import zmq.asyncio
 from aiohttp import BodyPartReader, web
 
 from common.config import ServeConfig
+from common.languages import UnknownLanguage, language_tag
 from gateway.errors import APIError
 from shm.layout import InstanceLayout
 from shm.messages import (
@@ -241,6 +242,8 @@ class CustomVoices:
         self.ctx = zmq.asyncio.Context.instance()
         self.uploads = 0
         """``POST /v1/audio/voices`` calls in progress in this process."""
+        self._languages: dict[str, tuple[tuple[int, int], str | None]] = {}
+        """Custom voice -> (its file's stat key, its language): ``language_of``'s cache."""
         self._config_loras = frozenset(
             n.strip().lower() for n in config.llm.lora_voices if ID_RE.match(n.strip().lower())
         )
@@ -273,6 +276,27 @@ class CustomVoices:
         if not self.zero_shot:
             raise APIError(400, "bad_request", zero_shot_unsupported(vid), param="voice")
         return True
+
+    def language_of(self, vid: str) -> str | None:
+        """The language a custom voice was made with (its form's ``language``); None for
+        one made without, or no custom voice. A stat per call; the record is read again
+        only when its file changed."""
+        key = self.store.stat_key(vid)
+        if key is None:
+            self._languages.pop(vid, None)
+            return None
+        cached = self._languages.get(vid)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        try:
+            record = self.store.get(vid)
+        except (msgspec.DecodeError, OSError):
+            return None
+        language = record.language if record is not None else None
+        if len(self._languages) >= 4096:
+            self._languages.clear()
+        self._languages[vid] = (key, language)
+        return language
 
     def lora_listing(self) -> list[LoraListing]:
         out = {
@@ -383,7 +407,7 @@ async def _read_form(
                 buf += chunk
         if is_audio:
             continue
-        if name in ("name", "transcript", "description"):
+        if name in ("name", "transcript", "description", "language"):
             try:
                 fields[name] = buf.decode("utf-8")
             except UnicodeDecodeError:
@@ -467,6 +491,12 @@ async def _create(request: web.Request, voices: CustomVoices, audio: IO[bytes]) 
             f"description: at most {MAX_DESCRIPTION_CHARS} characters",
             "description",
         )
+    language = None
+    if fields.get("language", "").strip():
+        try:
+            language = language_tag(fields["language"])
+        except UnknownLanguage as e:
+            raise _bad("invalid_language", f"language: {e}", "language") from None
     if vid in voices.reserved or any(v.id == vid for v in voices.lora_listing()):
         raise _bad("voice_exists", f"name: {vid!r} is taken", "name", status=409)
     if voices.store.stat_key(vid) is not None:
@@ -479,7 +509,7 @@ async def _create(request: web.Request, voices: CustomVoices, audio: IO[bytes]) 
     _check_context(voices, math.ceil(len(pcm) / SAMPLES_PER_FRAME), seconds, transcript)
     frames = await voices.encode(pcm)
     _check_context(voices, len(frames), seconds, transcript)
-    record = new_record(vid, name, transcript, description, frames, seconds)
+    record = new_record(vid, name, transcript, description, frames, seconds, language)
     try:
         await loop.run_in_executor(None, voices.store.create, record, cfg.max_voices)
     except VoiceExists:
@@ -497,6 +527,7 @@ async def _create(request: web.Request, voices: CustomVoices, audio: IO[bytes]) 
         created_at=record.created_at,
         duration_s=record.duration_s,
         frames=record.frames,
+        language=language,
     )
     return web.Response(body=msgspec.json.encode(body), status=201, content_type="application/json")
 

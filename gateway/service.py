@@ -76,7 +76,7 @@ class Gateway:
         )
         self.speech_text = SpeechText(config)
         """Normalisation and pronunciation dictionaries (``gateway.text``)."""
-        self.languages = VoiceLanguages(config)
+        self.languages = VoiceLanguages(config, self.custom_voices.language_of)
         """The languages of the checkpoint and its voices: a request's default language."""
         self.limits = RequestLimits.of(config.llm)
         """The sampling fields' limits, the llm_worker's (``build_params`` checks them)."""

@@ -3,21 +3,33 @@ language does this request speak" when the request does not say, and what the vo
 model listings show.
 
 A request's language is, first found: the one it names (``language_code``, ``language``:
-``resolve``), its voice's (``llm.voice_languages``, a LoRA voice's ``language``), the
+``resolve``), its voice's (``llm.voice_languages``, a LoRA voice's ``language``, the
+``language`` a custom voice was made with; an OpenAI alias is its target's), the
 checkpoint's main language (``llm.languages[0]``, which the orchestrator reads from the
 model directory: ``llm_worker.model_info``), the server's ``text.language``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from common.config import ServeConfig
 from common.languages import UnknownLanguage, language_tag
 from gateway.errors import APIError
+from gateway.voices import ENGLISH_VOICES
 
 
 class VoiceLanguages:
-    def __init__(self, config: ServeConfig) -> None:
+    def __init__(
+        self, config: ServeConfig, custom: Callable[[str], str | None] | None = None
+    ) -> None:
+        """``custom(voice id)``: a custom voice's language, None where it has none
+        (``gateway.custom_voices.CustomVoices.language_of``)."""
         llm = config.llm
+        self._custom = custom
+        self._aliases = {k.lower(): v.lower() for k, v in config.gateway.voice_aliases.items()}
+        self._model = {v.strip().lower() for v in (llm.voices or ENGLISH_VOICES)}
+        """The checkpoint's voices: never custom ones, so no file is looked at for them."""
         default = language_tag(config.text.language)
         self.checkpoint: tuple[str, ...] = tuple(
             dict.fromkeys(language_tag(c) for c in (llm.languages or [default]))
@@ -33,7 +45,12 @@ class VoiceLanguages:
         """The language of ``voice`` (any spelling of its name), else the checkpoint's."""
         if voice is None:
             return self.default
-        return self._voices.get(voice.strip().lower(), self.default)
+        vid = voice.strip().lower()
+        vid = self._aliases.get(vid, vid)
+        found = self._voices.get(vid)
+        if found is None and self._custom is not None and vid not in self._model:
+            found = self._custom(vid)
+        return found or self.default
 
     def all(self) -> tuple[str, ...]:
         """Every language this server's voices speak, the checkpoint's first."""

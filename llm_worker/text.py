@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from common.sentences import SentenceEnds
+from common.sentences import SentenceEnds, joins_tight
 
 # Sentence ends are ``common.sentences``' (the gateway's units end at the same places), for
 # every language's abbreviations (the worker is not told the language; a "." wrongly taken
@@ -80,11 +80,13 @@ def _split_long(sentence: str, max_chars: int) -> list[str]:
 
 
 def _pack(parts: list[str], max_chars: int) -> list[str]:
-    """Join consecutive parts with spaces into pieces of at most ``max_chars``."""
+    """Join consecutive parts with spaces (none between CJK text) into pieces of at most
+    ``max_chars``."""
     out: list[str] = []
     for part in parts:
-        if out and len(out[-1]) + 1 + len(part) <= max_chars:
-            out[-1] = f"{out[-1]} {part}"
+        sep = "" if out and joins_tight(out[-1], part) else " "
+        if out and len(out[-1]) + len(sep) + len(part) <= max_chars:
+            out[-1] = f"{out[-1]}{sep}{part}"
         else:
             out.append(part)
     return out

@@ -72,6 +72,9 @@ class VoiceRecord(msgspec.Struct, frozen=True, kw_only=True):
     codes: bytes
     """The reference audio's SNAC code frames: int16 little-endian, ``(frames, 7)`` in
     Orpheus slot order (what the model emits)."""
+    language: str | None = None
+    """The language (ISO 639-1) of a request for this voice that names none; None: the
+    checkpoint's."""
 
     @property
     def frames(self) -> int:
@@ -91,6 +94,7 @@ class VoiceSummary(msgspec.Struct, frozen=True, kw_only=True):
     duration_s: float
     frames: int
     type: str = "zero_shot"
+    language: str | None = None
 
 
 class VoiceExists(Exception):
@@ -162,6 +166,7 @@ class VoiceStore:
                         created_at=r.created_at,
                         duration_s=r.duration_s,
                         frames=r.frames,
+                        language=r.language,
                     )
                 )
         return out
@@ -186,7 +191,13 @@ class VoiceStore:
 
 
 def new_record(
-    vid: str, name: str, transcript: str, description: str, frames: np.ndarray, seconds: float
+    vid: str,
+    name: str,
+    transcript: str,
+    description: str,
+    frames: np.ndarray,
+    seconds: float,
+    language: str | None = None,
 ) -> VoiceRecord:
     codes = np.ascontiguousarray(frames, dtype=CODE_DTYPE).reshape(-1, FRAME_CODES)
     return VoiceRecord(
@@ -197,6 +208,7 @@ def new_record(
         created_at=int(time.time()),
         duration_s=round(seconds, 3),
         codes=codes.tobytes(),
+        language=language,
     )
 
 

@@ -11,12 +11,17 @@ from typing import Any
 
 import aiohttp
 import msgspec
+import numpy as np
 import pytest
 from elevenlabs import AsyncElevenLabs
 from elevenlabs.core.api_error import ApiError
 from gateway_harness import Harness, running_gateway
 from openai import AsyncOpenAI
 
+from bench.doubles.clips import wav_bytes
+from bench.doubles.tiny_model import random_snac
+from codec_worker.encoder import EncodeServer, VoiceEncoder
+from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
 from common.llm_config import LLMConfig
 from common.text_config import TextConfig
 from orpheus_client.zmq_client import AsyncClient
@@ -200,3 +205,41 @@ async def test_a_dictionary_applies_only_to_requests_in_its_language(
                 f"{h.url}/v1/pronunciation-dictionaries/{d.id}/{d.version_id}/download"
             ) as r:
                 assert b'xml:lang="fr"' in await r.read()
+
+
+async def test_a_custom_voice_made_with_a_language_speaks_it(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    snac = fuse_weight_norm(random_snac(5, SNAC_24KHZ_SMALL))
+    srv = EncodeServer(VoiceEncoder(snac), layout.encode)
+    srv.start()
+    t = np.arange(int(3.5 * 24_000)) / 24_000
+    clip = wav_bytes((0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)[:, None], 24_000)
+    cfg = serve(tmp_path, voices=["tara"], zero_shot=True)
+    try:
+        async with (
+            running_gateway(layout, serve=cfg, backend={"voices": ["tara", "amelie"]}) as h,
+            aiohttp.ClientSession() as s,
+        ):
+            for language, status in (("klingon", 400), ("fr-FR", 201)):
+                form = aiohttp.FormData(default_to_multipart=True)
+                for k, v in (
+                    ("name", "Amelie"),
+                    ("transcript", "Bonjour."),
+                    ("language", language),
+                ):
+                    form.add_field(k, v)
+                form.add_field("audio", clip, filename="clip.wav", content_type="audio/wav")
+                async with s.post(f"{h.url}/v1/audio/voices", data=form) as r:
+                    body = await r.json()
+                    assert r.status == status, body
+            assert body["language"] == "fr"
+            async with s.get(f"{h.url}/v1/audio/voices") as r:
+                assert (await r.json())["custom"][0]["language"] == "fr"
+            payload = {"model": "orpheus", "voice": "amelie", "input": "Il a 21 ans."}
+            async with s.post(f"{h.url}/v1/audio/speech", json=payload) as r:
+                assert r.status == 200, await r.text()
+                await r.read()
+            assert spoken(h)[-1] == "Il a vingt et un ans."
+    finally:
+        srv.stop()

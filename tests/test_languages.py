@@ -19,7 +19,7 @@ from gateway.errors import APIError
 from gateway.frontends.text_units import UnitSplitter
 from gateway.text.intl import LANGUAGES, normalizer_for
 from gateway.text.lexicon import AliasRule, Lexicon
-from gateway.text.plan import TextPlan
+from gateway.text.plan import HeldText, TextPlan
 from gateway.text.pls import PlsError, read_pls
 from gateway.voice_languages import VoiceLanguages
 from llm_worker.model_info import load_model_info
@@ -297,3 +297,16 @@ def test_canopys_multilingual_checkpoints_need_no_voice_list(tmp_path: Path) -> 
     model = _checkpoint(tmp_path / "en", None, None)
     info = load_model_info(LLMConfig(model=model))
     assert info.voices[0] == "tara" and info.languages == ()
+
+
+def test_held_open_text_in_a_language_without_spaces_is_released_per_sentence() -> None:
+    held = HeldText(TextPlan((), True, "zh"))
+    assert held.feed("今天是2024年") == ""
+    assert held.feed("。我们有21") == "今天是二零二四年。"
+    assert held.feed("个人！好") == "我们有二十一个人！"
+    assert held.flush() == "好"
+    # Latin text still holds its last words.
+    held = HeldText(TextPlan((), True, "fr"))
+    assert held.feed("Il a") == ""
+    assert held.feed(" 21") == "Il "
+    assert held.flush() == "a vingt et un"

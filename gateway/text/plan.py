@@ -16,7 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from common.languages import DEFAULT_LANGUAGE
+from common.languages import DEFAULT_LANGUAGE, SPACELESS
+from common.sentences import SentenceEnds
 from gateway.text.intl import normalizer_for
 from gateway.text.lexicon import Lexicon
 from gateway.text.normalize import normalize as normalize_english
@@ -59,12 +60,15 @@ class TextPlan:
 
 class HeldText:
     """A plan applied to text that arrives in pieces (ZeroMQ's ``AppendText``): ``feed``
-    returns the rewritten text that is safe to speak now, ``flush`` the rest."""
+    returns the rewritten text that is safe to speak now, ``flush`` the rest. In a language
+    written without spaces (``common.languages.SPACELESS``) a sentence is the unit held:
+    the text up to the last sentence end is safe."""
 
     def __init__(self, plan: TextPlan) -> None:
         self._plan = plan
         self._hold = plan.hold_words
         self._buffer = ""
+        self._ends = SentenceEnds(plan.language) if plan.language in SPACELESS else None
 
     def feed(self, text: str) -> str:
         self._buffer += text
@@ -73,8 +77,12 @@ class HeldText:
         if buf and not buf[0].isspace():
             starts.insert(0, 0)
         if len(starts) <= self._hold:
-            return ""
-        cut = starts[-self._hold]  # the last ``hold`` words wait for what follows them
+            ends = self._ends.find(buf) if self._ends is not None else None
+            if not ends:
+                return ""
+            cut = ends[-1]
+        else:
+            cut = starts[-self._hold]  # the last ``hold`` words wait for what follows them
         out, self._buffer = buf[:cut], buf[cut:]
         return self._plan.apply(out)
 
