@@ -49,12 +49,12 @@ class Speak(SamplingFields, frozen=True, kw_only=True, tag="speak", tag_field="t
     """``auto`` (the server's ``text.normalization``), ``on``, ``off``. With ``text_open``
     the last words of each piece wait for the next one, so that a rule or a number is never
     split across ``AppendText`` messages."""
-    language: str | None = None
-    """The text's language (ISO 639-1, ``fr``): its normalisation and dictionaries. None:
-    the voice's, else the server's."""
     traceparent: str | None = None
     """A W3C trace context (the HTTP ``traceparent`` header's value): when the server traces
     (OpenTelemetry), the request's spans continue this trace; else it starts one."""
+    language: str | None = None
+    """The text's language (ISO 639-1, ``fr``): its normalisation and dictionaries. None:
+    the voice's, else the server's."""
 
 
 class AppendText(
