@@ -67,6 +67,8 @@ class Spec:
     """A regex for what follows the digits of an ordinal (``er|e|ème`` in French)."""
     digit_sep: str = " "
     """Between the words of a decimal's digits."""
+    time_suffix: str = ""
+    """A regex for a word after a time that the time's words already say (Hindi's बजे)."""
     decimal: Callable[[str], str] | None = None
     """Says a decimal (``"3.5"``) itself; None: the whole part, ``point``, each digit."""
     extra: list[tuple[str, Callable[[re.Match[str]], str]]] = field(default_factory=list)
@@ -331,7 +333,7 @@ def _hi() -> Spec:
         cents=("पैसा", "पैसे", "और"), months=_HI_MONTHS,
         date=lambda d, m, y: f"{cardinal(d)} {_HI_MONTHS[m - 1]}" + (f" {cardinal(y)}" if y else ""),
         time=lambda h, mi: f"{cardinal(h)} बजकर {cardinal(mi)} मिनट" if mi else f"{cardinal(h)} बजे",
-        year=cardinal,
+        year=cardinal, time_suffix=r"(?:\s?बजे(?!\w))?",
     )  # fmt: skip
 
 
@@ -387,7 +389,7 @@ class _Normalizer:
             ("dmon", rf"(?<![{_B}])(?P<md>\d{{1,2}})\.?\s(?P<mm>{months})(?:\s(?P<my>\d{{4}}))?\b",
              self._day_month),
             ("time", r"(?<![\d.:])(?P<h>\d{1,2})" + (r"(?::|h)" if s.lang == "fr" else ":")
-             + r"(?P<mi>\d{2})(?![\d:])"
+             + r"(?P<mi>\d{2})(?![\d:])" + s.time_suffix
              + (r"|(?<![\d.:])(?P<h2>\d{1,2})h(?![\w])" if s.lang == "fr" else ""), self._time),
             ("ord", rf"(?<![{_B}])(?P<o>\d+)(?P<os>{s.ordinal_suffix})(?![{_B}])"
              if s.ordinal_suffix and s.ordinal else "(?!)", self._ordinal),
