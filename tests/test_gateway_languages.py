@@ -24,7 +24,7 @@ from codec_worker.encoder import EncodeServer, VoiceEncoder
 from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
 from common.llm_config import LLMConfig
 from common.text_config import TextConfig
-from orpheus_client.zmq_client import AsyncClient
+from orpheus_client.zmq_client import AsyncClient, SpeechError
 from shm.layout import InstanceLayout
 from shm.voices import VoicesConfig
 
@@ -141,12 +141,23 @@ async def test_other_front_ends_take_the_language_field(
                     if m.type == aiohttp.WSMsgType.TEXT and '"session.done"' in m.data:
                         break
             assert spoken(h)[-1] == "Siamo in ventuno."
+            # An unknown code on a socket: the protocol's error message, naming it.
+            async with s.ws_connect(f"{h.url}/v1/audio/speech/stream") as ws:
+                await ws.send_json({"type": "session.config", "language": "Klingon"})
+                err = await ws.receive_json(timeout=10)
+                assert err["type"] == "error" and err["code"] == "invalid_language"
+                assert "unknown language 'Klingon'" in err["message"]
         # ZeroMQ: the wire's ``language``.
         async with AsyncClient(h.config.gateway.zmq_endpoint) as zc:
             assert b"".join(
                 [c async for c in zc.speech("Es sind 21.", voice="tara", language="de")]
             )
         assert spoken(h)[-1] == "Es sind einundzwanzig."
+        async with AsyncClient(h.config.gateway.zmq_endpoint) as zc:
+            with pytest.raises(SpeechError) as e:
+                async for _ in zc.speech("x", voice="tara", language="xx-YY"):
+                    pass
+        assert (e.value.status, e.value.code) == (400, "invalid_language")
 
 
 async def test_a_voice_and_a_checkpoint_carry_their_language(
