@@ -243,6 +243,7 @@ class CustomVoices:
         self.uploads = 0
         """``POST /v1/audio/voices`` calls in progress in this process."""
         self._languages: dict[str, tuple[tuple[int, int], str | None]] = {}
+        self._lora_languages: dict[str, tuple[tuple[int, int, int], str | None]] = {}
         """Custom voice -> (its file's stat key, its language): ``language_of``'s cache."""
         self._config_loras = frozenset(
             n.strip().lower() for n in config.llm.lora_voices if ID_RE.match(n.strip().lower())
@@ -278,12 +279,15 @@ class CustomVoices:
         return True
 
     def language_of(self, vid: str) -> str | None:
-        """The language a custom voice was made with (its form's ``language``); None for
-        one made without, or no custom voice. A stat per call; the record is read again
-        only when its file changed."""
+        """The language a custom voice was made with (its form's ``language``), or a LoRA
+        voice was loaded with at run time (``POST /v1/admin/lora``); None for one without,
+        or no such voice. A stat or two per call; a file is read again only when it
+        changed."""
         key = self.store.stat_key(vid)
         if key is None:
             self._languages.pop(vid, None)
+            if self.config.llm.lora_enabled:
+                return self.loras.language(vid, self._lora_languages)
             return None
         cached = self._languages.get(vid)
         if cached is not None and cached[0] == key:
@@ -556,6 +560,7 @@ class LoraLoadBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
     path: str
     speaker: str | None = None
+    language: str | None = None
 
 
 def _admin_allowed(voices: CustomVoices) -> None:
@@ -608,7 +613,11 @@ def lora_load_handler(voices: CustomVoices) -> Any:
         if name in voices.reserved or voices.store.stat_key(name) is not None:
             raise _bad("voice_exists", f"name: {name!r} is taken", "name", status=409)
         path = confined_lora_path(body.path, voices.config.gateway.lora_dirs)
-        reply = await voices.admin(LoraLoad(next(_ids), name, path, body.speaker))
+        try:
+            language = language_tag(body.language) if body.language else None
+        except UnknownLanguage as e:
+            raise _bad("invalid_language", f"language: {e}", "language") from None
+        reply = await voices.admin(LoraLoad(next(_ids), name, path, body.speaker, language))
         return _admin_response(reply)
 
     return handler

@@ -222,6 +222,8 @@ class LoraEntry(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     path: str
     speaker: str | None = None
+    language: str | None = None
+    """The voice's language (ISO 639-1); None: the checkpoint's."""
 
 
 _lora_encoder = msgspec.json.Encoder()
@@ -330,6 +332,26 @@ class LoraRegistry:
         left by an earlier start is cleared."""
         self._write(self._path(entry.name, LORA_SUFFIX), _lora_encoder.encode(entry))
         self.clear_failure(entry.name)
+
+    def language(self, name: str, cache: dict[str, tuple[LoraSignature, str | None]]) -> str | None:
+        """The language of the LoRA voice ``name`` loaded at run time (None: it has none, or
+        there is no such entry). A stat per call; the entry is read again only when its
+        signature is not the one in ``cache`` (the caller's, updated here)."""
+        try:
+            path = self._path(name, LORA_SUFFIX)
+            sig = _signature(path.stat())
+        except (ValueError, OSError):
+            cache.pop(name, None)
+            return None
+        known = cache.get(name)
+        if known is not None and known[0] == sig:
+            return known[1]
+        try:
+            language = _lora_decoder.decode(path.read_bytes()).language
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        cache[name] = (sig, language)
+        return language
 
     def has(self, name: str) -> bool:
         """Whether a LoRA voice ``name`` was loaded at run time (its entry exists; a stat,

@@ -26,7 +26,7 @@ from common.llm_config import LLMConfig
 from common.text_config import TextConfig
 from orpheus_client.zmq_client import AsyncClient, SpeechError
 from shm.layout import InstanceLayout
-from shm.voices import VoicesConfig
+from shm.voices import LoraEntry, LoraRegistry, VoicesConfig
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -254,3 +254,29 @@ async def test_a_custom_voice_made_with_a_language_speaks_it(
             assert spoken(h)[-1] == "Il a vingt et un ans."
     finally:
         srv.stop()
+
+
+async def test_a_lora_voice_loaded_at_run_time_keeps_its_language(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    """The entry the llm worker writes when ``POST /v1/admin/lora`` loaded the adapter
+    (``llm_worker.lora``), with the language the call named."""
+    cfg = serve(tmp_path, enable_lora=True)
+    async with running_gateway(layout, serve=cfg, backend={"voices": ["tara", "ben"]}) as h:
+        registry = LoraRegistry(tmp_path)
+        registry.save(LoraEntry(name="ben", path="/adapters/ben", language="de"))
+        async with aiohttp.ClientSession() as s:
+            for want in ("einundzwanzig.", "zwei."):
+                body = {
+                    "model": "orpheus",
+                    "voice": "ben",
+                    "input": "21." if "ein" in want else "2.",
+                }
+                async with s.post(f"{h.url}/v1/audio/speech", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    await r.read()
+                assert spoken(h)[-1] == want
+            registry.save(LoraEntry(name="ben", path="/adapters/ben", language="fr"))
+            async with s.post(f"{h.url}/v1/audio/speech", json=body) as r:
+                await r.read()
+            assert spoken(h)[-1] == "deux."
