@@ -38,6 +38,12 @@ from num2words import num2words as _num2words
 __all__ = ["LANGUAGES", "normalizer_for"]
 
 Spell = Callable[[int], str]
+DateFn = Callable[[int, int, "int | None"], str]
+"""(day, month, year or None) in words."""
+DateMaker = Callable[[Spell, Spell, tuple[str, ...]], DateFn]
+"""(day speller, year speller, month names) -> a ``DateFn``."""
+TimeFn = Callable[[int, int], str]
+"""(hours, minutes) in words."""
 
 
 @dataclass(frozen=True)
@@ -57,9 +63,8 @@ class Spec:
     cents: tuple[str, str, str] | None
     """(one, many, joiner): ``12,50 €`` -> "douze euros et cinquante centimes"."""
     months: tuple[str, ...]
-    date: Callable[[int, int, int | None], str]
-    """(day, month, year or None) in words."""
-    time: Callable[[int, int], str]
+    date: DateFn
+    time: TimeFn
     year: Spell
     feminine: Callable[[str], str] | None = None
     """The feminine of an ordinal (``2ª`` -> "segunda")."""
@@ -138,26 +143,27 @@ def _latin(
     currency: dict[str, tuple[str, str]],
     cents: tuple[str, str, str] | None,
     months: tuple[str, ...],
-    date: Callable[[Spell, Spell, tuple[str, ...]], Callable[[int, int, int | None], str]],
-    time: Callable[[Spell], Callable[[int, int], str]],
+    date: DateMaker,
+    time: Callable[[Spell], TimeFn],
     ordinal_suffix: str | None,
     feminine: Callable[[str], str] | None = None,
-    decimal_comma: bool = True,
+    ordinal_day: bool = False,
 ) -> Spec:
+    """A language ``num2words`` spells, written with a decimal comma."""
     cardinal, ordinal = _n2w(lang), _n2w(lang, "ordinal")
     year = _year_or_cardinal(lang)
     return Spec(
         lang=lang,
         cardinal=cardinal,
         ordinal=ordinal,
-        decimal_comma=decimal_comma,
+        decimal_comma=True,
         point=point,
         minus=minus,
         percent=lambda words: f"{words} {percent}",
         currency=currency,
         cents=cents,
         months=months,
-        date=date(cardinal if lang != "de" else ordinal, year, months),
+        date=date(ordinal if ordinal_day else cardinal, year, months),
         time=time(cardinal),
         year=year,
         feminine=feminine,
@@ -165,7 +171,7 @@ def _latin(
     )
 
 
-def _fr_date(day: Spell, year: Spell, months: tuple[str, ...]) -> Callable:
+def _fr_date(day: Spell, year: Spell, months: tuple[str, ...]) -> DateFn:
     def say(d: int, m: int, y: int | None) -> str:
         out = f"{'premier' if d == 1 else day(d)} {months[m - 1]}"
         return f"{out} {year(y)}" if y is not None else out
@@ -173,7 +179,9 @@ def _fr_date(day: Spell, year: Spell, months: tuple[str, ...]) -> Callable:
     return say
 
 
-def _de_date(day: Spell, year: Spell, months: tuple[str, ...]) -> Callable:
+def _day_month(day: Spell, year: Spell, months: tuple[str, ...]) -> DateFn:
+    """``{day} {month} {year}`` (de with an ordinal day, nl with a cardinal one)."""
+
     def say(d: int, m: int, y: int | None) -> str:
         out = f"{day(d)} {months[m - 1]}"
         return f"{out} {year(y)}" if y is not None else out
@@ -181,14 +189,10 @@ def _de_date(day: Spell, year: Spell, months: tuple[str, ...]) -> Callable:
     return say
 
 
-def _de_ordinal_date(day: Spell, year: Spell, months: tuple[str, ...]) -> Callable:
-    return _de_date(day, year, months)
-
-
-def _of_date(of: str, first: str | None = None) -> Callable:
+def _of_date(of: str, first: str | None = None) -> DateMaker:
     """``d de mes de año`` (es, pt); ``first``: the word for day 1 (it: "primo")."""
 
-    def make(day: Spell, year: Spell, months: tuple[str, ...]) -> Callable:
+    def make(day: Spell, year: Spell, months: tuple[str, ...]) -> DateFn:
         def say(d: int, m: int, y: int | None) -> str:
             words = first if (d == 1 and first) else day(d)
             out = f"{words}{of}{months[m - 1]}"
@@ -199,10 +203,10 @@ def _of_date(of: str, first: str | None = None) -> Callable:
     return make
 
 
-def _time(hours: str | None, joiner: str, hour_one: str | None = None) -> Callable:
+def _time(hours: str | None, joiner: str, hour_one: str | None = None) -> Callable[[Spell], TimeFn]:
     """``14:05`` -> "{14} {hours} {joiner} {5}"; minutes 0 say only the hour."""
 
-    def make(cardinal: Spell) -> Callable[[int, int], str]:
+    def make(cardinal: Spell) -> TimeFn:
         def say(h: int, mi: int) -> str:
             unit = (hour_one if h == 1 and hour_one else hours) or ""
             out = f"{cardinal(h)} {unit}".rstrip()
@@ -226,7 +230,7 @@ _SPECS: dict[str, Callable[[], Spec]] = {
         "de", point="Komma", minus="minus", percent="Prozent",
         currency={"€": ("Euro", "Euro"), "$": ("Dollar", "Dollar"), "£": ("Pfund", "Pfund"),
                   "¥": ("Yen", "Yen"), "₹": ("Rupie", "Rupien")},
-        cents=("Cent", "Cent", "und"), months=_DE_MONTHS, date=_de_date,
+        cents=("Cent", "Cent", "und"), months=_DE_MONTHS, date=_day_month, ordinal_day=True,
         time=_time("Uhr", ""), ordinal_suffix=None,
     ),
     "es": lambda: _latin(
@@ -253,7 +257,7 @@ _SPECS: dict[str, Callable[[], Spec]] = {
     "nl": lambda: _latin(
         "nl", point="komma", minus="min", percent="procent",
         currency={"€": ("euro", "euro"), "$": ("dollar", "dollar"), "£": ("pond", "pond")},
-        cents=("cent", "cent", "en"), months=_NL_MONTHS, date=_de_date,
+        cents=("cent", "cent", "en"), months=_NL_MONTHS, date=_day_month,
         time=_time("uur", ""), ordinal_suffix=r"(?:ste|de|e)",
     ),
 }  # fmt: skip
