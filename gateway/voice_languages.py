@@ -27,6 +27,7 @@ class VoiceLanguages:
         (``gateway.custom_voices.CustomVoices.language_of``)."""
         llm = config.llm
         self._custom = custom
+        self._default_voice = llm.default_voice
         self._aliases = {k.lower(): v.lower() for k, v in config.gateway.voice_aliases.items()}
         self._model = {v.strip().lower() for v in (llm.voices or ENGLISH_VOICES)}
         """The checkpoint's voices: never custom ones, so no file is looked at for them."""
@@ -42,10 +43,9 @@ class VoiceLanguages:
                 self._voices[name.strip().lower()] = language_tag(lora.language)
 
     def of_voice(self, voice: str | None) -> str:
-        """The language of ``voice`` (any spelling of its name), else the checkpoint's."""
-        if voice is None:
-            return self.default
-        vid = voice.strip().lower()
+        """The language of ``voice`` (any spelling of its name; None: the default voice),
+        else the checkpoint's."""
+        vid = (voice or self._default_voice).strip().lower()
         vid = self._aliases.get(vid, vid)
         found = self._voices.get(vid)
         if found is None and self._custom is not None and vid not in self._model:

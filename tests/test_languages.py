@@ -245,6 +245,9 @@ def test_a_requests_language_is_its_own_then_its_voices_then_the_checkpoints() -
         langs.resolve("xx", None, "language_code")
     assert e.value.status == 400 and e.value.param == "language_code"
     assert VoiceLanguages(_config()).resolve(None, "tara") == "en"
+    # No voice: the default voice's language.
+    jana = _config(voices=["pierre", "jana"], default_voice="jana", voice_languages={"jana": "de"})
+    assert VoiceLanguages(jana).resolve(None, None) == "de"
 
 
 def test_the_configuration_check_names_each_bad_language() -> None:
