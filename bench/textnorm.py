@@ -9,7 +9,10 @@ event-loop thread's terms (one core, no I/O):
   times, phones, units, URLs, e-mail addresses, abbreviations);
 - a dictionary plan (alias rules compiled into one regular expression) of 10, 100 and 1000
   rules on the corpus, and a 100-rule dictionary followed by normalisation (what a request
-  with a locator and ``apply_text_normalization: on`` costs per unit).
+  with a locator and ``apply_text_normalization: on`` costs per unit);
+- each other language's normaliser (``gateway.text.intl``) on sentences of that language
+  dense with numbers, currency, percentages, dates, times and ordinals, with its spelling
+  memo warm and, built anew before each run, cold.
 
 Each case runs ``--repeats`` times over its sentences; the median is reported. A sentence is
 a unit the streaming protocols speak (``gateway.frontends.text_units``), so the per-sentence
@@ -28,6 +31,7 @@ from importlib import resources
 from typing import Any
 
 from bench.report import environment, now_iso, show, table, write_json
+from gateway.text.intl import normalizer_for
 from gateway.text.lexicon import AliasRule, Lexicon
 from gateway.text.normalize import normalize, num2words
 from gateway.text.plan import TextPlan
@@ -43,6 +47,56 @@ DENSE = [
 ]
 
 
+DENSE_BY_LANGUAGE = {
+    "fr": [
+        "Le 05/03/2024 à 14h05, 21 personnes ont payé 12,50 € chacune.",
+        "La 1re édition a coûté 1 234,5 € et a grimpé de 3,5 % en 2023.",
+        "Le 21e jour, 3 trains partent à 9h30 et 2 à 18h.",
+    ],
+    "de": [
+        "Am 5. März 2024 um 14:05 zahlten 21 Leute je 12,50 €.",
+        "Die Kosten stiegen um 3,5 % auf 1.234,5 € im Jahr 2023.",
+        "Um 9:30 fahren 3 Züge, um 18:00 noch 2.",
+    ],
+    "es": [
+        "El 05/03/2024 a las 14:05, 21 personas pagaron 12,50 € cada una.",
+        "La 1ª edición costó 1.234,5 € y subió un 3,5 % en 2023.",
+        "El 2º tren sale a las 9:30 y llegan 3 más.",
+    ],
+    "it": [
+        "Il 05/03/2024 alle 14:05, 21 persone hanno pagato 12,50 € ciascuna.",
+        "La 1ª edizione è costata 1.234,5 € ed è salita del 3,5 % nel 2023.",
+        "Il 2º treno parte alle 9:30 e ne arrivano 3.",
+    ],
+    "pt": [
+        "Em 05/03/2024 às 14:05, 21 pessoas pagaram R$ 12,50 cada.",
+        "A 1ª edição custou 1.234,5 € e subiu 3,5 % em 2023.",
+        "O 2º comboio parte às 9:30 e chegam mais 3.",
+    ],
+    "ko": [
+        "2024-03-05 14:05에 21명이 각각 ₩12500을 냈다.",
+        "비용은 2023년에 3.5% 올라 1,234.5달러가 되었다.",
+        "9:30에 기차 3대가 출발하고 18:00에 2대가 더 간다.",
+    ],
+    "ja": [
+        "2024-03-05の14:05に21人がそれぞれ¥1250を払った。",
+        "費用は2023年に3.5%上がり1,234.5ドルになった。",
+        "9:30に電車が3本出て、18:00にさらに2本出る。",
+    ],
+    "zh": [
+        "2024年3月5日14:05，21个人每人付了￥12.5。",
+        "费用在2023年上涨了3.5%，达到1,234.5元。",
+        "第2列火车9:30出发，还有3列18:00出发。",
+    ],
+    "hi": [
+        "05/03/2024 को 14:05 बजे 21 लोगों ने ₹12.50 दिए।",
+        "लागत 2023 में 3.5% बढ़कर ₹1,234.5 हो गई।",
+        "9:30 बजे 3 ट्रेनें चलती हैं और 18:00 बजे 2 और।",
+    ],
+}
+"""Sentences dense with what each language's normaliser rewrites, one per line of work."""
+
+
 def corpus() -> list[str]:
     text = resources.files("bench.load").joinpath("corpus/short.txt").read_text()
     return [line.strip() for line in text.splitlines() if line.strip()]
@@ -53,15 +107,26 @@ def rules(n: int) -> list[AliasRule]:
     return [AliasRule(string_to_replace=w, alias=f"alias {i}") for i, w in enumerate(words)]
 
 
+def _fresh(language: str) -> Callable[[str], str]:
+    """The language's normaliser built anew: its spelling memo empty."""
+    normalizer_for.cache_clear()
+    fn = normalizer_for(language)
+    assert fn is not None
+    return fn
+
+
 def time_case(
-    fn: Callable[[str], str], sentences: list[str], repeats: int, cold: bool = False
-) -> dict[str, Any]:
+    fn: Callable[[str], str], sentences: list[str], repeats: int, cold: bool = False,
+    language: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
     chars = sum(map(len, sentences))
     for s in sentences:  # warm: compile, num2words' imports
         fn(s)
     runs = []
     for _ in range(repeats):
-        if cold:
+        if cold and language is not None:
+            fn = _fresh(language)  # every number spelled anew, as a first occurrence is
+        elif cold:
             num2words.cache_clear()  # every number spelled anew, as a first occurrence is
         t0 = time.perf_counter_ns()
         for s in sentences:
@@ -96,11 +161,34 @@ def main(argv: list[str] | None = None) -> int:
         cases[f"dictionary of {n} rules, corpus"] = (plan.apply, plain)
     both = TextPlan((Lexicon(rules(100)),), True)
     cases["100 rules + normalize, dense"] = (both.apply, DENSE)
+    languages: dict[str, str] = {}
+    for lang, sents in DENSE_BY_LANGUAGE.items():
+        fn = normalizer_for(lang)
+        assert fn is not None
+        for name in (f"normalize {lang}, dense", f"normalize {lang}, dense, numbers not cached"):
+            cases[name] = (fn, sents)
+            languages[name] = lang
 
     results = {
-        name: time_case(fn, sents, args.repeats, cold="not cached" in name)
+        name: time_case(
+            fn, sents, args.repeats, cold="not cached" in name, language=languages.get(name)
+        )
         for name, (fn, sents) in cases.items()
     }
+    by_language = {
+        lang: {
+            "us_per_dense_sentence": results[f"normalize {lang}, dense"]["us_per_sentence"],
+            "us_per_dense_sentence_cold": results[f"normalize {lang}, dense, numbers not cached"][
+                "us_per_sentence"
+            ],
+        }
+        for lang in DENSE_BY_LANGUAGE
+    }
+    by_language = {"en": {
+        "us_per_dense_sentence": results["normalize, dense sentences"]["us_per_sentence"],
+        "us_per_dense_sentence_cold": results["normalize, dense, numbers not cached"][
+            "us_per_sentence"],
+    }} | by_language  # fmt: skip
     rows = [
         [
             name,
@@ -120,6 +208,21 @@ def main(argv: list[str] | None = None) -> int:
             left={"case"},
         )
     )
+    show(
+        table(
+            "µs per dense sentence, per language (target ≤ 100)",
+            ["language", "memo warm", "memo cold", "≤ 100 µs"],
+            [
+                [
+                    lang, f"{r['us_per_dense_sentence']:.1f}",
+                    f"{r['us_per_dense_sentence_cold']:.1f}",
+                    "yes" if r["us_per_dense_sentence"] <= 100 else "NO",
+                ]
+                for lang, r in by_language.items()
+            ],
+            left={"language"},
+        )
+    )  # fmt: skip
     write_json(
         {
             "benchmark": "textnorm",
@@ -127,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             **environment({"loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}),
             "repeats": args.repeats,
             "results": results,
+            "by_language": by_language,
         },
         args.json,
         announce=sys.stderr,

@@ -17,6 +17,9 @@ gateway, llm_worker, codec_worker); the wire contract below it is ``shm``.
 - ``profiling``: the workers' profiler hooks, armed by the environment, triggered by a file
 - ``link``: a worker's line to the orchestrator (``WorkerReady``, heartbeats)
 - ``zmq_recv``: receiving on an asyncio ZeroMQ socket without trusting one wakeup
+- ``languages``: language codes (ISO 639-1) as requests, voices and dictionaries name them
+- ``sentences``: where sentences and clauses end, per language and script (both the gateway's
+  and the llm worker's splitters)
 - ``tracing``: OpenTelemetry tracing, off unless the standard variables or the config key say
   so; the process's tracer and the W3C trace context that travels with a request
 """

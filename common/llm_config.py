@@ -23,6 +23,9 @@ class LoraVoice(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     speaker: str | None = None
     """The name the fine-tune was trained with, for the prompt ``"{speaker}: {text}"``
     (None: the voice's own name)."""
+    language: str | None = None
+    """The language the voice speaks (ISO 639-1): a request for it that names none is
+    normalised in it. None: the checkpoint's (``llm.languages``)."""
 
 
 class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -84,6 +87,14 @@ class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     """Only the current slot's audio range (or end-of-speech at a frame boundary) is sampled."""
     voices: list[str] | None = None
     """Voices the model knows; None reads them from the model directory or uses the English set."""
+    languages: list[str] | None = None
+    """Languages the checkpoint speaks (ISO 639-1), its main one first: a request that names
+    no language, for a voice with none of its own, is in the first. None: what the model
+    directory declares (config.json ``orpheus.languages`` / ``orpheus.language``, else the
+    ``language:`` of its model card, README.md), else ``text.language``."""
+    voice_languages: dict[str, str] = {}
+    """Voice -> the language it speaks, for a checkpoint with voices in several languages.
+    Empty: what config.json ``orpheus.voices`` declares when it maps voices to languages."""
     default_voice: str = "tara"
     zero_shot: bool | None = None
     """Whether the model takes custom voices made from reference audio (zero-shot). None:

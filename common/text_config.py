@@ -12,7 +12,12 @@ class TextConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     normalization: Literal["on", "off"] = "on"
     """What ``apply_text_normalization: "auto"`` (and a request that sets none) means:
     ``on`` writes numbers, dates, times, currency, units, abbreviations, URLs and e-mail
-    addresses as words (English) before the model reads them; ``off`` leaves the text as sent."""
+    addresses as words in the request's language before the model reads them (docs/api.md
+    lists the languages; text in one with no normaliser is spoken as sent); ``off`` leaves
+    the text as sent."""
+    language: str = "en"
+    """The language (ISO 639-1) of a request that names none, for a voice and a checkpoint
+    that declare none (``llm.languages``, ``llm.voice_languages``)."""
     pronunciation_dictionaries: list[str] = []
     """Server-wide default dictionaries, applied to every request after its own locators:
     ``"ID"`` (its latest version, looked up per request) or ``"ID:VERSION_ID"``. A default

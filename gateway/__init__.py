@@ -15,7 +15,8 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
   ClusterStatus; control PUSH
 - ``capacity``: each engine's real-time limit, learned from the streams' audio
 - ``schemas``, ``voices``, ``errors``: request validation, voice names, JSON errors
-- ``languages``: the languages of the checkpoint and of each voice (the listings')
+- ``voice_languages``: the languages of the checkpoint and of each voice (a request's
+  default language, and what the voice and model listings show)
 - ``auth``, ``browser_guard``, ``listener``, ``malformed_http``: API keys, browsers, the
   socket and its limits, what aiohttp refuses before a handler
 - ``audio``: the audio output (formats, streaming encoders, the output pipeline)

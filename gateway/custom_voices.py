@@ -4,7 +4,7 @@ and the LoRA admin calls ``POST /v1/admin/lora``, ``DELETE /v1/admin/lora/{name}
 A zero-shot voice is made here, in four steps:
 
 1. the multipart form is read (``name``, ``audio`` (or ``audio_sample``), ``transcript``,
-   optional ``description``) within ``voices.max_upload_bytes``, the audio spooled (in
+   optional ``description`` and ``language``: the voice's, ISO 639-1) within ``voices.max_upload_bytes``, the audio spooled (in
    memory up to ``SPOOL_MEMORY_BYTES``, then a temporary file); at most
    ``voices.max_concurrent_uploads`` at once per gateway process (429 past it);
 2. the audio is decoded and resampled to 24 kHz mono float with PyAV (FFmpeg: any container
@@ -38,6 +38,7 @@ import zmq.asyncio
 from aiohttp import BodyPartReader, web
 
 from common.config import ServeConfig
+from common.languages import UnknownLanguage, language_tag
 from gateway.errors import APIError
 from shm.layout import InstanceLayout
 from shm.messages import (
@@ -241,6 +242,9 @@ class CustomVoices:
         self.ctx = zmq.asyncio.Context.instance()
         self.uploads = 0
         """``POST /v1/audio/voices`` calls in progress in this process."""
+        self._languages: dict[str, tuple[tuple[int, int], str | None]] = {}
+        self._lora_languages: dict[str, tuple[tuple[int, int, int], str | None]] = {}
+        """Custom voice -> (its file's stat key, its language): ``language_of``'s cache."""
         self._config_loras = frozenset(
             n.strip().lower() for n in config.llm.lora_voices if ID_RE.match(n.strip().lower())
         )
@@ -273,6 +277,30 @@ class CustomVoices:
         if not self.zero_shot:
             raise APIError(400, "bad_request", zero_shot_unsupported(vid), param="voice")
         return True
+
+    def language_of(self, vid: str) -> str | None:
+        """The language a custom voice was made with (its form's ``language``), or a LoRA
+        voice was loaded with at run time (``POST /v1/admin/lora``); None for one without,
+        or no such voice. A stat or two per call; a file is read again only when it
+        changed."""
+        key = self.store.stat_key(vid)
+        if key is None:
+            self._languages.pop(vid, None)
+            if self.config.llm.lora_enabled:
+                return self.loras.language(vid, self._lora_languages)
+            return None
+        cached = self._languages.get(vid)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        try:
+            record = self.store.get(vid)
+        except (msgspec.DecodeError, OSError):
+            return None
+        language = record.language if record is not None else None
+        if len(self._languages) >= 4096:
+            self._languages.clear()
+        self._languages[vid] = (key, language)
+        return language
 
     def lora_listing(self) -> list[LoraListing]:
         out = {
@@ -383,7 +411,7 @@ async def _read_form(
                 buf += chunk
         if is_audio:
             continue
-        if name in ("name", "transcript", "description"):
+        if name in ("name", "transcript", "description", "language"):
             try:
                 fields[name] = buf.decode("utf-8")
             except UnicodeDecodeError:
@@ -467,6 +495,12 @@ async def _create(request: web.Request, voices: CustomVoices, audio: IO[bytes]) 
             f"description: at most {MAX_DESCRIPTION_CHARS} characters",
             "description",
         )
+    language = None
+    if fields.get("language", "").strip():
+        try:
+            language = language_tag(fields["language"])
+        except UnknownLanguage as e:
+            raise _bad("invalid_language", f"language: {e}", "language") from None
     if vid in voices.reserved or any(v.id == vid for v in voices.lora_listing()):
         raise _bad("voice_exists", f"name: {vid!r} is taken", "name", status=409)
     if voices.store.stat_key(vid) is not None:
@@ -479,7 +513,7 @@ async def _create(request: web.Request, voices: CustomVoices, audio: IO[bytes]) 
     _check_context(voices, math.ceil(len(pcm) / SAMPLES_PER_FRAME), seconds, transcript)
     frames = await voices.encode(pcm)
     _check_context(voices, len(frames), seconds, transcript)
-    record = new_record(vid, name, transcript, description, frames, seconds)
+    record = new_record(vid, name, transcript, description, frames, seconds, language)
     try:
         await loop.run_in_executor(None, voices.store.create, record, cfg.max_voices)
     except VoiceExists:
@@ -497,6 +531,7 @@ async def _create(request: web.Request, voices: CustomVoices, audio: IO[bytes]) 
         created_at=record.created_at,
         duration_s=record.duration_s,
         frames=record.frames,
+        language=language,
     )
     return web.Response(body=msgspec.json.encode(body), status=201, content_type="application/json")
 
@@ -525,6 +560,7 @@ class LoraLoadBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
     path: str
     speaker: str | None = None
+    language: str | None = None
 
 
 def _admin_allowed(voices: CustomVoices) -> None:
@@ -577,7 +613,11 @@ def lora_load_handler(voices: CustomVoices) -> Any:
         if name in voices.reserved or voices.store.stat_key(name) is not None:
             raise _bad("voice_exists", f"name: {name!r} is taken", "name", status=409)
         path = confined_lora_path(body.path, voices.config.gateway.lora_dirs)
-        reply = await voices.admin(LoraLoad(next(_ids), name, path, body.speaker))
+        try:
+            language = language_tag(body.language) if body.language else None
+        except UnknownLanguage as e:
+            raise _bad("invalid_language", f"language: {e}", "language") from None
+        reply = await voices.admin(LoraLoad(next(_ids), name, path, body.speaker, language))
         return _admin_response(reply)
 
     return handler

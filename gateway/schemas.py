@@ -84,6 +84,13 @@ class SpeechRequest(SamplingFields, frozen=True, kw_only=True, forbid_unknown_fi
     apply_text_normalization: str | None = None
     """Extension (ElevenLabs' field): ``auto`` (the server's ``text.normalization``), ``on``,
     ``off``."""
+    language: str | None = None
+    """Extension (vLLM-Omni's field): the text's language (ISO 639-1, ``fr``); None: the
+    voice's, else the checkpoint's (``gateway.voice_languages``)."""
+
+    @property
+    def voice_name(self) -> str:
+        return self.voice if isinstance(self.voice, str) else self.voice.id
 
 
 class SpeechParams(msgspec.Struct, frozen=True, kw_only=True):

@@ -31,6 +31,7 @@ from gateway.requests import BYTES_PER_SECOND, RequestTracker
 from gateway.streams import StreamRegistry
 from gateway.text.service import SpeechText
 from gateway.upstream import Upstream
+from gateway.voice_languages import VoiceLanguages
 from gateway.voices import ENGLISH_VOICES, VoiceCatalog
 from shm.admission import AdmissionBoard
 from shm.layout import InstanceLayout
@@ -77,6 +78,8 @@ class Gateway:
         )
         self.speech_text = SpeechText(config)
         """Normalisation and pronunciation dictionaries (``gateway.text``)."""
+        self.languages = VoiceLanguages(config, self.custom_voices.language_of)
+        """The languages of the checkpoint and its voices: a request's default language."""
         self.limits = RequestLimits.of(config.llm)
         """The sampling fields' limits, the llm_worker's (``build_params`` checks them)."""
         self.upstream = Upstream([layout.engine_control(e) for e in range(layout.engines)])

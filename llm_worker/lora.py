@@ -259,7 +259,9 @@ class LoraVoices:
             log.warning("LoRA voice %r from %s not loaded: %s", name, req.path, e)
             return AdminReply(req.request_id, 400, "lora_load_failed", f"{type(e).__name__}: {e}")
         try:
-            self._registry.save(LoraEntry(name=name, path=req.path, speaker=req.speaker))
+            self._registry.save(
+                LoraEntry(name=name, path=req.path, speaker=req.speaker, language=req.language)
+            )
         except OSError as e:
             # Without its entry the next sync would unload it anyway.
             del self._voices[name]

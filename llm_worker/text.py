@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import re
 
-# A sentence ends with terminal punctuation (plus closing quotes/brackets) followed by
-# whitespace, or at a line break. Decimal points ("3.14") and "e.g.x" are not followed by
-# whitespace and so never split.
-_SENTENCE_END = re.compile(r"""[.!?…。！？]+["'”’)\]]*(?=\s)|\n+""")
-_CLAUSE_END = re.compile(r"""[,;:—–]["'”’)\]]*(?=\s)""")
-_ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof sr jr st vs etc e.g i.e no fig approx".split()
-)  # a "." after these does not end a sentence
+from common.sentences import SentenceEnds, joins_tight
+
+# Sentence ends are ``common.sentences``' (the gateway's units end at the same places), for
+# every language's abbreviations (the worker is not told the language; a "." wrongly taken
+# for an abbreviation's only joins two sentences into one piece), and at line breaks.
+_SENTENCE_ENDS = SentenceEnds(None)
+_LINE_BREAKS = re.compile(r"\n+")
+_CLAUSE_END = re.compile(r"""[,;:—–]["'”’)\]]*(?=\s)|[，、；：]["'”’）」』]*""")
 _SPACES = re.compile(r"\s+")
 _TAG = re.compile(r"<\s*([A-Za-z]+)\s*>")
 
@@ -43,23 +43,11 @@ def _normalise(text: str) -> str:
     return _SPACES.sub(" ", text).strip()
 
 
-def _is_abbreviation(text: str, dot: int) -> bool:
-    """Whether the "." at ``dot`` closes a known abbreviation (``Dr.``, ``e.g.``)."""
-    if text[dot] != ".":
-        return False
-    start = dot
-    while start > 0 and (text[start - 1].isalpha() or text[start - 1] == "."):
-        start -= 1
-    return text[start:dot].lower() in _ABBREVIATIONS
-
-
 def _sentence_ends(text: str) -> list[int]:
     """Offsets just past each sentence end found in ``text``."""
-    ends = []
-    for m in _SENTENCE_END.finditer(text):
-        if m.group()[0] == "." and m.end() - m.start() == 1 and _is_abbreviation(text, m.start()):
-            continue
-        ends.append(m.end())
+    ends = _SENTENCE_ENDS.find(text)
+    if "\n" in text:
+        ends = sorted({*ends, *(m.end() for m in _LINE_BREAKS.finditer(text))})
     return ends
 
 
@@ -92,11 +80,13 @@ def _split_long(sentence: str, max_chars: int) -> list[str]:
 
 
 def _pack(parts: list[str], max_chars: int) -> list[str]:
-    """Join consecutive parts with spaces into pieces of at most ``max_chars``."""
+    """Join consecutive parts with spaces (none between CJK text) into pieces of at most
+    ``max_chars``."""
     out: list[str] = []
     for part in parts:
-        if out and len(out[-1]) + 1 + len(part) <= max_chars:
-            out[-1] = f"{out[-1]} {part}"
+        sep = "" if out and joins_tight(out[-1], part) else " "
+        if out and len(out[-1]) + len(sep) + len(part) <= max_chars:
+            out[-1] = f"{out[-1]}{sep}{part}"
         else:
             out.append(part)
     return out

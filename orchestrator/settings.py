@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from common.config import ServeConfig
+from common.languages import UnknownLanguage, language_tag
 from common.limits import MAX_TOKENS_MIN, sampling_problem
 from shm.layout import MAX_ENGINES
 from shm.voices import ID_RE as VOICE_ID_RE
@@ -163,6 +164,27 @@ def describe(cfg: ServeConfig, toml_path: str | None = None) -> str:
     )
 
 
+def language_problems(cfg: ServeConfig) -> list[str]:
+    """Each configured language that is not an ISO 639-1 code (``common.languages``)."""
+    named = {"text.language": [cfg.text.language]}
+    named["llm.languages"] = list(cfg.llm.languages or [])
+    named.update(
+        {f"llm.voice_languages.{v}": [lang] for v, lang in cfg.llm.voice_languages.items()}
+    )
+    named.update(
+        {f"llm.lora_voices.{v}.language": [lv.language] for v, lv in cfg.llm.lora_voices.items()
+         if lv.language is not None}
+    )  # fmt: skip
+    problems = []
+    for key, codes in named.items():
+        for code in codes:
+            try:
+                language_tag(code)
+            except UnknownLanguage as e:
+                problems.append(f"{key}: {e}")
+    return problems
+
+
 def validate(cfg: ServeConfig) -> None:
     problems: list[str] = []
     if cfg.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
@@ -211,6 +233,7 @@ def validate(cfg: ServeConfig) -> None:
             problems.append(f"llm.lora_voices: {name!r} is not a voice name (letters, digits, _-.)")
         elif name.strip().lower() in (llm.voices or []):
             problems.append(f"llm.lora_voices: {name!r} is also a voice of the model")
+    problems.extend(language_problems(cfg))
     v = cfg.voices
     if not 0 < v.min_seconds <= v.max_seconds:
         problems.append("voices: 0 < min_seconds <= max_seconds")

@@ -87,16 +87,18 @@ class Client:
         response_format: str = "pcm",
         speed: float = 1.0,
         traceparent: str | None = None,
+        language: str | None = None,
         **sampling: float | None,
     ) -> Iterator[bytes]:
         """Yield the audio of ``text`` as it arrives; raise ``SpeechError`` on failure.
         ``sampling``: any of ``orpheus_wire.sampling.SamplingFields`` (``max_tokens``,
         ``seed``, ``temperature``, ``top_p``, ``repetition_penalty``, ``top_k``);
-        ``traceparent``: the caller's W3C trace context (the server's spans continue it)."""
+        ``traceparent``: the caller's W3C trace context (the server's spans continue it);
+        ``language``: the text's (ISO 639-1; None: the voice's)."""
         rid = next(self._ids)
         msg = _speak(
             rid, text, self._api_key, voice=voice, response_format=response_format, speed=speed,
-            traceparent=traceparent, **sampling,
+            traceparent=traceparent, language=language, **sampling,
         )  # fmt: skip
         self._sock.send(encoder.encode(msg))
         finished = False
@@ -263,6 +265,7 @@ class AsyncClient:
         speed: float = 1.0,
         text_open: bool = True,
         traceparent: str | None = None,
+        language: str | None = None,
         **sampling: float | None,
     ) -> _StreamStarter:
         """A request whose text is appended later (``append``/``end``); use ``async with``.
@@ -271,7 +274,7 @@ class AsyncClient:
         rid = next(self._ids)
         msg = _speak(
             rid, text, self._api_key, voice=voice, response_format=response_format, speed=speed,
-            text_open=text_open, traceparent=traceparent, **sampling,
+            text_open=text_open, traceparent=traceparent, language=language, **sampling,
         )  # fmt: skip
         s = AsyncSpeechStream(self, rid, self._timeout_s)
         return _StreamStarter(self, s, msg)

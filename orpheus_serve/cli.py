@@ -60,8 +60,9 @@ def _serve_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _with_model_voices(cfg: ServeConfig) -> ServeConfig:
-    """Resolve the voices once, from the model's configuration, so that every process (the
-    gateway's /v1/audio/voices, the llm_worker's validation) sees the same list."""
+    """Resolve the voices and their languages once, from the model's directory, so that every
+    process (the gateway's /v1/audio/voices and its requests' default language, the
+    llm_worker's validation) sees the same."""
     import msgspec
 
     from llm_worker.model_info import load_model_info
@@ -76,7 +77,14 @@ def _with_model_voices(cfg: ServeConfig) -> ServeConfig:
             f"llm.lora_voices: {', '.join(map(repr, shadowed))} is also a voice of the model "
             f"({info.source}); fix: give the LoRA voice another name"
         )
-    llm = msgspec.structs.replace(cfg.llm, voices=list(info.voices), zero_shot=info.zero_shot)
+    llm = msgspec.structs.replace(
+        cfg.llm,
+        voices=list(info.voices),
+        zero_shot=info.zero_shot,
+        default_voice=info.default_voice,
+        languages=list(info.languages) or None,
+        voice_languages=info.voice_languages,
+    )
     return msgspec.structs.replace(cfg, llm=llm)
 
 

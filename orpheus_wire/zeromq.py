@@ -52,6 +52,9 @@ class Speak(SamplingFields, frozen=True, kw_only=True, tag="speak", tag_field="t
     traceparent: str | None = None
     """A W3C trace context (the HTTP ``traceparent`` header's value): when the server traces
     (OpenTelemetry), the request's spans continue this trace; else it starts one."""
+    language: str | None = None
+    """The text's language (ISO 639-1, ``fr``): its normalisation and dictionaries. None:
+    the voice's, else the server's."""
 
 
 class AppendText(

@@ -148,6 +148,8 @@ class LoraLoad(msgspec.Struct, tag="lora_load", frozen=True):
     name: str
     path: str
     speaker: str | None = None
+    language: str | None = None
+    """The voice's language (ISO 639-1), kept in its registry entry."""
 
 
 class LoraUnload(msgspec.Struct, tag="lora_unload", frozen=True):

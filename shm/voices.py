@@ -72,6 +72,9 @@ class VoiceRecord(msgspec.Struct, frozen=True, kw_only=True):
     codes: bytes
     """The reference audio's SNAC code frames: int16 little-endian, ``(frames, 7)`` in
     Orpheus slot order (what the model emits)."""
+    language: str | None = None
+    """The language (ISO 639-1) of a request for this voice that names none; None: the
+    checkpoint's."""
 
     @property
     def frames(self) -> int:
@@ -91,6 +94,7 @@ class VoiceSummary(msgspec.Struct, frozen=True, kw_only=True):
     duration_s: float
     frames: int
     type: str = "zero_shot"
+    language: str | None = None
 
 
 class VoiceExists(Exception):
@@ -162,6 +166,7 @@ class VoiceStore:
                         created_at=r.created_at,
                         duration_s=r.duration_s,
                         frames=r.frames,
+                        language=r.language,
                     )
                 )
         return out
@@ -186,7 +191,13 @@ class VoiceStore:
 
 
 def new_record(
-    vid: str, name: str, transcript: str, description: str, frames: np.ndarray, seconds: float
+    vid: str,
+    name: str,
+    transcript: str,
+    description: str,
+    frames: np.ndarray,
+    seconds: float,
+    language: str | None = None,
 ) -> VoiceRecord:
     codes = np.ascontiguousarray(frames, dtype=CODE_DTYPE).reshape(-1, FRAME_CODES)
     return VoiceRecord(
@@ -197,6 +208,7 @@ def new_record(
         created_at=int(time.time()),
         duration_s=round(seconds, 3),
         codes=codes.tobytes(),
+        language=language,
     )
 
 
@@ -210,6 +222,8 @@ class LoraEntry(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     path: str
     speaker: str | None = None
+    language: str | None = None
+    """The voice's language (ISO 639-1); None: the checkpoint's."""
 
 
 _lora_encoder = msgspec.json.Encoder()
@@ -318,6 +332,26 @@ class LoraRegistry:
         left by an earlier start is cleared."""
         self._write(self._path(entry.name, LORA_SUFFIX), _lora_encoder.encode(entry))
         self.clear_failure(entry.name)
+
+    def language(self, name: str, cache: dict[str, tuple[LoraSignature, str | None]]) -> str | None:
+        """The language of the LoRA voice ``name`` loaded at run time (None: it has none, or
+        there is no such entry). A stat per call; the entry is read again only when its
+        signature is not the one in ``cache`` (the caller's, updated here)."""
+        try:
+            path = self._path(name, LORA_SUFFIX)
+            sig = _signature(path.stat())
+        except (ValueError, OSError):
+            cache.pop(name, None)
+            return None
+        known = cache.get(name)
+        if known is not None and known[0] == sig:
+            return known[1]
+        try:
+            language = _lora_decoder.decode(path.read_bytes()).language
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        cache[name] = (sig, language)
+        return language
 
     def has(self, name: str) -> bool:
         """Whether a LoRA voice ``name`` was loaded at run time (its entry exists; a stat,

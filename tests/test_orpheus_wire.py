@@ -86,30 +86,31 @@ SPEAK_ALL = Speak(
 # Recorded with gateway/frontends/zeromq/protocol.py at adaecfd (before the move); the two
 # Speak messages as they are since issue 32 added the sampling field top_k (after the other
 # sampling fields: Speak inherits them from orpheus_wire.sampling.SamplingFields) and issue 35
-# traceparent (at the end). What an older client sends still decodes the same (OLD_SPEAK
-# below: before issue 34 added pronunciation_dictionary_locators and
-# apply_text_normalization, and before top_k and traceparent).
+# traceparent, and issue 46 language (at the end). What an older client sends still decodes
+# the same (OLD_SPEAK below: before language; before issue 34 added
+# pronunciation_dictionary_locators and apply_text_normalization, and before top_k and
+# traceparent).
 GOLDEN = [
     (
         SPEAK_ALL,
-        "de0013a474797065a5737065616baa6d61785f746f6b656e7346a47365656403ab74656d70657261"
+        "de0014a474797065a5737065616baa6d61785f746f6b656e7346a47365656403ab74656d70657261"
         "74757265cb3fe0000000000000a5746f705f70cb3feccccccccccccdb272657065746974696f6e5f"
         "70656e616c7479cb3ff199999999999aa5746f705f6bc0aa726571756573745f696407a5696e7075"
         "74a348692ea5766f696365a474617261a56d6f64656ca16daf726573706f6e73655f666f726d6174"
         "a3776176ab73616d706c655f72617465cd3e80a57370656564cb3ff8000000000000a9746578745f"
         "6f70656ec3a76170695f6b6579a16bd92170726f6e756e63696174696f6e5f64696374696f6e6172"
         "795f6c6f6361746f7273c0b86170706c795f746578745f6e6f726d616c697a6174696f6ec0ab7472"
-        "616365706172656e74c0",
+        "616365706172656e74c0a86c616e6775616765c0",
     ),
     (
         Speak(request_id=1, input="x"),
-        "de0013a474797065a5737065616baa6d61785f746f6b656e73c0a473656564c0ab74656d70657261"
+        "de0014a474797065a5737065616baa6d61785f746f6b656e73c0a473656564c0ab74656d70657261"
         "74757265c0a5746f705f70c0b272657065746974696f6e5f70656e616c7479c0a5746f705f6bc0aa"
         "726571756573745f696401a5696e707574a178a5766f696365a0a56d6f64656ca0af726573706f6e"
         "73655f666f726d6174a370636dab73616d706c655f72617465c0a57370656564cb3ff00000000000"
         "00a9746578745f6f70656ec2a76170695f6b6579c0d92170726f6e756e63696174696f6e5f646963"
         "74696f6e6172795f6c6f6361746f7273c0b86170706c795f746578745f6e6f726d616c697a617469"
-        "6f6ec0ab7472616365706172656e74c0",
+        "6f6ec0ab7472616365706172656e74c0a86c616e6775616765c0",
     ),
     (
         AppendText(request_id=7, text="more", final=True),
@@ -139,6 +140,27 @@ GOLDEN = [
 
 
 OLD_SPEAK = [
+    (
+        SPEAK_ALL,
+        "de0013a474797065a5737065616baa6d61785f746f6b656e7346a47365656403ab74656d70657261"
+        "74757265cb3fe0000000000000a5746f705f70cb3feccccccccccccdb272657065746974696f6e5f"
+        "70656e616c7479cb3ff199999999999aa5746f705f6bc0aa726571756573745f696407a5696e7075"
+        "74a348692ea5766f696365a474617261a56d6f64656ca16daf726573706f6e73655f666f726d6174"
+        "a3776176ab73616d706c655f72617465cd3e80a57370656564cb3ff8000000000000a9746578745f"
+        "6f70656ec3a76170695f6b6579a16bd92170726f6e756e63696174696f6e5f64696374696f6e6172"
+        "795f6c6f6361746f7273c0b86170706c795f746578745f6e6f726d616c697a6174696f6ec0ab7472"
+        "616365706172656e74c0",
+    ),
+    (
+        Speak(request_id=1, input="x"),
+        "de0013a474797065a5737065616baa6d61785f746f6b656e73c0a473656564c0ab74656d70657261"
+        "74757265c0a5746f705f70c0b272657065746974696f6e5f70656e616c7479c0a5746f705f6bc0aa"
+        "726571756573745f696401a5696e707574a178a5766f696365a0a56d6f64656ca0af726573706f6e"
+        "73655f666f726d6174a370636dab73616d706c655f72617465c0a57370656564cb3ff00000000000"
+        "00a9746578745f6f70656ec2a76170695f6b6579c0d92170726f6e756e63696174696f6e5f646963"
+        "74696f6e6172795f6c6f6361746f7273c0b86170706c795f746578745f6e6f726d616c697a617469"
+        "6f6ec0ab7472616365706172656e74c0",
+    ),
     (
         SPEAK_ALL,
         "de0011a474797065a5737065616baa6d61785f746f6b656e7346a47365656403ab74656d70657261"
@@ -187,7 +209,9 @@ def test_the_wire_bytes_are_those_of_before(msg: object, hex_bytes: str) -> None
 
 
 @pytest.mark.parametrize(
-    ("msg", "hex_bytes"), OLD_SPEAK, ids=["all-34", "minimal-34", "all", "minimal"]
+    ("msg", "hex_bytes"),
+    OLD_SPEAK,
+    ids=["all-35", "minimal-35", "all-34", "minimal-34", "all", "minimal"],
 )
 def test_an_older_clients_speak_still_decodes(msg: object, hex_bytes: str) -> None:
     assert client_decoder.decode(bytes.fromhex(hex_bytes)) == msg

@@ -18,15 +18,10 @@ from typing import Literal
 
 import msgspec
 
+from common.sentences import SentenceEnds
+
 Granularity = Literal["none", "sentence", "clause"]
 
-# A sentence ends with terminal punctuation (plus closing quotes/brackets) followed by
-# whitespace; a clause also at , ; : and dashes followed by whitespace.
-_SENTENCE_END = re.compile(r"[.!?…。！？]+[\"'”’)\]]*(?=\s)")
-_CLAUSE_END = re.compile(r"(?:[.!?…。！？]+|[,;:，；：]|\s[-–—])[\"'”’)\]]*(?=\s)")
-_ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof sr jr st vs etc e.g i.e no fig approx dept est inc ltd co".split()
-)
 _WS = re.compile(r"\s+")
 MIN_CLAUSE_CHARS = 12
 """A clause shorter than this waits for more (a lone "Yes," is not worth its own request)."""
@@ -48,9 +43,17 @@ class UnitSplitter:
     ``granularity`` "none" cuts only at ``flush`` (and at ``max_chars``).
     """
 
-    def __init__(self, granularity: Granularity = "sentence", max_chars: int = 280) -> None:
+    def __init__(
+        self,
+        granularity: Granularity = "sentence",
+        max_chars: int = 280,
+        language: str | None = None,
+    ) -> None:
+        """``language``: whose abbreviations do not end a sentence (``common.sentences``);
+        None: every language's."""
         self._granularity = granularity
         self._max_chars = max_chars
+        self._finder = SentenceEnds(language, clauses=granularity == "clause")
         self._buffer = ""
 
     @property
@@ -61,17 +64,10 @@ class UnitSplitter:
     def _ends(self) -> list[int]:
         if self._granularity == "none":
             return []
-        pattern = _SENTENCE_END if self._granularity == "sentence" else _CLAUSE_END
+        buf = self._buffer
         ends: list[int] = []
-        for m in pattern.finditer(self._buffer):
-            if m.group().startswith(".") and len(m.group()) == 1:
-                word = self._buffer[: m.start()].rsplit(None, 1)[-1:] or [""]
-                if word[0].lower().rstrip(".") in _ABBREVIATIONS or (
-                    len(word[0]) == 1 and word[0].isalpha()  # an initial: "J. Smith"
-                ):
-                    continue
-            end = m.end()
-            while end < len(self._buffer) and self._buffer[end].isspace():
+        for end in self._finder.find(buf):
+            while end < len(buf) and buf[end].isspace():
                 end += 1  # the whitespace after the end belongs to this unit
             ends.append(end)
         return ends

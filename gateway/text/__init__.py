@@ -1,5 +1,5 @@
 """What the gateway does to a request's text before the model reads it: pronunciation
-dictionaries (``lexicon``, ``pls``, ``store``) then English normalisation (``normalize``),
-resolved per request into a ``plan.TextPlan`` by ``service.SpeechText`` and applied to whole
+dictionaries (``lexicon``, ``pls``, ``store``) then normalisation in the request's language
+(English: ``normalize``; the others: ``intl``), resolved per request into a ``plan.TextPlan`` by ``service.SpeechText`` and applied to whole
 units of text (``gateway.schemas.SpeechParams.spoken``). Pure Python, no I/O on the hot path
 but one stat call per "latest" dictionary locator."""

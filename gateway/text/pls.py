@@ -6,7 +6,8 @@ Reading is ``defusedxml``'s parser with document type declarations refused outri
 before it is parsed (``max_bytes``) and its lexemes after (``max_rules``). Each
 ``<grapheme>`` of a ``<lexeme>`` with an ``<alias>`` becomes an alias rule; a lexeme with
 only a ``<phoneme>`` is refused as the rules API refuses phoneme rules
-(``gateway.text.lexicon``).
+(``gateway.text.lexicon``). The lexicon's ``xml:lang`` is the dictionary's language: it
+applies only to requests in that language (``gateway.text.service``).
 """
 
 from __future__ import annotations
@@ -14,12 +15,21 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from xml.sax.saxutils import escape
 
+import msgspec
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import fromstring
 
+from common.languages import UnknownLanguage, language_tag
 from gateway.text.lexicon import AliasRule, RuleError, check_rules, phoneme_refusal
 
 PLS_NS = "http://www.w3.org/2005/01/pronunciation-lexicon"
+_XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
+
+
+class PlsDocument(msgspec.Struct, frozen=True):
+    rules: list[AliasRule]
+    language: str | None
+    """Its ``xml:lang`` as an ISO 639-1 code; None where it has none."""
 
 
 class PlsError(ValueError):
@@ -36,6 +46,12 @@ def _text(el: ET.Element) -> str:
 
 def parse_pls(data: bytes, *, max_bytes: int, max_rules: int) -> list[AliasRule]:
     """The alias rules of a PLS document; PlsError for anything else."""
+    return read_pls(data, max_bytes=max_bytes, max_rules=max_rules).rules
+
+
+def read_pls(data: bytes, *, max_bytes: int, max_rules: int) -> PlsDocument:
+    """The alias rules and the language of a PLS document; PlsError for anything else
+    (an ``xml:lang`` that names no language included)."""
     if len(data) > max_bytes:
         raise PlsError(f"the file has {len(data)} bytes; the limit is {max_bytes}")
     if not data.strip():
@@ -51,6 +67,12 @@ def parse_pls(data: bytes, *, max_bytes: int, max_rules: int) -> list[AliasRule]
     if _local(root.tag) != "lexicon":
         raise PlsError(f"the root element is <{_local(root.tag)}>, not a PLS <lexicon>")
     alphabet = root.get("alphabet", "ipa")
+    language: str | None = None
+    if root.get(_XML_LANG):
+        try:
+            language = language_tag(root.get(_XML_LANG, ""))
+        except UnknownLanguage as e:
+            raise PlsError(f"xml:lang: {e}") from None
     rules: list[AliasRule] = []
     for lexeme in root:
         if _local(lexeme.tag) != "lexeme":
@@ -70,7 +92,7 @@ def parse_pls(data: bytes, *, max_bytes: int, max_rules: int) -> list[AliasRule]
             if len(rules) > max_rules:
                 raise PlsError(f"more than {max_rules} rules; a dictionary holds at most that")
     try:
-        return check_rules(list(rules), max_rules)
+        return PlsDocument(check_rules(list(rules), max_rules), language)
     except RuleError as e:
         raise PlsError(str(e)) from None
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import msgspec
 
 from common.config import ServeConfig
+from common.languages import DEFAULT_LANGUAGE
 from gateway.auth import ApiKeys
 from gateway.errors import APIError
 from gateway.text.lexicon import Lexicon
@@ -28,7 +29,6 @@ from orpheus_wire.text import Locator
 MAX_LOCATORS = 3
 """Dictionaries one request may name (ElevenLabs' limit)."""
 COMPILED_CACHE = 256
-NORMALIZE_ONLY = TextPlan((), True)
 
 
 class SpeechText:
@@ -44,6 +44,8 @@ class SpeechText:
         self._lock = threading.Lock()
         """Guards the two caches: resolution runs on the executor's threads."""
         self.defaults = [self._parse_default(d) for d in self.cfg.pronunciation_dictionaries]
+        self._normalize_only: dict[str, TextPlan] = {}
+        """Per language: the plan of a request with no dictionaries (built once)."""
 
     @staticmethod
     def _parse_default(entry: str) -> Locator:
@@ -99,14 +101,18 @@ class SpeechText:
         return lx
 
     def _resolve(
-        self, locators: Sequence[Locator], key: str | None, *, owned: bool
+        self, locators: Sequence[Locator], key: str | None, language: str, *, owned: bool
     ) -> tuple[list[Lexicon], list[str]]:
+        """The lexicons of ``locators`` for a request in ``language`` (a dictionary in
+        another language, its PLS ``xml:lang``, is skipped) and the locators not found."""
         found: list[Lexicon] = []
         missing: list[str] = []
         for loc in locators:
             record = self._record(loc.pronunciation_dictionary_id)
             if record is None or (owned and not self.visible(record, key)):
                 missing.append(loc.pronunciation_dictionary_id)
+                continue
+            if record.language is not None and record.language != language:
                 continue
             lx = self._lexicon(record, loc.version_id)
             if lx is None:
@@ -116,15 +122,15 @@ class SpeechText:
         return found, missing
 
     def _plan_sync(
-        self, locators: Sequence[Locator], normalize: bool, key: str | None
+        self, locators: Sequence[Locator], normalize: bool, key: str | None, language: str
     ) -> TextPlan | None:
         with self._lock:
-            return self._plan_locked(locators, normalize, key)
+            return self._plan_locked(locators, normalize, key, language)
 
     def _plan_locked(
-        self, locators: Sequence[Locator], normalize: bool, key: str | None
+        self, locators: Sequence[Locator], normalize: bool, key: str | None, language: str
     ) -> TextPlan | None:
-        own, missing = self._resolve(locators, key, owned=True)
+        own, missing = self._resolve(locators, key, language, owned=True)
         if missing:
             raise APIError(
                 404,
@@ -134,7 +140,7 @@ class SpeechText:
                 + " (GET /v1/pronunciation-dictionaries lists yours)",
                 param="pronunciation_dictionary_locators",
             )
-        defaults, missing = self._resolve(self.defaults, key, owned=False)
+        defaults, missing = self._resolve(self.defaults, key, language, owned=False)
         if missing:
             raise APIError(
                 500,
@@ -146,7 +152,7 @@ class SpeechText:
         lexicons = tuple(own + defaults)
         if not lexicons and not normalize:
             return None
-        return TextPlan(lexicons, normalize)
+        return TextPlan(lexicons, normalize, language)
 
     def normalizes(self, mode: str | None) -> bool:
         """Whether ``apply_text_normalization`` = ``mode`` normalises; APIError 400 for a
@@ -169,9 +175,12 @@ class SpeechText:
         locators: Sequence[Locator] | None = None,
         normalization: str | None = None,
         key: str | None = None,
+        language: str = DEFAULT_LANGUAGE,
     ) -> TextPlan | None:
-        """The plan of a request; None: its text is spoken as sent. APIError 400 for a bad
-        mode or too many locators, 404 naming the dictionaries this key has no access to."""
+        """The plan of a request in ``language`` (an ISO 639-1 code: the front end resolves
+        it, ``gateway.voice_languages``); None: its text is spoken as sent. APIError 400 for
+        a bad mode or too many locators, 404 naming the dictionaries this key has no access
+        to."""
         normalize = self.normalizes(normalization)
         locators = list(locators or ())
         if len(locators) > MAX_LOCATORS:
@@ -182,7 +191,17 @@ class SpeechText:
                 param="pronunciation_dictionary_locators",
             )
         if not locators and not self.defaults:
-            return NORMALIZE_ONLY if normalize else None
+            if not normalize:
+                return None
+            plan = self._normalize_only.get(language)
+            if plan is None:
+                # A language's first plan builds its normaliser (cn2an's import: ~0.1 s):
+                # off the event loop.
+                plan = await asyncio.get_running_loop().run_in_executor(
+                    None, TextPlan, (), True, language
+                )
+                self._normalize_only[language] = plan
+            return plan
         return await asyncio.get_running_loop().run_in_executor(
-            None, self._plan_sync, locators, normalize, key
+            None, self._plan_sync, locators, normalize, key, language
         )

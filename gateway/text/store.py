@@ -45,6 +45,9 @@ class DictionaryRecord(msgspec.Struct, frozen=True, kw_only=True):
     created_at: int
     versions: list[DictionaryVersion]
     """Oldest first; the last is the latest."""
+    language: str | None = None
+    """The language (ISO 639-1) of its PLS file's ``xml:lang``: it applies only to requests
+    in that language. None (made from rules, or a PLS file without one): to every request."""
 
     @property
     def latest(self) -> DictionaryVersion:
@@ -121,6 +124,7 @@ class DictionaryStore:
         owner: str | None,
         rules: list[AliasRule],
         max_dictionaries: int,
+        language: str | None = None,
     ) -> DictionaryRecord:
         now = int(time.time())
         record = DictionaryRecord(
@@ -130,6 +134,7 @@ class DictionaryStore:
             owner=owner,
             created_at=now,
             versions=[DictionaryVersion(version_id=new_id(), created_at=now, rules=rules)],
+            language=language,
         )
         with self.records.locked():
             if len(self.ids()) >= max_dictionaries:

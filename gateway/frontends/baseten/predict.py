@@ -16,8 +16,8 @@ audio takes longer to make is cut off on its side. The body is spoken as one req
 sentences), and answered the same way (``gateway.frontends.openai.speech.respond``): the status is
 decided by what comes first, an error is OpenAI-shaped JSON with its status (the plugin
 raises ``APIStatusError`` on it), a client that leaves cancels the stream into vLLM.
-``language`` is accepted and not used (the voice belongs to a checkpoint, and the checkpoint
-to a language); ``max_tokens`` is an upper bound the server's own length cap already
+``language`` is the text's (normalisation and sentence ends: ``gateway.voice_languages``);
+``max_tokens`` is an upper bound the server's own length cap already
 enforces (as on Baseten's WebSocket); other fields are ignored.
 """
 
@@ -69,6 +69,7 @@ def predict_handler(gateway: Gateway) -> Handler:
             req.pronunciation_dictionary_locators,
             req.apply_text_normalization,
             presented_key(request),
+            gateway.languages.resolve(req.language, req.voice),
         )
         params = build_params(
             gateway.voices,

@@ -62,6 +62,7 @@ class StartMessage(SamplingFields, frozen=True, kw_only=True, forbid_unknown_fie
 
     voice: str | None = None
     buffer_size: int | None = None
+    language: str | None = None
     pronunciation_dictionary_locators: list[Locator] | None = None
     apply_text_normalization: str | None = None
 
@@ -115,10 +116,12 @@ async def _serve(
         return
     try:
         start = _start_decoder.decode(first.data)
+        language = gateway.languages.resolve(start.language, start.voice or None)
         plan = await gateway.speech_text.plan(
             start.pronunciation_dictionary_locators,
             start.apply_text_normalization,
             presented_key(request),
+            language,
         )
         params = stream_template(
             gateway,
@@ -158,7 +161,7 @@ async def _serve(
 
         return run
 
-    splitter = UnitSplitter("sentence", UNIT_MAX_CHARS)
+    splitter = UnitSplitter("sentence", UNIT_MAX_CHARS, language)
     joiner = _TextJoiner()
     try:
         while not failure:

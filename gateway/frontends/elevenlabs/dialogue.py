@@ -60,13 +60,15 @@ class DialogueInput(msgspec.Struct, kw_only=True):
 
 
 class DialogueBody(msgspec.Struct, kw_only=True):
-    """The body; ``model_id``, ``language_code``, ``settings`` and the other fields of
-    ElevenLabs' that mean nothing here are accepted and ignored."""
+    """The body; ``model_id``, ``settings`` and the other fields of ElevenLabs' that mean
+    nothing here are accepted and ignored. ``language_code``: every turn's language (None:
+    the first turn's voice's)."""
 
     inputs: list[DialogueInput]
     seed: int | None = None
     pronunciation_dictionary_locators: list[Locator] | None = None
     apply_text_normalization: str | None = None
+    language_code: str | None = None
 
 
 class VoiceSegment(msgspec.Struct, kw_only=True):
@@ -285,10 +287,14 @@ def dialogue_handler(gateway: Gateway, *, stream: bool, timestamps: bool) -> Han
             body = decoder.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise APIError(400, "invalid_request", f"invalid body: {e}") from None
+        language = gateway.languages.resolve(
+            body.language_code, body.inputs[0].voice_id if body.inputs else None, "language_code"
+        )
         plan = await gateway.speech_text.plan(
             body.pronunciation_dictionary_locators,
             body.apply_text_normalization,
             presented_key(request),
+            language,
         )
         templates = _templates(gateway, body, fmt, plan)
         enc = make_output(templates[0].output)
@@ -302,7 +308,7 @@ def dialogue_handler(gateway: Gateway, *, stream: bool, timestamps: bool) -> Han
                             same = body.inputs[n - 1].voice_id == turn.voice_id
                             await out.pause(TURN_PAUSE_MS if same else SPEAKER_PAUSE_MS)
                         start_ms, first_char = out.audio_ms, len(out.alignment.chars)
-                        splitter = UnitSplitter("sentence", UNIT_MAX_CHARS)
+                        splitter = UnitSplitter("sentence", UNIT_MAX_CHARS, language)
                         for unit in splitter.feed(turn.text) + splitter.flush():
                             spoken = msgspec.structs.replace(template, text=unit.text).spoken()
                             out.aligners = UnitAligners(unit.raw, spoken.text)

@@ -31,7 +31,7 @@ from gateway.errors import APIError
 from gateway.frontends.shared import Handler, read_body
 from gateway.service import Gateway
 from gateway.text.lexicon import AliasRule, Rule, RuleError, check_rules
-from gateway.text.pls import PlsError, parse_pls, write_pls
+from gateway.text.pls import PlsError, read_pls, write_pls
 from gateway.text.service import SpeechText
 from gateway.text.store import (
     DictionaryRecord,
@@ -187,7 +187,12 @@ class _Routes:
         return self.gateway.speech_text.store
 
     async def _create(
-        self, request: web.Request, name: str, description: str | None, rules: list[AliasRule]
+        self,
+        request: web.Request,
+        name: str,
+        description: str | None,
+        rules: list[AliasRule],
+        language: str | None = None,
     ) -> web.Response:
         cfg = self.text.cfg
         try:
@@ -198,6 +203,7 @@ class _Routes:
                 owner=self.text.owner_of(presented_key(request)),
                 rules=rules,
                 max_dictionaries=cfg.max_dictionaries,
+                language=language,
             )
         except TooManyDictionaries:
             raise APIError(
@@ -263,10 +269,10 @@ class _Routes:
         name = _name(fields.get("name"))
         description = _description(fields.get("description"))
         try:
-            rules = parse_pls(data, max_bytes=limit, max_rules=self.text.cfg.max_dictionary_rules)
+            pls = read_pls(data, max_bytes=limit, max_rules=self.text.cfg.max_dictionary_rules)
         except PlsError as e:
             raise _bad(f"file: {e}", "file", code="invalid_pls") from None
-        return await self._create(request, name, description, rules)
+        return await self._create(request, name, description, pls.rules, pls.language)
 
     def _visible(self, request: web.Request, record: DictionaryRecord | None, did: str) -> Any:
         if record is None or not self.text.visible(record, presented_key(request)):
@@ -400,7 +406,7 @@ class _Routes:
                 param="version_id",
             )
         return web.Response(
-            body=write_pls(version.rules),
+            body=write_pls(version.rules, record.language or "en-US"),
             content_type="application/pls+xml",
             headers={
                 "Content-Disposition": f'attachment; filename="{record.id}_{vid}.pls"',

@@ -201,17 +201,21 @@ def stream_handler(gateway: Gateway, *, timestamps: bool, whole: bool = False) -
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise APIError(400, "invalid_request", f"invalid body: {e}") from None
         refuse_unsupported(req)
+        language = gateway.languages.resolve(
+            req.language_code, request.match_info["voice_id"], "language_code"
+        )
         plan = await gateway.speech_text.plan(
             req.pronunciation_dictionary_locators,
             req.apply_text_normalization,
             presented_key(request),
+            language,
         )
         params = params_for(
             request, gateway, fmt, text=req.text, max_chars=g.max_input_chars,
             speed=req.voice_settings.speed if req.voice_settings else None, seed=req.seed,
             text_plan=plan,
         )  # fmt: skip
-        splitter = UnitSplitter("sentence", UNIT_MAX_CHARS)
+        splitter = UnitSplitter("sentence", UNIT_MAX_CHARS, language)
         units = splitter.feed(params.text) + splitter.flush()
         enc = make_output(params.output, params.speed)
         try:

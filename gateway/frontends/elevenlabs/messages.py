@@ -140,6 +140,8 @@ class SpeechBody(msgspec.Struct, kw_only=True):
     apply_text_normalization: str | None = None
     audio_effects: Any = None
     """Reverb, filters, background noise: refused (``refuse_unsupported``)."""
+    language_code: str | None = None
+    """ISO 639-1; None: the voice's language (``gateway.voice_languages``)."""
 
 
 def refuse_unsupported(body: SpeechBody) -> None:

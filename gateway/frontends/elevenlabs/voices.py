@@ -5,7 +5,7 @@
 Every voice a request may name is listed: the checkpoint's (category ``premade``), custom
 voices made from reference audio (``cloned``) and LoRA voices (``professional``: a voice
 fine-tuned on recordings, as ElevenLabs' professional clones are). Voices are the server's,
-shared by every API key. Their languages come from ``gateway.languages``.
+shared by every API key. Their languages come from ``Gateway.languages`` (``gateway.voice_languages``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Callable
 import msgspec
 from aiohttp import web
 
+from common.languages import language_name
 from gateway.errors import APIError
 from gateway.frontends.shared import Handler
-from gateway.languages import checkpoint_languages, language_name, voice_languages
 from gateway.service import Gateway
 
 V1_VOICES_PATH = "/v1/voices"
@@ -117,7 +117,7 @@ async def all_voices(gateway: Gateway) -> list[Voice]:
     )
 
     def voice(vid: str, name: str, category: str, description: str | None, **kw: object) -> Voice:
-        langs = voice_languages(config, vid)
+        langs = (gateway.languages.of_voice(vid),)
         return Voice(
             voice_id=vid, name=name, category=category,
             labels={"language": langs[0]} if langs else {}, description=description,
@@ -271,7 +271,7 @@ def models_handler(gateway: Gateway) -> Handler:
         name=config.llm.model,
         description="Orpheus text-to-speech served by orpheus-serve; any model_id a "
         "request names is served by this model",
-        languages=[Language(c, language_name(c)) for c in checkpoint_languages(config)],
+        languages=[Language(c, language_name(c)) for c in gateway.languages.all()],
         max_characters_request_free_user=limit,
         max_characters_request_subscribed_user=limit,
         maximum_text_length_per_request=limit,

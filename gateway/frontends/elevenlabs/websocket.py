@@ -104,7 +104,9 @@ SINGLE_CONTEXT = "default"
 class _Context:
     def __init__(self, cid: str, params: SpeechParams, cap: QueueCap) -> None:
         self.id = cid
-        self.splitter = UnitSplitter("sentence", UNIT_MAX_CHARS)
+        self.splitter = UnitSplitter(
+            "sentence", UNIT_MAX_CHARS, params.text_plan.language if params.text_plan else None
+        )
         self.lane = Lane(f"elevenlabs-context-{cid}", cap)
         self.params = params
         """The context's template: the socket's, with its own ``voice_settings.speed``."""
@@ -128,6 +130,9 @@ class _Socket:
         """Every write to the client (``gateway.link``), the contexts' included."""
         self.key = presented_key(request)
         self.normalization = request.query.get("apply_text_normalization")
+        self.language = gateway.languages.resolve(
+            request.query.get("language_code"), request.match_info["voice_id"], "language_code"
+        )
         self.request = request
         self.gateway = gateway
         self.params = params
@@ -211,7 +216,7 @@ class _Socket:
                     )  # fmt: skip
                 if locators:
                     plan = await self.gateway.speech_text.plan(
-                        locators, self.normalization, self.key
+                        locators, self.normalization, self.key, self.language
                     )
                     params = msgspec.structs.replace(params, text_plan=plan)
             except APIError as e:
@@ -404,8 +409,11 @@ def multi_stream_handler(gateway: Gateway, *, single: bool = False) -> Handler:
 
     async def multi_stream_input(request: web.Request) -> web.StreamResponse:
         fmt = output_format(request)  # refused with an HTTP error before the upgrade
+        language = gateway.languages.resolve(
+            request.query.get("language_code"), request.match_info["voice_id"], "language_code"
+        )
         plan = await gateway.speech_text.plan(
-            None, request.query.get("apply_text_normalization"), presented_key(request)
+            None, request.query.get("apply_text_normalization"), presented_key(request), language
         )
         params = params_for(request, gateway, fmt, text_plan=plan)
         inactivity_s = _inactivity(request)

@@ -14,7 +14,7 @@ from orpheus_wire.text import Locator
 
 class SessionConfig(SamplingFields, frozen=True, kw_only=True, forbid_unknown_fields=False):
     """``session.config``. Fields vLLM-Omni has for other models (``task_type``,
-    ``language``, ``instructions``, ``ref_audio``, ...) are accepted and ignored, as is
+    ``instructions``, ``ref_audio``, ...) are accepted and ignored, as is
     ``max_tokens`` (the units of a stream have their own lengths). The values of the fields
     every front end has are checked by ``build_params``; the sampling fields are
     ``SamplingFields``'."""
@@ -22,6 +22,9 @@ class SessionConfig(SamplingFields, frozen=True, kw_only=True, forbid_unknown_fi
     model: str | None = None
     voice: str | None = None
     speaker: str | None = None
+    language: str | None = None
+    """An ISO 639-1 code or vLLM-Omni's English name (``"French"``); None or ``"Auto"``:
+    the voice's language (``gateway.voice_languages``)."""
     response_format: str = "wav"
     sample_rate: int | None = None
     speed: float | None = 1.0

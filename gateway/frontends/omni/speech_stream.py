@@ -142,8 +142,12 @@ class _OmniConnection:
             return False
         g = self.gateway
         try:
+            language = g.languages.resolve(cfg.language, cfg.voice or cfg.speaker or None)
             plan = await g.speech_text.plan(
-                cfg.pronunciation_dictionary_locators, cfg.apply_text_normalization, self.key
+                cfg.pronunciation_dictionary_locators,
+                cfg.apply_text_normalization,
+                self.key,
+                language,
             )
             params = stream_template(
                 g,
@@ -171,7 +175,10 @@ class _OmniConnection:
         self.config = cfg
         self.params = params
         self.units = OmniUnits(
-            cfg.split_granularity, UNIT_MAX_CHARS, self.gateway.config.gateway.max_input_chars
+            cfg.split_granularity,
+            UNIT_MAX_CHARS,
+            self.gateway.config.gateway.max_input_chars,
+            language,
         )
         old, self.stream_encoder = self.stream_encoder, None
         if old is not None:

@@ -89,7 +89,11 @@ class OmniUnits:
     """
 
     def __init__(
-        self, granularity: Granularity = "none", max_chars: int = 280, max_shown_chars: int = 4096
+        self,
+        granularity: Granularity = "none",
+        max_chars: int = 280,
+        max_shown_chars: int = 4096,
+        language: str | None = None,
     ) -> None:
         self._granularity: Granularity = granularity
         self._max_chars = max_chars
@@ -98,7 +102,7 @@ class OmniUnits:
         """Text of the open shown unit."""
         self._fed = 0
         """How much of ``_buf`` the spoken-unit splitter has had."""
-        self._spoken = UnitSplitter("sentence", max_chars)
+        self._spoken = UnitSplitter("sentence", max_chars, language)
         self._index = 0
 
     @property

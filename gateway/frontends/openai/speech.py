@@ -47,6 +47,7 @@ def speech_handler(gateway: Gateway) -> Handler:
             req.pronunciation_dictionary_locators,
             req.apply_text_normalization,
             presented_key(request),
+            gateway.languages.resolve(req.language, req.voice_name),
         )
         params = speech_params(req, gateway.voices, gateway.limits, g.max_input_chars, plan)
         api = Api.OPENAI_SSE if params.stream_format == "sse" else Api.OPENAI_HTTP

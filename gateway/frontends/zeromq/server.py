@@ -302,8 +302,12 @@ class ZmqFrontend:
 
     async def _params(self, msg: Speak) -> SpeechParams:
         self._keys.check(msg.api_key, ZMQ_KEY_HINT)
-        plan = await self._gateway.speech_text.plan(
-            msg.pronunciation_dictionary_locators, msg.apply_text_normalization, msg.api_key
+        g = self._gateway
+        plan = await g.speech_text.plan(
+            msg.pronunciation_dictionary_locators,
+            msg.apply_text_normalization,
+            msg.api_key,
+            g.languages.resolve(msg.language, msg.voice or None),
         )
         return build_params(
             self._gateway.voices,
