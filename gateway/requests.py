@@ -42,10 +42,12 @@ from gateway.admission import Admission
 from gateway.errors import APIError
 from gateway.link import ClientLink
 from gateway.metrics import GatewayMetrics
+from gateway.pauses import Runs
 from gateway.schemas import SpeechParams, check_text
 from gateway.streams import PcmStream, StreamRegistry
+from gateway.text.breaks import has_breaks, split_breaks
 from gateway.upstream import Upstream, UpstreamUnavailable
-from shm.records import SAMPLE_RATE, StreamError
+from shm.records import SAMPLE_RATE, StreamEnd, StreamError
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -296,10 +298,16 @@ class RequestTracker:
         stream = self.registry.open(
             self.loop.time(), text_closed=not request.text_open, engine=engine
         )
+        text, runs = params.text, None
+        if not request.text_open and has_breaks(text):
+            # Break tags (checked by build_params): one worker stream per run of text, the
+            # pauses' silence pushed between them (gateway.pauses).
+            runs = Runs(split_breaks(text, None))
+            text = runs.next_text(stream) or ""
         try:
             self.upstream.engine(engine).submit(
                 stream.stream_id,
-                params.text,
+                text,
                 params.voice,
                 params.sampling,
                 text_open=not stream.text_closed,
@@ -319,12 +327,41 @@ class RequestTracker:
                 503, "upstream_unavailable", str(e), retry_after_s=self.config.retry_after_s
             ) from None
         stream.on_abort = request.link.abort
+        if runs is not None:
+            stream.on_end = lambda end: self._next_run(request, runs, end, traceparent)
         request.stream = stream
         if request.span is not None:
             request.span.set_attribute("orpheus.stream_id", f"{stream.stream_id:#x}")
         self.active.add(request)
         self.metrics.active.inc()
         self._engine_active[engine].inc()
+
+    def _next_run(
+        self, request: ActiveRequest, runs: Runs, end: StreamEnd, traceparent: str
+    ) -> StreamEnd | None:
+        """A run of ``request``'s text ended (``end``): push the silence of the pauses after
+        it and start the next run under a new stream id, on the same engine and slot (None:
+        the stream goes on); else the request's END."""
+        runs.add(end)
+        stream = request.stream
+        text = None if end.reason == "cancelled" else runs.next_text(stream)
+        if text is None:
+            return runs.end()
+        stream_id = self.registry.reopen(stream)
+        stream.last_record_at = self.loop.time()
+        params = request.params
+        try:
+            self.upstream.engine(stream.engine).submit(
+                stream_id, text, params.voice, params.sampling, traceparent=traceparent
+            )
+        except UpstreamUnavailable as e:
+            self.registry.fail(
+                stream,
+                StreamError("upstream_unavailable", str(e), 503),
+                cancel_upstream=False,
+                discard_pending=False,
+            )
+        return None
 
     def finish(self, request: ActiveRequest, exc: BaseException | None) -> None:
         stream = request.stream

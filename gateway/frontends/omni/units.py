@@ -28,6 +28,7 @@ from typing import Literal
 import msgspec
 
 from gateway.frontends.text_units import Unit, UnitSplitter
+from gateway.text.breaks import DEFAULT_MAX_MS, without_breaks
 
 Granularity = Literal["none", "sentence", "clause"]
 
@@ -89,7 +90,11 @@ class OmniUnits:
     """
 
     def __init__(
-        self, granularity: Granularity = "none", max_chars: int = 280, max_shown_chars: int = 4096
+        self,
+        granularity: Granularity = "none",
+        max_chars: int = 280,
+        max_shown_chars: int = 4096,
+        max_break_ms: int | None = DEFAULT_MAX_MS,
     ) -> None:
         self._granularity: Granularity = granularity
         self._max_chars = max_chars
@@ -98,7 +103,8 @@ class OmniUnits:
         """Text of the open shown unit."""
         self._fed = 0
         """How much of ``_buf`` the spoken-unit splitter has had."""
-        self._spoken = UnitSplitter("sentence", max_chars)
+        self._spoken = UnitSplitter("sentence", max_chars, max_break_ms)
+        """Cuts the spoken units, at break tags too (and holds a tag split across messages)."""
         self._index = 0
 
     @property
@@ -157,6 +163,6 @@ class OmniUnits:
         for unit in self._spoken.feed(piece[self._fed :]) + self._spoken.flush():
             out.append(Speak(unit, self._index))
         self._fed = 0
-        if text := piece.strip():
+        if text := without_breaks(piece).strip():
             out.append(Close(self._index, text))
             self._index += 1

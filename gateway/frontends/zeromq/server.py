@@ -36,6 +36,7 @@ from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams, build_params, sampling_overrides
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
+from gateway.text.breaks import cap_ms
 from gateway.text.plan import HeldText
 from orpheus_wire.zeromq import (
     AppendText,
@@ -297,6 +298,7 @@ class ZmqFrontend:
             sampling=sampling_overrides(msg),
             text_open=msg.text_open,
             text_plan=plan,
+            max_break_ms=cap_ms(self._gateway.config.gateway.max_break_s),
         )
 
     async def _send_bounded(self, identity: bytes, msg: ServerMessage) -> None:

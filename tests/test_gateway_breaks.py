@@ -1,0 +1,176 @@
+"""Pauses (``<break time="1s"/>``) through a running gateway and its synthetic backend (one
+2048-sample frame of tone per character of the text it is sent): the pause is digital
+silence of its length at its place, the tag never reaches the model, the alignment shows
+the gap, on the OpenAI, ElevenLabs (HTTP and WebSocket, a tag split across two messages)
+and ZeroMQ front ends."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+from gateway_harness import running_gateway
+
+from bench.doubles.synthetic_backend import synthetic_pcm
+from shm.layout import InstanceLayout
+from shm.records import FRAME_CODES
+
+pytestmark = pytest.mark.timeout(60)
+
+TEXT = 'Hello there. <break time="1s" /> How are you?'
+FIRST, SECOND = "Hello there.", "How are you?"
+FRAME_S = 2048 / 24000
+
+
+def pcm_for(frames: int) -> bytes:
+    return b"".join(synthetic_pcm(i * 2048, 2048).tobytes() for i in range(frames))
+
+
+def silence(seconds: float) -> bytes:
+    return bytes(round(seconds * 24000) * 2)
+
+
+EXPECTED = pcm_for(len(FIRST)) + silence(1.0) + pcm_for(len(SECOND))
+"""Each run is a stream of its own (its tone starts again at sample 0), the pause between."""
+
+
+async def test_openai_http_and_sse(layout: InstanceLayout) -> None:
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        body = {"model": "orpheus", "voice": "tara", "input": TEXT, "response_format": "pcm"}
+        async with s.post(h.url + "/v1/audio/speech", json=body) as resp:
+            assert resp.status == 200
+            assert await resp.read() == EXPECTED
+        # The model was sent the runs, never the tag; one request, one slot.
+        assert [sub.text for sub in h.backend.submitted()] == [FIRST, SECOND]
+        assert h.metric("orpheus_gateway_requests_total", {"api": "http", "outcome": "ok"}) == 1
+        async with s.post(
+            h.url + "/v1/audio/speech", json={**body, "stream_format": "sse"}
+        ) as resp:
+            events = [json.loads(line[6:]) for line in (await resp.read()).splitlines() if line]
+        audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+        assert audio == EXPECTED
+        # The pause costs no token: the usage counts the two runs' frames only.
+        tokens = (len(FIRST) + len(SECOND)) * FRAME_CODES
+        assert events[-1] == {
+            "type": "speech.audio.done",
+            "usage": {"input_tokens": 0, "output_tokens": tokens, "total_tokens": tokens},
+        }
+        # A pause at the start and at the end, strength values, several in a row.
+        text = '<break strength="weak"/>Hi.<break time="250ms"/><break/> Bye.<break time="0.1s">'
+        async with s.post(h.url + "/v1/audio/speech", json={**body, "input": text}) as resp:
+            audio = await resp.read()
+        assert audio == silence(0.5) + pcm_for(3) + silence(1.0) + pcm_for(4) + silence(0.1)
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ('Hi <break time="3.5s"/> there.', "break_too_long"),
+        ('Hi <break time="soon"/> there.', "invalid_break"),
+        ('Hi <break time="1s" there.', "invalid_break"),
+        ('Hi <break strength="huge"/> there.', "invalid_break"),
+        ('<break time="1s"/>', "empty_input"),
+    ],
+)
+async def test_bad_or_too_long_breaks_are_a_400(
+    layout: InstanceLayout, text: str, code: str
+) -> None:
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        body = {"model": "orpheus", "voice": "tara", "input": text, "response_format": "pcm"}
+        async with s.post(h.url + "/v1/audio/speech", json=body) as resp:
+            assert resp.status == 400
+            assert (await resp.json())["error"]["code"] == code
+        url = h.url + "/v1/text-to-speech/tara/stream/with-timestamps"
+        async with s.post(url, json={"text": text}) as resp:
+            assert resp.status == 400
+            assert (await resp.json())["error"]["code"] == code
+        assert h.backend.submitted() == []
+
+
+async def test_the_cap_is_configurable(layout: InstanceLayout) -> None:
+    async with running_gateway(layout, max_break_s=5.0) as h, aiohttp.ClientSession() as s:
+        body = {"model": "orpheus", "voice": "tara", "response_format": "pcm",
+                "input": 'Hi. <break time="4s"/> Yo.'}  # fmt: skip
+        async with s.post(h.url + "/v1/audio/speech", json=body) as resp:
+            assert resp.status == 200
+            assert await resp.read() == pcm_for(3) + silence(4.0) + pcm_for(3)
+
+
+def _absolute(lines: list[dict[str, Any]], key: str) -> tuple[str, list[float], list[float]]:
+    chars, starts, ends = [], [], []
+    for x in lines:
+        a = x.get(key)
+        if a:
+            chars += a["characters"]
+            starts += a["character_start_times_seconds"]
+            ends += a["character_end_times_seconds"]
+    return "".join(chars), starts, ends
+
+
+async def test_elevenlabs_http_with_timestamps_shows_the_gap(layout: InstanceLayout) -> None:
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        url = h.url + "/v1/text-to-speech/tara/stream/with-timestamps?output_format=pcm_24000"
+        async with s.post(url, json={"text": TEXT}) as resp:
+            assert resp.status == 200
+            lines = [json.loads(x) for x in (await resp.read()).splitlines() if x.strip()]
+        audio = b"".join(base64.b64decode(x["audio_base64"]) for x in lines if x["audio_base64"])
+        assert audio == EXPECTED
+        assert [sub.text for sub in h.backend.submitted()] == [FIRST, SECOND]
+        for key in ("alignment", "normalized_alignment"):
+            chars, starts, ends = _absolute(lines, key)
+            assert chars == "Hello there.  How are you?"  # the tag's characters are not there
+            gap_at = len("Hello there. ")
+            speech_end = len(FIRST) * FRAME_S
+            assert ends[gap_at - 1] == pytest.approx(speech_end, abs=0.002)
+            # Nothing is said during the pause: the next character starts after it.
+            assert starts[gap_at] == pytest.approx(speech_end + 1.0, abs=0.002)
+            assert ends[-1] == pytest.approx(len(EXPECTED) / 48000, abs=0.002)
+            assert starts == sorted(starts)
+        url = h.url + "/v1/text-to-speech/tara/stream?output_format=pcm_24000"
+        async with s.post(url, json={"text": TEXT}) as resp:
+            assert await resp.read() == EXPECTED
+
+
+async def test_elevenlabs_websocket_with_a_tag_split_across_messages(
+    layout: InstanceLayout,
+) -> None:
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        path = "/v1/text-to-speech/tara/multi-stream-input?output_format=pcm_24000"
+        async with s.ws_connect(h.url + path) as ws:
+            cut = TEXT.index("time=") + 3  # inside the attribute
+            await ws.send_json({"text": TEXT[:cut], "context_id": "a"})
+            await ws.send_json({"text": TEXT[cut:], "context_id": "a"})
+            await ws.send_json({"text": "", "context_id": "a", "flush": True})
+            await ws.send_json({"context_id": "a", "close_context": True})
+            messages: list[dict[str, Any]] = []
+            while True:
+                m = json.loads((await ws.receive(20)).data)
+                assert "error" not in m, m
+                if m.get("isFinal"):
+                    break
+                messages.append(m)
+            # A bad tag is the protocol's error message; the socket goes on.
+            await ws.send_json({"text": 'Hi <break time="9s"/>', "context_id": "b"})
+            err = json.loads((await ws.receive(20)).data)
+            assert (
+                err["error"] == "break_too_long" and err["code"] == 400 and err["contextId"] == "b"
+            )
+        audio = b"".join(base64.b64decode(m["audio"]) for m in messages if m.get("audio"))
+        assert audio == EXPECTED
+        assert [sub.text for sub in h.backend.submitted()] == [FIRST, SECOND]
+        # Pipecat's clock: each message's character times count from the end of the span of
+        # the messages before it (the span: its last character's end).
+        clock, chars, starts = 0.0, "", []
+        for m in messages:
+            a = m.get("alignment")
+            if a:
+                chars += "".join(a["chars"])
+                starts += [clock + t for t in a["charStartTimesMs"]]
+                clock += a["charStartTimesMs"][-1] + a["charDurationsMs"][-1]
+        assert chars == "Hello there.  How are you?"
+        speech_end_ms = len(FIRST) * FRAME_S * 1000
+        assert starts[len("Hello there. ")] == pytest.approx(speech_end_ms + 1000, abs=2)
+        assert clock == pytest.approx(len(EXPECTED) / 48, abs=2)
