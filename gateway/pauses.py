@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 
 from gateway.streams import PcmStream, silence_pcm
-from gateway.text.breaks import Pause, Piece
+from gateway.text.breaks import Piece
 from shm.records import StreamEnd
 
 _SEVERITY = {"stop": 0, "length": 1, "repetition": 2}
@@ -27,32 +27,96 @@ _SEVERITY = {"stop": 0, "length": 1, "repetition": 2}
 
 class Runs:
     """The runs of text and pauses of a request not yet spoken, and the sum of the ENDs of
-    those that were (the request's END: its frames and tokens)."""
+    those that were (the request's END: its frames and tokens).
 
-    __slots__ = ("_pieces", "frames", "prevented", "reason", "tokens")
+    Open text (ZeroMQ's ``text_open``): the run being spoken takes the text appended to it
+    until a break tag comes (``run_open``); what follows the tag waits here (``pending``) for
+    that run to end, then starts the next run, open again unless the client's text is
+    complete (``open`` false)."""
 
-    def __init__(self, pieces: list[Piece]) -> None:
+    __slots__ = (
+        "_pieces", "frames", "open", "prevented", "reason", "run_open", "run_spoken", "tokens",
+    )  # fmt: skip
+
+    def __init__(self, pieces: list[Piece], *, open_text: bool = False) -> None:
         self._pieces: deque[Piece] = deque(pieces)
+        self.open = open_text
+        """More text may come from the client (appends)."""
+        self.run_open = False
+        """The run in the workers takes appended text (its text was sent ``text_open``)."""
+        self.run_spoken = False
+        """The run in the workers was sent words (before that, a pause's silence may go
+        straight into the stream: no audio of the run can come before it)."""
         self.frames = 0
         self.tokens = 0
         self.prevented = 0
         self.reason = "stop"
 
-    def next_text(self, stream: PcmStream) -> str | None:
+    @property
+    def pending(self) -> int:
+        """Characters of text waiting for the run in the workers to end."""
+        return sum(len(p) for p in self._pieces if isinstance(p, str))
+
+    def extend(self, pieces: list[Piece]) -> None:
+        """Text (and pauses) appended while the run in the workers no longer takes text."""
+        self._pieces.extend(pieces)
+
+    def next_run(self, stream: PcmStream) -> tuple[str, bool] | None:
         """Push the silence of the pauses before the next run into ``stream``; that run's
-        text (None: none is left, the pauses pushed were the last)."""
-        pause = 0
+        text and whether it stays open for appended text (None: nothing is left to say)."""
         pieces = self._pieces
+        pause = 0
+        text = ""
         while pieces:
-            p = pieces[0]
-            if isinstance(p, Pause):
-                pause += p.ms
-            elif p.strip():
+            p = pieces.popleft()
+            if isinstance(p, str):
+                text += p  # several appends of one run
+            elif text.strip():
+                pieces.appendleft(p)  # the run ends at this tag
                 break
-            pieces.popleft()  # a pause, or blank text between two tags
+            else:
+                pause += p.ms  # blank text between two tags is no run
+                text = ""
         if pause:
             stream.push(silence_pcm(pause))
-        return str(pieces.popleft()).strip() if pieces else None
+        self.run_open = self.open and not pieces
+        self.run_spoken = bool(text.strip())
+        if not self.run_open and not self.run_spoken:
+            return None
+        return (text if self.run_open else text.strip()), self.run_open
+
+    def append(self, pieces: list[Piece], final: bool, stream: PcmStream) -> list[tuple[str, bool]]:
+        """Text appended by the client (``final``: its last): the appends to send to the run
+        in the workers, ``(text, final)``, in order. A break tag ends that run (its text is
+        closed); the pieces after it wait for the run's END (``next_run``). A tag before any
+        word of the run is silence pushed into ``stream`` at once."""
+        if final:
+            self.open = False
+        if not self.run_open:
+            self._pieces.extend(pieces)
+            return []
+        sends: list[tuple[str, bool]] = []
+        text = ""
+        for i, p in enumerate(pieces):
+            if isinstance(p, str):
+                text += p
+                self.run_spoken |= bool(p.strip())
+            elif not self.run_spoken:
+                stream.push(silence_pcm(p.ms))
+            else:
+                sends.append((text, True))
+                self.run_open = False
+                self._pieces.extend(pieces[i:])
+                return sends
+        if text or final:
+            sends.append((text, final))
+            self.run_open = not final
+        return sends
+
+    def next_text(self, stream: PcmStream) -> str | None:
+        """``next_run`` for a request whose text is complete."""
+        run = self.next_run(stream)
+        return None if run is None else run[0]
 
     def add(self, end: StreamEnd) -> None:
         """A run ended with ``end``."""

@@ -105,6 +105,7 @@ class ActiveRequest:
         "first_byte_at",
         "link",
         "params",
+        "runs",
         "span",
         "started_at",
         "stream",
@@ -135,6 +136,8 @@ class ActiveRequest:
         """Set by ``complete`` once the client has everything (the outcome is then ok)."""
         self.text_chars = len(params.text)
         self.stream: PcmStream  # set by RequestTracker.admit
+        self.runs: Runs | None = None
+        """Its text cut at break tags, spoken run by run (``gateway.pauses``); None: one run."""
         self.traceparent: str | None = None
         """The client's W3C trace context, continued when tracing is on."""
         self.span: Span | None = None
@@ -298,19 +301,20 @@ class RequestTracker:
         stream = self.registry.open(
             self.loop.time(), text_closed=not request.text_open, engine=engine
         )
-        text, runs = params.text, None
-        if not request.text_open and has_breaks(text):
-            # Break tags (checked by build_params): one worker stream per run of text, the
-            # pauses' silence pushed between them (gateway.pauses).
-            runs = Runs(split_breaks(text, None))
-            text = runs.next_text(stream) or ""
+        text, text_open, runs = params.text, request.text_open, None
+        if text_open or has_breaks(text):
+            # Break tags (checked by build_params, or by the front end for open text): one
+            # worker stream per run of text, the pauses' silence pushed between them
+            # (gateway.pauses). Open text may bring tags in any append.
+            runs = Runs(split_breaks(text, None), open_text=text_open)
+            text, text_open = runs.next_run(stream) or ("", text_open)
         try:
             self.upstream.engine(engine).submit(
                 stream.stream_id,
                 text,
                 params.voice,
                 params.sampling,
-                text_open=not stream.text_closed,
+                text_open=text_open,
                 traceparent=traceparent,
             )
         except UpstreamUnavailable as e:
@@ -328,6 +332,7 @@ class RequestTracker:
             ) from None
         stream.on_abort = request.link.abort
         if runs is not None:
+            request.runs = runs
             stream.on_end = lambda end: self._next_run(request, runs, end, traceparent)
         request.stream = stream
         if request.span is not None:
@@ -344,16 +349,17 @@ class RequestTracker:
         the stream goes on); else the request's END."""
         runs.add(end)
         stream = request.stream
-        text = None if end.reason == "cancelled" else runs.next_text(stream)
-        if text is None:
+        run = None if end.reason == "cancelled" else runs.next_run(stream)
+        if run is None:
             return runs.end()
         stream_id = self.registry.reopen(stream)
         stream.last_record_at = self.loop.time()
         params = request.params
         try:
             self.upstream.engine(stream.engine).submit(
-                stream_id, text, params.voice, params.sampling, traceparent=traceparent
-            )
+                stream_id, run[0], params.voice, params.sampling,
+                text_open=run[1], traceparent=traceparent,
+            )  # fmt: skip
         except UpstreamUnavailable as e:
             self.registry.fail(
                 stream,
@@ -428,8 +434,14 @@ class RequestTracker:
         if stream.done:
             return  # ended or failed meanwhile: the front end learns it from next_chunks
         stream.last_record_at = self.loop.time()  # the open text's idle clock too
+        upstream = self.upstream.engine(stream.engine)
         try:
-            self.upstream.engine(stream.engine).append_text(stream.stream_id, text, final=final)
+            if request.runs is None:
+                upstream.append_text(stream.stream_id, text, final=final)
+            else:  # break tags end the run in the workers (gateway.pauses)
+                pieces = split_breaks(text, None) if has_breaks(text) else [text]
+                for piece, last in request.runs.append(pieces, final, stream):
+                    upstream.append_text(stream.stream_id, piece, final=last)
         except UpstreamUnavailable as e:
             raise APIError(503, "upstream_unavailable", str(e)) from None
         if final:

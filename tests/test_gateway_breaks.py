@@ -15,6 +15,7 @@ import pytest
 from gateway_harness import running_gateway
 
 from bench.doubles.synthetic_backend import synthetic_pcm
+from orpheus_client.zmq_client import AsyncClient, SpeechError
 from shm.layout import InstanceLayout
 from shm.records import FRAME_CODES
 
@@ -174,3 +175,33 @@ async def test_elevenlabs_websocket_with_a_tag_split_across_messages(
         speech_end_ms = len(FIRST) * FRAME_S * 1000
         assert starts[len("Hello there. ")] == pytest.approx(speech_end_ms + 1000, abs=2)
         assert clock == pytest.approx(len(EXPECTED) / 48, abs=2)
+
+
+async def test_zeromq_whole_and_open_text_with_a_tag_split_across_appends(
+    layout: InstanceLayout,
+) -> None:
+    async with running_gateway(layout, zmq=True) as h:
+        async with AsyncClient(h.config.gateway.zmq_endpoint or "") as c:
+            audio = b"".join([x async for x in c.speech(TEXT, voice="tara")])
+            assert audio == EXPECTED
+            async with c.stream("Hello there. <break ti", voice="tara") as st:
+                await st.append('me="1s" /> How are')
+                await st.append(" you?", final=True)
+                audio = b"".join([x async for x in st])
+            assert st.done is not None and st.done.reason == "stop"
+            # A pause before any word of the open text: its silence first.
+            async with c.stream("", voice="tara") as st:
+                await st.append('<break time="500ms"/>Hi.', final=True)
+                first = b"".join([x async for x in st])
+            assert first == silence(0.5) + pcm_for(3)
+            # A bad tag in an append ends the request with the protocol's Error.
+            async with c.stream("Hi. ", voice="tara") as st:
+                await st.append('<break time="10s"/>', final=True)
+                with pytest.raises(SpeechError) as e:
+                    b"".join([x async for x in st])
+            assert (e.value.status, e.value.code) == (400, "break_too_long")
+        subs = [sub.text for sub in h.backend.submitted()]
+        # The open text's first run took what came before the tag (its trailing space too).
+        assert subs[:5] == [FIRST, SECOND, "Hello there. ", SECOND, ""]
+        assert not [t for t in subs if "<" in t]
+        assert audio == pcm_for(len("Hello there. ")) + silence(1.0) + pcm_for(len(SECOND))
