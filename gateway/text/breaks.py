@@ -35,7 +35,7 @@ STRENGTH_MS: dict[str, int] = {
     "strong": 1000,
     "x-strong": 1250,
 }
-"""SSML's ``strength`` values as Azure's and Google's engines time them."""
+"""SSML's ``strength`` values as Azure's speech service documents them."""
 DEFAULT_MS = STRENGTH_MS["medium"]
 """A ``<break/>`` without attributes: SSML's default strength."""
 DEFAULT_MAX_MS = 3000
