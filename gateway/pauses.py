@@ -17,12 +17,16 @@ before any real silence.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
-from gateway.streams import PcmStream, silence_pcm
 from gateway.text.breaks import Piece
 from shm.records import StreamEnd
 
 _SEVERITY = {"stop": 0, "length": 1, "repetition": 2}
+
+Silence = Callable[[int], None]
+"""Pushes that many ms of silence into the request's stream
+(``gateway.streams.StreamRegistry.push_silence``)."""
 
 
 class Runs:
@@ -61,9 +65,10 @@ class Runs:
         """Text (and pauses) appended while the run in the workers no longer takes text."""
         self._pieces.extend(pieces)
 
-    def next_run(self, stream: PcmStream) -> tuple[str, bool] | None:
-        """Push the silence of the pauses before the next run into ``stream``; that run's
-        text and whether it stays open for appended text (None: nothing is left to say)."""
+    def next_run(self, silence: Silence) -> tuple[str, bool] | None:
+        """Push the silence of the pauses before the next run (``silence``: into the
+        request's stream); that run's text and whether it stays open for appended text
+        (None: nothing is left to say)."""
         pieces = self._pieces
         pause = 0
         text = ""
@@ -78,18 +83,18 @@ class Runs:
                 pause += p.ms  # blank text between two tags is no run
                 text = ""
         if pause:
-            stream.push(silence_pcm(pause))
+            silence(pause)
         self.run_open = self.open and not pieces
         self.run_spoken = bool(text.strip())
         if not self.run_open and not self.run_spoken:
             return None
         return (text if self.run_open else text.strip()), self.run_open
 
-    def append(self, pieces: list[Piece], final: bool, stream: PcmStream) -> list[tuple[str, bool]]:
+    def append(self, pieces: list[Piece], final: bool, silence: Silence) -> list[tuple[str, bool]]:
         """Text appended by the client (``final``: its last): the appends to send to the run
         in the workers, ``(text, final)``, in order. A break tag ends that run (its text is
         closed); the pieces after it wait for the run's END (``next_run``). A tag before any
-        word of the run is silence pushed into ``stream`` at once."""
+        word of the run is silence pushed at once (``silence``)."""
         if final:
             self.open = False
         if not self.run_open:
@@ -102,7 +107,7 @@ class Runs:
                 text += p
                 self.run_spoken |= bool(p.strip())
             elif not self.run_spoken:
-                stream.push(silence_pcm(p.ms))
+                silence(p.ms)
             else:
                 sends.append((text, True))
                 self.run_open = False
@@ -112,11 +117,6 @@ class Runs:
             sends.append((text, final))
             self.run_open = not final
         return sends
-
-    def next_text(self, stream: PcmStream) -> str | None:
-        """``next_run`` for a request whose text is complete."""
-        run = self.next_run(stream)
-        return None if run is None else run[0]
 
     def add(self, end: StreamEnd) -> None:
         """A run ended with ``end``."""

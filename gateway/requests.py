@@ -42,7 +42,7 @@ from gateway.admission import Admission
 from gateway.errors import APIError
 from gateway.link import ClientLink
 from gateway.metrics import GatewayMetrics
-from gateway.pauses import Runs
+from gateway.pauses import Runs, Silence
 from gateway.schemas import SpeechParams, check_text
 from gateway.streams import PcmStream, StreamRegistry
 from gateway.text.breaks import has_breaks, split_breaks
@@ -307,16 +307,17 @@ class RequestTracker:
             # worker stream per run of text, the pauses' silence pushed between them
             # (gateway.pauses). Open text may bring tags in any append.
             runs = Runs(split_breaks(text, None), open_text=text_open)
-            text, text_open = runs.next_run(stream) or ("", text_open)
+            text, text_open = runs.next_run(self._silence(stream)) or ("", text_open)
         try:
-            self.upstream.engine(engine).submit(
-                stream.stream_id,
-                text,
-                params.voice,
-                params.sampling,
-                text_open=text_open,
-                traceparent=traceparent,
-            )
+            if not stream.done:  # (a pause's silence past the buffer's limit failed it)
+                self.upstream.engine(engine).submit(
+                    stream.stream_id,
+                    text,
+                    params.voice,
+                    params.sampling,
+                    text_open=text_open,
+                    traceparent=traceparent,
+                )
         except UpstreamUnavailable as e:
             self.registry.fail(
                 stream,
@@ -341,6 +342,9 @@ class RequestTracker:
         self.metrics.active.inc()
         self._engine_active[engine].inc()
 
+    def _silence(self, stream: PcmStream) -> Silence:
+        return lambda ms: self.registry.push_silence(stream, ms)
+
     def _next_run(
         self, request: ActiveRequest, runs: Runs, end: StreamEnd, traceparent: str
     ) -> StreamEnd | None:
@@ -349,9 +353,11 @@ class RequestTracker:
         the stream goes on); else the request's END."""
         runs.add(end)
         stream = request.stream
-        run = None if end.reason == "cancelled" else runs.next_run(stream)
+        run = None if end.reason == "cancelled" else runs.next_run(self._silence(stream))
         if run is None:
             return runs.end()
+        if stream.done:
+            return None  # failed: its client left the pause's silence unread
         stream_id = self.registry.reopen(stream)
         stream.last_record_at = self.loop.time()
         params = request.params
@@ -440,7 +446,7 @@ class RequestTracker:
                 upstream.append_text(stream.stream_id, text, final=final)
             else:  # break tags end the run in the workers (gateway.pauses)
                 pieces = split_breaks(text, None) if has_breaks(text) else [text]
-                for piece, last in request.runs.append(pieces, final, stream):
+                for piece, last in request.runs.append(pieces, final, self._silence(stream)):
                     upstream.append_text(stream.stream_id, piece, final=last)
         except UpstreamUnavailable as e:
             raise APIError(503, "upstream_unavailable", str(e)) from None

@@ -215,6 +215,19 @@ class StreamRegistry:
         self._streams[stream.stream_id] = stream
         return stream.stream_id
 
+    def push_silence(self, stream: PcmStream, ms: int) -> None:
+        """``ms`` of a pause's silence into ``stream`` (``gateway.pauses``), within the same
+        buffer limit as the ring's PCM: a client that leaves it unread is dropped."""
+        n = ms * BYTES_PER_MS
+        if stream.done or not n:
+            return
+        if stream.buffered_bytes + n > self._max_buffered:
+            self.drop_slow_client(
+                stream, f"client left more than {self._max_buffered} bytes unread"
+            )
+        else:
+            stream.push(bytes(n))
+
     def release(self, stream: PcmStream, reason: str) -> None:
         """The consumer is done with ``stream``: if upstream still works on it, cancel it."""
         if self._streams.get(stream.stream_id) is stream:

@@ -6,7 +6,7 @@ pieces read as if whole)."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gateway.frontends.text_units import Unit, UnitSplitter
@@ -84,6 +84,19 @@ def test_other_angle_brackets_are_text(text: str) -> None:
     assert split_breaks(text, CAP) == [text]
 
 
+def test_tags_at_one_place_make_one_pause_under_the_cap() -> None:
+    two = '<break time="2s"/>'
+    assert split_breaks(f"a{two}b{two}c", CAP) == ["a", Pause(2000), "b", Pause(2000), "c"]
+    for text in (f"a{two}{two}b", f"a{two} \n {two}b"):
+        with pytest.raises(BreakError) as e:
+            split_breaks(text, CAP)
+        assert e.value.code == "break_too_long" and "add up to a pause of 4000 ms" in str(e.value)
+    scanner = BreakScanner(CAP)  # across messages too
+    scanner.feed(f"a{two} ")
+    with pytest.raises(BreakError):
+        scanner.feed(two)
+
+
 def test_no_cap() -> None:
     assert split_breaks('<break time="60s"/>', None) == [Pause(60_000)]
 
@@ -94,8 +107,8 @@ _words = st.text(alphabet="abc <>.,!é\n", min_size=0, max_size=12).filter(
     lambda s: "<" not in s or ("<b" not in s.lower() and not s.endswith("<"))
 )
 _durations = st.one_of(
-    st.integers(0, CAP).map(lambda ms: (f'time="{ms}ms"', ms)),
-    st.integers(0, CAP // 10).map(lambda cs: (f'time="{cs / 100:g}s"', cs * 10)),
+    st.integers(0, CAP // 2).map(lambda ms: (f'time="{ms}ms"', ms)),
+    st.integers(0, CAP // 20).map(lambda cs: (f'time="{cs / 100:g}s"', cs * 10)),
     st.sampled_from(sorted(STRENGTH_MS.items())).map(lambda kv: (f'strength="{kv[0]}"', kv[1])),
 )
 
@@ -104,9 +117,12 @@ _durations = st.one_of(
 def _texts(draw: st.DrawFn) -> tuple[str, list[Piece]]:
     """A text with break tags, and the pieces it must read as (runs merged)."""
     text, pieces = "", []
+    place = 0
     for _ in range(draw(st.integers(0, 5))):
         words = draw(_words)
         attr, ms = draw(_durations)
+        place = (0 if words.strip() else place) + ms
+        assume(place <= CAP)  # the tags at one place make one pause, under the cap
         close = draw(st.sampled_from(["/>", " />", ">"]))
         text += words + f"<break {attr}{close}"
         if words:

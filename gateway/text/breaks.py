@@ -11,7 +11,8 @@ single or double quotes, with or without the ``/``), ``strength="..."`` with the
 below (``time`` wins when both are given, as in SSML), and a bare ``<break/>`` (SSML's
 default, ``medium``). Anything else that starts with ``<break`` is malformed: an unknown
 attribute or value, a tag without its ``>``. A pause longer than the cap (``gateway.max_break_s``,
-3 s as ElevenLabs) is refused, never shortened.
+3 s as ElevenLabs) is refused, never shortened; tags at one place (nothing but whitespace
+between them) make one pause, under the same cap.
 
 ``split_breaks`` reads a whole text; ``BreakScanner`` reads text that arrives in pieces
 (the WebSocket protocols' messages), holding back a tag that is not complete yet: that
@@ -204,11 +205,26 @@ class BreakScanner:
     """Break tags in text that arrives in pieces: ``feed`` returns the runs and pauses that
     are complete, holding back a tag not closed yet (``held``); ``flush`` ends the input."""
 
-    __slots__ = ("_held", "_max_ms")
+    __slots__ = ("_held", "_max_ms", "_place_ms")
 
     def __init__(self, max_ms: int | None) -> None:
         self._max_ms = max_ms
         self._held = ""
+        self._place_ms = 0
+        """The pauses since the last words: tags at one place add up, to the cap at most."""
+
+    def _emit(self, out: list[Piece], piece: Piece) -> None:
+        if isinstance(piece, Pause):
+            self._place_ms += piece.ms
+            if self._max_ms is not None and self._place_ms > self._max_ms:
+                raise BreakError(
+                    "break_too_long",
+                    f"the break tags at one place add up to a pause of {self._place_ms} ms, "
+                    f"longer than this server's limit of {self._max_ms} ms (gateway.max_break_s)",
+                )
+        elif piece.strip():
+            self._place_ms = 0
+        _add(out, piece)
 
     @property
     def held(self) -> str:
@@ -224,25 +240,25 @@ class BreakScanner:
         while True:
             lt = buf.find("<", pos)
             if lt < 0:
-                _add(out, buf[pos:])
+                self._emit(out, buf[pos:])
                 return out
             rest = buf[lt : lt + len(_PREFIX) + 1]
             if _START.match(buf, lt):
                 end = _tag_end(buf, lt)
                 if end < 0:  # the tag continues in a later piece
-                    _add(out, buf[pos:lt])
+                    self._emit(out, buf[pos:lt])
                     self._held = buf[lt:]
                     return out
-                _add(out, buf[pos:lt])
-                _add(out, parse_tag(buf[lt:end], self._max_ms))
+                self._emit(out, buf[pos:lt])
+                self._emit(out, parse_tag(buf[lt:end], self._max_ms))
                 pos = end
             elif len(rest) <= len(_PREFIX) and _PREFIX.startswith(rest.lower()):
                 # "<", "<b", ... "<break" at the end: a tag may be starting
-                _add(out, buf[pos:lt])
+                self._emit(out, buf[pos:lt])
                 self._held = buf[lt:]
                 return out
             else:
-                _add(out, buf[pos : lt + 1])
+                self._emit(out, buf[pos : lt + 1])
                 pos = lt + 1
 
     def flush(self) -> list[Piece]:
