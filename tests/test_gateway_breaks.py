@@ -6,8 +6,10 @@ and ZeroMQ front ends."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -15,6 +17,9 @@ import pytest
 from gateway_harness import running_gateway
 
 from bench.doubles.synthetic_backend import synthetic_pcm
+from common.jobs_config import JobsConfig
+from gateway.jobs.routes import split_units
+from gateway.jobs.runner import fade_edges
 from orpheus_client.zmq_client import AsyncClient, SpeechError
 from shm.layout import InstanceLayout
 from shm.records import FRAME_CODES
@@ -205,3 +210,92 @@ async def test_zeromq_whole_and_open_text_with_a_tag_split_across_appends(
         assert subs[:5] == [FIRST, SECOND, "Hello there. ", SECOND, ""]
         assert not [t for t in subs if "<" in t]
         assert audio == pcm_for(len("Hello there. ")) + silence(1.0) + pcm_for(len(SECOND))
+
+
+async def test_vllm_omni_word_times_show_the_gap(layout: InstanceLayout) -> None:
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        async with s.ws_connect(h.url + "/v1/audio/speech/stream") as ws:
+            await ws.send_json({"type": "session.config", "voice": "tara", "response_format": "pcm",
+                                "stream_audio": True, "word_timestamps": True})  # fmt: skip
+            cut = TEXT.index("time=") + 3
+            await ws.send_json({"type": "input.text", "text": TEXT[:cut]})
+            await ws.send_json({"type": "input.text", "text": TEXT[cut:]})
+            await ws.send_json({"type": "input.done"})
+            events: list[dict[str, Any]] = []
+            while not events or events[-1]["type"] != "session.done":
+                events.append(json.loads((await ws.receive(20)).data))
+        assert not [e for e in events if e["type"] == "error"], events
+        chunks = [e for e in events if e["type"] == "audio.chunk"]
+        assert b"".join(base64.b64decode(c["audio_b64"]) for c in chunks) == EXPECTED
+        starts = [e for e in events if e["type"] == "audio.start"]
+        assert [e["sentence_text"] for e in starts] == ["Hello there.  How are you?"]  # no tag
+        words = [w for c in chunks for w in c["timestamps"] or []]
+        assert [w["word"] for w in words] == ["Hello", "there.", "How", "are", "you?"]
+        speech_end_ms = len(FIRST) * FRAME_S * 1000
+        assert speech_end_ms - 100 < words[1]["end_ms"] <= speech_end_ms + 1
+        assert words[2]["start_ms"] >= speech_end_ms + 1000
+
+
+async def test_baseten_websocket(layout: InstanceLayout) -> None:
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        async with s.ws_connect(h.url + "/v1/baseten/orpheus/websocket") as ws:
+            await ws.send_json({"voice": "tara"})
+            for piece in ("Hello there.", '<break time="1s"/>', "How are you?", "__END__"):
+                await ws.send_str(piece)
+            audio = bytearray()
+            async for msg in ws:
+                audio += msg.data
+        assert bytes(audio) == EXPECTED
+        assert [sub.text for sub in h.backend.submitted()] == [FIRST, SECOND]
+
+
+async def test_elevenlabs_dialogue(layout: InstanceLayout) -> None:
+    async with running_gateway(layout) as h, aiohttp.ClientSession() as s:
+        url = h.url + "/v1/text-to-dialogue/with-timestamps?output_format=pcm_24000"
+        async with s.post(url, json={"inputs": [{"text": TEXT, "voice_id": "tara"}]}) as resp:
+            assert resp.status == 200
+            body = await resp.json()
+        assert base64.b64decode(body["audio_base64"]) == EXPECTED
+        a = body["alignment"]
+        assert "".join(a["characters"]) == "Hello there.  How are you?"
+        gap_at = len("Hello there. ")
+        speech_end = len(FIRST) * FRAME_S
+        assert a["character_start_times_seconds"][gap_at] == pytest.approx(
+            speech_end + 1.0, abs=0.002
+        )
+        bad = {"inputs": [{"text": 'Hi <break time="5s"/>', "voice_id": "tara"}]}
+        async with s.post(url, json=bad) as resp:
+            assert resp.status == 400
+            err = (await resp.json())["error"]
+            assert (err["code"], err["param"]) == ("break_too_long", "inputs[0].text")
+
+
+def test_job_units_carry_their_pauses() -> None:
+    assert split_units('A. <break time="1s"/> B. <break/>', 280) == [
+        "A.",
+        '<break time="1000ms"/>B.<break time="750ms"/>',
+    ]
+
+
+async def test_a_job_speaks_its_pauses(layout: InstanceLayout, tmp_path: Path) -> None:
+    cfg = JobsConfig(dir=str(tmp_path / "jobs"), poll_s=0.05)
+    async with (
+        running_gateway(layout, serve={"jobs": cfg}) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        body = {"input": TEXT, "voice": "tara", "response_format": "pcm"}
+        async with s.post(h.url + "/v1/audio/jobs", json=body) as r:
+            assert r.status == 202, await r.text()
+            job = await r.json()
+        for _ in range(300):
+            async with s.get(f"{h.url}/v1/audio/jobs/{job['id']}") as r:
+                if (await r.json())["state"] == "succeeded":
+                    break
+            await asyncio.sleep(0.05)
+        async with s.get(f"{h.url}/v1/audio/jobs/{job['id']}/audio") as r:
+            audio = await r.read()
+    fade = int(cfg.join_fade_ms * 24)
+    first = fade_edges(pcm_for(len(FIRST)), fade)
+    second = fade_edges(silence(1.0) + pcm_for(len(SECOND)), fade)
+    assert audio == first + second
+    assert [sub.text for sub in h.backend.submitted()] == [FIRST, SECOND]
