@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
+from elevenlabs import AsyncElevenLabs
 from gateway_harness import running_gateway
 
 from bench.doubles.synthetic_backend import synthetic_pcm
 from common.jobs_config import JobsConfig
+from common.text_config import TextConfig
 from gateway.jobs.routes import split_units
 from gateway.jobs.runner import fade_edges
 from orpheus_client.zmq_client import AsyncClient, SpeechError
@@ -299,3 +302,34 @@ async def test_a_job_speaks_its_pauses(layout: InstanceLayout, tmp_path: Path) -
     second = fade_edges(silence(1.0) + pcm_for(len(SECOND)), fade)
     assert audio == first + second
     assert [sub.text for sub in h.backend.submitted()] == [FIRST, SECOND]
+
+
+async def test_with_the_sdks_and_normalisation_on(layout: InstanceLayout) -> None:
+    """The official SDKs with their defaults; normalisation rewrites the words between the
+    tags, never a tag ("1.5s" is not read as a number)."""
+    text = 'I have 3 cats. <break time="1.5s"/> And 2 dogs.'
+    runs = ["I have three cats.", "And two dogs."]
+    serve = {"text": TextConfig(normalization="on")}
+    async with running_gateway(layout, serve=serve) as h:
+        oa = openai.AsyncOpenAI(base_url=f"{h.url}/v1", api_key="sk-test", max_retries=0)
+        resp = await oa.audio.speech.create(
+            model="orpheus", voice="nova", input=text, response_format="pcm"
+        )
+        expected = pcm_for(len(runs[0])) + silence(1.5) + pcm_for(len(runs[1]))
+        assert resp.content == expected
+        el = AsyncElevenLabs(base_url=h.url, api_key="k")
+        chunks = [
+            c
+            async for c in el.text_to_speech.stream_with_timestamps(
+                "tara", text=text, output_format="pcm_24000"
+            )
+        ]
+        audio = b"".join(base64.b64decode(c.audio_base_64) for c in chunks if c.audio_base_64)
+        assert audio == expected
+        chars = "".join(c for x in chunks if x.alignment for c in x.alignment.characters)
+        normalized = "".join(
+            c for x in chunks if x.normalized_alignment for c in x.normalized_alignment.characters
+        )
+        assert chars == "I have 3 cats.  And 2 dogs."
+        assert normalized == "I have three cats. And two dogs."
+        assert [sub.text for sub in h.backend.submitted()] == runs * 2
