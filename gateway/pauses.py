@@ -34,16 +34,24 @@ class Runs:
     those that were (the request's END: its frames and tokens).
 
     Open text (ZeroMQ's ``text_open``): the run being spoken takes the text appended to it
-    until a break tag comes (``run_open``); what follows the tag waits here (``pending``) for
-    that run to end, then starts the next run, open again unless the client's text is
-    complete (``open`` false)."""
+    until a break tag comes (``run_open``); what follows the tag waits here for that run to
+    end, then starts the next run, open again unless the client's text is complete (``open``
+    false). A later run with no words yet is not started in the workers (``in_workers``
+    false) until words come: a run closed with no text would be refused there."""
 
     __slots__ = (
-        "_pieces", "frames", "open", "prevented", "reason", "run_open", "run_spoken", "tokens",
+        "_pieces", "frames", "in_workers", "open", "prevented", "reason", "run_open",
+        "run_spoken", "tokens", "traceparent",
     )  # fmt: skip
 
-    def __init__(self, pieces: list[Piece], *, open_text: bool = False) -> None:
+    def __init__(
+        self, pieces: list[Piece], *, open_text: bool = False, traceparent: str = ""
+    ) -> None:
         self._pieces: deque[Piece] = deque(pieces)
+        self.traceparent = traceparent
+        """The request's trace context, sent with each run (tracing on)."""
+        self.in_workers = True
+        """A run of the request is in the workers (its END will come)."""
         self.open = open_text
         """More text may come from the client (appends)."""
         self.run_open = False
@@ -55,15 +63,6 @@ class Runs:
         self.tokens = 0
         self.prevented = 0
         self.reason = "stop"
-
-    @property
-    def pending(self) -> int:
-        """Characters of text waiting for the run in the workers to end."""
-        return sum(len(p) for p in self._pieces if isinstance(p, str))
-
-    def extend(self, pieces: list[Piece]) -> None:
-        """Text (and pauses) appended while the run in the workers no longer takes text."""
-        self._pieces.extend(pieces)
 
     def next_run(self, silence: Silence) -> tuple[str, bool] | None:
         """Push the silence of the pauses before the next run (``silence``: into the
@@ -97,7 +96,7 @@ class Runs:
         word of the run is silence pushed at once (``silence``)."""
         if final:
             self.open = False
-        if not self.run_open:
+        if not self.run_open or not self.in_workers:
             self._pieces.extend(pieces)
             return []
         sends: list[tuple[str, bool]] = []

@@ -306,7 +306,7 @@ class RequestTracker:
             # Break tags (checked by build_params, or by the front end for open text): one
             # worker stream per run of text, the pauses' silence pushed between them
             # (gateway.pauses). Open text may bring tags in any append.
-            runs = Runs(split_breaks(text, None), open_text=text_open)
+            runs = Runs(split_breaks(text, None), open_text=text_open, traceparent=traceparent)
             text, text_open = runs.next_run(self._silence(stream)) or ("", text_open)
         try:
             if not stream.done:  # (a pause's silence past the buffer's limit failed it)
@@ -334,7 +334,7 @@ class RequestTracker:
         stream.on_abort = request.link.abort
         if runs is not None:
             request.runs = runs
-            stream.on_end = lambda end: self._next_run(request, runs, end, traceparent)
+            stream.on_end = lambda end: self._next_run(request, runs, end)
         request.stream = stream
         if request.span is not None:
             request.span.set_attribute("orpheus.stream_id", f"{stream.stream_id:#x}")
@@ -345,26 +345,34 @@ class RequestTracker:
     def _silence(self, stream: PcmStream) -> Silence:
         return lambda ms: self.registry.push_silence(stream, ms)
 
-    def _next_run(
-        self, request: ActiveRequest, runs: Runs, end: StreamEnd, traceparent: str
-    ) -> StreamEnd | None:
+    def _next_run(self, request: ActiveRequest, runs: Runs, end: StreamEnd) -> StreamEnd | None:
         """A run of ``request``'s text ended (``end``): push the silence of the pauses after
-        it and start the next run under a new stream id, on the same engine and slot (None:
-        the stream goes on); else the request's END."""
+        it and start the next run (None: the stream goes on); else the request's END."""
         runs.add(end)
+        runs.in_workers = False
+        if end.reason == "cancelled":
+            return runs.end()
+        return self._start_run(request, runs)
+
+    def _start_run(self, request: ActiveRequest, runs: Runs) -> StreamEnd | None:
+        """Start ``request``'s next run under a new stream id, on the same engine and in the
+        same admission slot, after the silence of the pauses before it. None: started, or
+        waiting for words (open text); else the request's END (nothing is left to say)."""
         stream = request.stream
-        run = None if end.reason == "cancelled" else runs.next_run(self._silence(stream))
+        run = runs.next_run(self._silence(stream))
         if run is None:
             return runs.end()
-        if stream.done:
-            return None  # failed: its client left the pause's silence unread
+        text, text_open = run
+        if stream.done or (text_open and not text.strip()):
+            return None  # failed (a pause's silence left unread), or no words to speak yet
         stream_id = self.registry.reopen(stream)
         stream.last_record_at = self.loop.time()
         params = request.params
+        runs.in_workers = True
         try:
             self.upstream.engine(stream.engine).submit(
-                stream_id, run[0], params.voice, params.sampling,
-                text_open=run[1], traceparent=traceparent,
+                stream_id, text, params.voice, params.sampling,
+                text_open=text_open, traceparent=runs.traceparent,
             )  # fmt: skip
         except UpstreamUnavailable as e:
             self.registry.fail(
@@ -446,8 +454,11 @@ class RequestTracker:
                 upstream.append_text(stream.stream_id, text, final=final)
             else:  # break tags end the run in the workers (gateway.pauses)
                 pieces = split_breaks(text, None) if has_breaks(text) else [text]
-                for piece, last in request.runs.append(pieces, final, self._silence(stream)):
+                runs = request.runs
+                for piece, last in runs.append(pieces, final, self._silence(stream)):
                     upstream.append_text(stream.stream_id, piece, final=last)
+                if not runs.in_workers and (end := self._start_run(request, runs)) is not None:
+                    stream.finish(end)  # the text ended after a pause: nothing more to say
         except UpstreamUnavailable as e:
             raise APIError(503, "upstream_unavailable", str(e)) from None
         if final:

@@ -202,6 +202,21 @@ async def test_zeromq_whole_and_open_text_with_a_tag_split_across_appends(
                 await st.append('<break time="500ms"/>Hi.', final=True)
                 first = b"".join([x async for x in st])
             assert first == silence(0.5) + pcm_for(3)
+            # A pause at the end of the open text; a pause, then words after the run before
+            # it ended (the next run starts only once they come).
+            async with c.stream("Hello ", voice="tara") as st:
+                await st.append('<break time="1s"/>')
+                await asyncio.sleep(0.3)
+                await st.append("", final=True)
+                tail = b"".join([x async for x in st])
+            assert tail == pcm_for(len("Hello ")) + silence(1.0)
+            async with c.stream("Hi. ", voice="tara") as st:
+                await st.append('<break time="500ms"/>')
+                await asyncio.sleep(0.3)
+                await st.append("Bye.")
+                await st.append("", final=True)
+                later = b"".join([x async for x in st])
+            assert later == pcm_for(len("Hi. ")) + silence(0.5) + pcm_for(len("Bye."))
             # A bad tag in an append ends the request with the protocol's Error.
             async with c.stream("Hi. ", voice="tara") as st:
                 await st.append('<break time="10s"/>', final=True)
