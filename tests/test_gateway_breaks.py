@@ -348,3 +348,34 @@ async def test_with_the_sdks_and_normalisation_on(layout: InstanceLayout) -> Non
         assert chars == "I have 3 cats.  And 2 dogs."
         assert normalized == "I have three cats. And two dogs."
         assert [sub.text for sub in h.backend.submitted()] == runs * 2
+
+
+async def test_a_pause_keeps_the_request_and_its_slot(layout: InstanceLayout) -> None:
+    """Paced as a real-time pipeline: between its two runs the request holds its one slot
+    (a second request meanwhile is refused) and its response goes on."""
+    async with (
+        running_gateway(
+            layout, backend={"realtime": True}, max_active_streams=1, max_queued_streams=0
+        ) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        body = {"model": "orpheus", "voice": "tara", "input": TEXT, "response_format": "pcm"}
+        active: list[int] = []
+
+        async def watch() -> None:
+            while True:
+                active.append(len(h.gateway.requests))
+                await asyncio.sleep(0.005)
+
+        watcher = asyncio.create_task(watch())
+        async with s.post(h.url + "/v1/audio/speech", json=body) as resp:
+            audio = bytearray(await resp.content.readexactly(len(pcm_for(len(FIRST))) + 2))
+            # In the pause or the second run: the slot is still this request's.
+            async with s.post(h.url + "/v1/audio/speech", json=body) as other:
+                assert other.status == 429
+            audio += await resp.read()
+        watcher.cancel()
+        assert bytes(audio) == EXPECTED
+        first = active.index(1)
+        assert set(active[first : len(active) - active[::-1].index(1)]) == {1}
+        assert [sub.text for sub in h.backend.submitted()] == [FIRST, SECOND]
