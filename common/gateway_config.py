@@ -40,6 +40,9 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Per-key overrides of ``max_streams_per_key`` (the key as clients send it)."""
     api_keys: list[str] = []
     max_input_chars: int = 4096
+    max_break_s: float = 3.0
+    """The longest pause a ``<break time="..."/>`` tag may ask for (ElevenLabs': 3 s); a
+    longer one is refused (400 ``break_too_long``; a socket's error message), never cut."""
     max_body_bytes: int = 64 * 1024
     max_buffered_seconds: float = 30.0
     """Audio a slow client may leave unread before its stream is dropped."""

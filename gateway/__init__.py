@@ -11,6 +11,8 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
   the stall watchdog's clock, the audio bytes, the abort; audio that outlives its unit too
 - ``readiness``: whether the gateway can take a stream (``/ready``, admission's gate)
 - ``streams`` / ``pcm_pump``: PCM ring records routed into bounded per-stream buffers
+- ``pauses``: a request's text cut at its break tags, its runs spoken in turn with the
+  pauses' silence between them
 - ``admission``, ``cluster``, ``upstream``: slots and the queue (fair between keys);
   ClusterStatus; control PUSH
 - ``capacity``: each engine's real-time limit, learned from the streams' audio

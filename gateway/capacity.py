@@ -200,7 +200,6 @@ class _Tracked:
 class Stream(Protocol):
     """What the controller reads of a stream (``gateway.streams.PcmStream``)."""
 
-    stream_id: int
     engine: int
     opened_at: float
     first_audio_at: float | None
@@ -245,7 +244,9 @@ class CapacityController:
             for _ in range(engines)
         ]
         self._bps = float(bytes_per_second)
-        self._tracked: dict[int, _Tracked] = {}
+        self._tracked: dict[Stream, _Tracked] = {}
+        """Keyed by the stream itself: a request of several runs of text (break tags)
+        changes its stream id between runs (``StreamRegistry.reopen``), not its stream."""
         self._ratios: list[list[float]] = [[] for _ in range(engines)]
         self._starts: list[list[float]] = [[] for _ in range(engines)]
 
@@ -254,15 +255,15 @@ class CapacityController:
         tracked = self._tracked
         seen = set()
         for s in streams:
-            seen.add(s.stream_id)
-            t = tracked.get(s.stream_id)
+            seen.add(s)
+            t = tracked.get(s)
             if t is None:
-                t = tracked[s.stream_id] = _Tracked(s)
+                t = tracked[s] = _Tracked(s)
             self._sample(t, now)
-        for sid in [sid for sid in tracked if sid not in seen]:
-            t = tracked.pop(sid)
-            if t.stream.ended:
-                self._sample(t, t.stream.last_record_at, final=True)
+        for s in [s for s in tracked if s not in seen]:
+            t = tracked.pop(s)
+            if s.ended:
+                self._sample(t, s.last_record_at, final=True)
         opinions = []
         for e, model in enumerate(self.models):
             n = max(1, node_by_engine[e] if e < len(node_by_engine) else 1)

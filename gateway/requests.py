@@ -42,10 +42,12 @@ from gateway.admission import Admission
 from gateway.errors import APIError
 from gateway.link import ClientLink
 from gateway.metrics import GatewayMetrics
+from gateway.pauses import Runs, Silence
 from gateway.schemas import SpeechParams, check_text
 from gateway.streams import PcmStream, StreamRegistry
+from gateway.text.breaks import has_breaks, split_breaks
 from gateway.upstream import Upstream, UpstreamUnavailable
-from shm.records import SAMPLE_RATE, StreamError
+from shm.records import SAMPLE_RATE, StreamEnd, StreamError
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -103,6 +105,7 @@ class ActiveRequest:
         "first_byte_at",
         "link",
         "params",
+        "runs",
         "span",
         "started_at",
         "stream",
@@ -133,6 +136,8 @@ class ActiveRequest:
         """Set by ``complete`` once the client has everything (the outcome is then ok)."""
         self.text_chars = len(params.text)
         self.stream: PcmStream  # set by RequestTracker.admit
+        self.runs: Runs | None = None
+        """Its text cut at break tags, spoken run by run (``gateway.pauses``); None: one run."""
         self.traceparent: str | None = None
         """The client's W3C trace context, continued when tracing is on."""
         self.span: Span | None = None
@@ -317,15 +322,23 @@ class RequestTracker:
         stream = self.registry.open(
             self.loop.time(), text_closed=not request.text_open, engine=engine
         )
+        text, text_open, runs = params.text, request.text_open, None
+        if text_open or has_breaks(text):
+            # Break tags (checked by build_params, or by the front end for open text): one
+            # worker stream per run of text, the pauses' silence pushed between them
+            # (gateway.pauses). Open text may bring tags in any append.
+            runs = Runs(split_breaks(text, None), open_text=text_open, traceparent=traceparent)
+            text, text_open = runs.next_run(self._silence(stream)) or ("", text_open)
         try:
-            self.upstream.engine(engine).submit(
-                stream.stream_id,
-                params.text,
-                params.voice,
-                params.sampling,
-                text_open=not stream.text_closed,
-                traceparent=traceparent,
-            )
+            if not stream.done:  # (a pause's silence past the buffer's limit failed it)
+                self.upstream.engine(engine).submit(
+                    stream.stream_id,
+                    text,
+                    params.voice,
+                    params.sampling,
+                    text_open=text_open,
+                    traceparent=traceparent,
+                )
         except UpstreamUnavailable as e:
             self.registry.fail(
                 stream,
@@ -341,12 +354,56 @@ class RequestTracker:
             ) from None
         stream.on_abort = request.link.abort
         request.link.units_open += 1
+        if runs is not None:
+            request.runs = runs
+            stream.on_end = lambda end: self._next_run(request, runs, end)
         request.stream = stream
         if request.span is not None:
             request.span.set_attribute("orpheus.stream_id", f"{stream.stream_id:#x}")
         self.active.add(request)
         self.metrics.active.inc()
         self._engine_active[engine].inc()
+
+    def _silence(self, stream: PcmStream) -> Silence:
+        return lambda ms: self.registry.push_silence(stream, ms)
+
+    def _next_run(self, request: ActiveRequest, runs: Runs, end: StreamEnd) -> StreamEnd | None:
+        """A run of ``request``'s text ended (``end``): push the silence of the pauses after
+        it and start the next run (None: the stream goes on); else the request's END."""
+        runs.add(end)
+        runs.in_workers = False
+        if end.reason == "cancelled":
+            return runs.end()
+        return self._start_run(request, runs)
+
+    def _start_run(self, request: ActiveRequest, runs: Runs) -> StreamEnd | None:
+        """Start ``request``'s next run under a new stream id, on the same engine and in the
+        same admission slot, after the silence of the pauses before it. None: started, or
+        waiting for words (open text); else the request's END (nothing is left to say)."""
+        stream = request.stream
+        run = runs.next_run(self._silence(stream))
+        if run is None:
+            return runs.end()
+        text, text_open = run
+        if stream.done or (text_open and not text.strip()):
+            return None  # failed (a pause's silence left unread), or no words to speak yet
+        stream_id = self.registry.reopen(stream)
+        stream.last_record_at = self.loop.time()
+        params = request.params
+        runs.in_workers = True
+        try:
+            self.upstream.engine(stream.engine).submit(
+                stream_id, text, params.voice, params.sampling,
+                text_open=text_open, traceparent=runs.traceparent,
+            )  # fmt: skip
+        except UpstreamUnavailable as e:
+            self.registry.fail(
+                stream,
+                StreamError("upstream_unavailable", str(e), 503),
+                cancel_upstream=False,
+                discard_pending=False,
+            )
+        return None
 
     def finish(self, request: ActiveRequest, exc: BaseException | None) -> None:
         stream = request.stream
@@ -415,8 +472,17 @@ class RequestTracker:
         stream.last_record_at = self.loop.time()  # the open text's idle clock too
         if not text and not final:
             return  # all of it held back by the front end (normalisation, dictionaries)
+        upstream = self.upstream.engine(stream.engine)
         try:
-            self.upstream.engine(stream.engine).append_text(stream.stream_id, text, final=final)
+            if request.runs is None:
+                upstream.append_text(stream.stream_id, text, final=final)
+            else:  # break tags end the run in the workers (gateway.pauses)
+                pieces = split_breaks(text, None) if has_breaks(text) else [text]
+                runs = request.runs
+                for piece, last in runs.append(pieces, final, self._silence(stream)):
+                    upstream.append_text(stream.stream_id, piece, final=last)
+                if not runs.in_workers and (end := self._start_run(request, runs)) is not None:
+                    stream.finish(end)  # the text ended after a pause: nothing more to say
         except UpstreamUnavailable as e:
             raise APIError(503, "upstream_unavailable", str(e)) from None
         if final:

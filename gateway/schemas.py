@@ -26,6 +26,7 @@ from msgspec import Meta
 from common.limits import LimitError, RequestLimits
 from gateway.audio.formats import Codec, OutputFormat, SampleRate, check_format, default_rate
 from gateway.errors import APIError
+from gateway.text.breaks import DEFAULT_MAX_MS, check_breaks, rewrite_runs
 from gateway.text.plan import TextPlan
 from gateway.voices import VoiceCatalog
 from orpheus_wire.sampling import LENGTH_FIELD, SamplingFields
@@ -117,10 +118,13 @@ class SpeechParams(msgspec.Struct, frozen=True, kw_only=True):
 
     def spoken(self) -> SpeechParams:
         """These params with ``text`` rewritten by ``text_plan`` (once: the result has no
-        plan). Applied to a whole request's text or to a whole unit of a streamed one."""
+        plan). Applied to a whole request's text or to a whole unit of a streamed one; the
+        runs between break tags are rewritten each on its own, the tags kept
+        (``gateway.text.breaks``)."""
         if self.text_plan is None:
             return self
-        return msgspec.structs.replace(self, text=self.text_plan.apply(self.text), text_plan=None)
+        text = rewrite_runs(self.text, self.text_plan.apply)
+        return msgspec.structs.replace(self, text=text, text_plan=None)
 
 
 def output_format(
@@ -202,6 +206,7 @@ def build_params(
     sampling: SamplingOverrides | None = None,
     text_open: bool = False,
     text_plan: TextPlan | None = None,
+    max_break_ms: int = DEFAULT_MAX_MS,
 ) -> SpeechParams:
     """The one way a request becomes ``SpeechParams``, whatever front end it came through.
 
@@ -214,6 +219,9 @@ def build_params(
     (``gateway.text.service.SpeechText.plan``, resolved by the front end) is carried, not
     applied: ``SpeechParams.spoken`` applies it to whole units of text. A streaming protocol builds a
     template with ``text=""``, ``allow_empty=True`` and speaks each unit with its text.
+    Break tags in a whole text (not ``text_open``'s, which may end inside one) are checked
+    against ``max_break_ms`` (``gateway.max_break_s``) here: a malformed or too long one is
+    a 400 (``gateway.text.breaks``); they stay in ``text`` (the request's runs and pauses).
     """
     given = {
         "response_format": response_format,
@@ -229,6 +237,13 @@ def build_params(
     except LimitError as e:
         raise bad_request(e.message, param=e.param) from None
     text = check_text(text, max_chars, param=text_param, allow_empty=allow_empty)
+    if not text_open and not check_breaks(text, max_break_ms, param=text_param) and text:
+        if not allow_empty:
+            raise bad_request(
+                f"`{text_param}` has only break tags: there is nothing to say",
+                code="empty_input",
+                param=text_param,
+            )
     model_voice = voices.resolve(voices.default if voice is None else voice)
     fmt = output_format(f.response_format, f.sample_rate, bitrate)
     return SpeechParams(
@@ -250,6 +265,7 @@ def speech_params(
     limits: RequestLimits,
     max_chars: int,
     text_plan: TextPlan | None = None,
+    max_break_ms: int = DEFAULT_MAX_MS,
 ) -> SpeechParams:
     """``POST /v1/audio/speech``'s body through ``build_params``."""
     return build_params(
@@ -264,4 +280,5 @@ def speech_params(
         stream_format=req.stream_format,
         sampling=sampling_overrides(req),
         text_plan=text_plan,
+        max_break_ms=max_break_ms,
     )

@@ -24,6 +24,8 @@ import msgspec
 from gateway.metrics import GatewayMetrics
 from gateway.upstream import Upstream
 from shm.records import (
+    BYTES_PER_SAMPLE,
+    SAMPLE_RATE,
     STREAM_COUNTER_MASK,
     RecordKind,
     StreamEnd,
@@ -39,6 +41,14 @@ log = logging.getLogger(__name__)
 _PCM = int(RecordKind.PCM)
 _END = int(RecordKind.END)
 _ERROR = int(RecordKind.ERROR)
+
+
+BYTES_PER_MS = SAMPLE_RATE * BYTES_PER_SAMPLE // 1000
+
+
+def silence_pcm(ms: int) -> bytes:
+    """``ms`` milliseconds of digital silence as the rings' PCM (a pause: ``<break>``)."""
+    return bytes(ms * BYTES_PER_MS)
 
 
 RETRYABLE_CODES = frozenset({"worker_restarted"})
@@ -75,6 +85,7 @@ class PcmStream:
         "last_record_at",
         "next_seq",
         "on_abort",
+        "on_end",
         "opened_at",
         "stream_id",
         "text_closed",
@@ -103,6 +114,11 @@ class PcmStream:
         self.text_closed = text_closed
         self.on_abort: Callable[[], None] | None = None
         """Set by the front end: tears down the client connection (slow or stalled client)."""
+        self.on_end: Callable[[StreamEnd], StreamEnd | None] | None = None
+        """Set for a request of several runs of text (break tags between them,
+        ``gateway.requests``): told each worker stream's END; returns None when the stream
+        goes on (the next run was started under a new id, ``StreamRegistry.reopen``), else
+        the END the stream finishes with."""
 
     @property
     def done(self) -> bool:
@@ -201,6 +217,29 @@ class StreamRegistry:
         self._streams[stream_id] = stream
         return stream
 
+    def reopen(self, stream: PcmStream) -> int:
+        """Route the next worker stream of ``stream`` (a request's next run of text) to it:
+        a new stream id, its sequence from 0; the old id is no longer routed."""
+        self._streams.pop(stream.stream_id, None)
+        self._counter += 1
+        stream.stream_id = make_stream_id(self._index, self._counter & STREAM_COUNTER_MASK)
+        stream.next_seq = 0
+        self._streams[stream.stream_id] = stream
+        return stream.stream_id
+
+    def push_silence(self, stream: PcmStream, ms: int) -> None:
+        """``ms`` of a pause's silence into ``stream`` (``gateway.pauses``), within the same
+        buffer limit as the ring's PCM: a client that leaves it unread is dropped."""
+        n = ms * BYTES_PER_MS
+        if stream.done or not n:
+            return
+        if stream.buffered_bytes + n > self._max_buffered:
+            self.drop_slow_client(
+                stream, f"client left more than {self._max_buffered} bytes unread"
+            )
+        else:
+            stream.push(bytes(n))
+
     def release(self, stream: PcmStream, reason: str) -> None:
         """The consumer is done with ``stream``: if upstream still works on it, cancel it."""
         if self._streams.get(stream.stream_id) is stream:
@@ -293,6 +332,11 @@ class StreamRegistry:
             self._sequence_error(stream, seq, what="END")
             return
         del self._streams[stream.stream_id]
+        if stream.on_end is not None:
+            final = stream.on_end(end)
+            if final is None:
+                return  # the request's next run of text goes on in this stream
+            end = final
         stream.finish(end)
 
     def _error(self, stream: PcmStream, payload: memoryview) -> None:

@@ -48,7 +48,7 @@ def test_unknown_codes_are_refused_saying_what_is_taken(code: str) -> None:
 
 
 def split(text: str, language: str | None = None) -> list[str]:
-    s = UnitSplitter("sentence", 280, language)
+    s = UnitSplitter("sentence", 280, language=language)
     return [u.text for u in (*s.feed(text), *s.flush())]
 
 
@@ -82,7 +82,7 @@ def test_the_llm_worker_splits_where_the_gateway_does() -> None:
 
 
 def test_a_wide_end_waits_for_what_follows_when_streamed() -> None:
-    s = UnitSplitter("sentence", 280, "zh")
+    s = UnitSplitter("sentence", 280, language="zh")
     assert s.feed("你好。") == []  # a closing quote may still come
     assert [u.text for u in s.feed("」我")] == ["你好。」"]
     assert [u.text for u in s.flush()] == ["我"]
@@ -97,7 +97,7 @@ _LATIN = st.text(alphabet=st.sampled_from(list("ab .!?,Dr")), max_size=60)
 def test_units_lose_nothing_however_the_text_arrives(text: str, cuts: list[int]) -> None:
     """Fed in pieces or whole, the units' raw text is the text, in order, and the ends are
     the same wherever the pieces were cut."""
-    s = UnitSplitter("sentence", 280, "zh")
+    s = UnitSplitter("sentence", 280, language="zh")
     pieces, last = [], 0
     for c in sorted(min(c, len(text)) for c in cuts):
         pieces.append(text[last:c])
@@ -105,7 +105,7 @@ def test_units_lose_nothing_however_the_text_arrives(text: str, cuts: list[int])
     pieces.append(text[last:])
     units = [u for p in pieces for u in s.feed(p)] + s.flush()
     assert "".join(u.raw for u in units).strip() == text.strip() or not text.strip()
-    whole = UnitSplitter("sentence", 280, "zh")
+    whole = UnitSplitter("sentence", 280, language="zh")
     assert [u.text for u in units] == [u.text for u in (*whole.feed(text), *whole.flush())]
 
 

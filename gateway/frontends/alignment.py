@@ -19,6 +19,11 @@ Two shapes:
   messages add up to the audio: a client that advances its clock by each message's span
   (Pipecat does) stays on the audio's clock.
 - ``word_times``: once the unit's audio length is known (vLLM-Omni's ``word_timestamps``).
+
+A unit after a break tag starts with the pause's silence (``lead_ms``,
+``gateway.frontends.text_units.Unit.pause_ms``): no character is given any of it, so the
+first character starts after the gap (ElevenLabs: the first message with characters has
+its first one start at the end of the silence within its span).
 """
 
 from __future__ import annotations
@@ -58,17 +63,21 @@ class CharTimes(msgspec.Struct, frozen=True):
     charDurationsMs: list[int]
 
 
-def _layout(chars: list[str], weights: list[float], span_ms: float) -> CharTimes:
-    """``chars`` spread over [0, span_ms] in proportion to ``weights`` (integer ms that add
-    up to ``span_ms``)."""
+def _layout(
+    chars: list[str], weights: list[float], span_ms: float, offset_ms: float = 0.0
+) -> CharTimes:
+    """``chars`` spread over [offset_ms, span_ms] in proportion to ``weights`` (integer ms
+    that end at ``span_ms``; nothing before ``offset_ms``)."""
     total = sum(weights) or 1.0
     starts: list[int] = []
     durs: list[int] = []
     acc = 0.0
-    prev = 0
+    offset = round(offset_ms)
+    span_ms -= offset
+    prev = offset
     for w in weights:
         acc += w
-        end = round(span_ms * acc / total)
+        end = offset + round(span_ms * acc / total)
         starts.append(prev)
         durs.append(end - prev)
         prev = end
@@ -78,7 +87,9 @@ def _layout(chars: list[str], weights: list[float], span_ms: float) -> CharTimes
 class ChunkAligner:
     """Character timing of one unit, handed out chunk by chunk."""
 
-    def __init__(self, raw: str) -> None:
+    def __init__(self, raw: str, lead_ms: float = 0.0) -> None:
+        self._lead_ms = lead_ms
+        """Silence before the unit's speech (a pause): no character is laid on it."""
         self._chars = list(raw)
         self._weights = [char_weight(c) for c in self._chars]
         self._cum: list[float] = []
@@ -101,12 +112,13 @@ class ChunkAligner:
         """The characters for the next ``chunk_ms`` of audio (None: none this time; the span
         carries over to the next message). ``last``: the unit's audio ends here."""
         self._audio_ms += chunk_ms
+        speech_ms = max(0.0, self._audio_ms - self._lead_ms)
         n = len(self._chars)
         if last:
             upto = n
         else:
-            expected = max(self._expected_ms, self._audio_ms / _HOLD_FRACTION)
-            target = self._total_weight * min(self._audio_ms / expected, _HOLD_FRACTION)
+            expected = max(self._expected_ms, speech_ms / _HOLD_FRACTION)
+            target = self._total_weight * min(speech_ms / expected, _HOLD_FRACTION)
             upto = self._released
             while upto < n - 1 and self._cum[upto] <= target:
                 upto += 1
@@ -116,8 +128,9 @@ class ChunkAligner:
         weights = self._weights[self._released : upto]
         self._released = upto
         span = self._audio_ms - self._span_start_ms
+        silent = min(max(0.0, self._lead_ms - self._span_start_ms), span)
         self._span_start_ms = self._audio_ms
-        return _layout(chars, weights, span)
+        return _layout(chars, weights, span, silent)
 
 
 class WordTime(msgspec.Struct, frozen=True):
@@ -126,10 +139,11 @@ class WordTime(msgspec.Struct, frozen=True):
     end_ms: int
 
 
-def word_times(raw: str, total_ms: float) -> list[WordTime]:
-    """Words of ``raw`` with start and end times, its characters spread over ``total_ms``."""
+def word_times(raw: str, total_ms: float, lead_ms: float = 0.0) -> list[WordTime]:
+    """Words of ``raw`` with start and end times, its characters spread over ``total_ms``
+    after its first ``lead_ms`` (a pause's silence)."""
     chars = list(raw)
-    layout = _layout(chars, [char_weight(c) for c in chars], total_ms)
+    layout = _layout(chars, [char_weight(c) for c in chars], total_ms, min(lead_ms, total_ms))
     out: list[WordTime] = []
     word: list[str] = []
     start = end = 0
@@ -154,11 +168,11 @@ class UnitAligners:
     pronunciation dictionaries and normalisation, with the raw text's trailing whitespace so
     that units join up). Where the two texts are the same, one aligner serves both."""
 
-    def __init__(self, raw: str, spoken: str) -> None:
-        self.raw = ChunkAligner(raw)
+    def __init__(self, raw: str, spoken: str, lead_ms: float = 0.0) -> None:
+        self.raw = ChunkAligner(raw, lead_ms)
         self.normalized: ChunkAligner | None = None
         if spoken != " ".join(raw.split()):
-            self.normalized = ChunkAligner(spoken + raw[len(raw.rstrip()) :])
+            self.normalized = ChunkAligner(spoken + raw[len(raw.rstrip()) :], lead_ms)
 
     def take(self, chunk_ms: float, *, last: bool) -> tuple[CharTimes | None, CharTimes | None]:
         """(alignment, normalized alignment) for the next ``chunk_ms`` of audio."""

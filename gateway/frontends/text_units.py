@@ -9,6 +9,13 @@ alignment estimate (``gateway.frontends.alignment``) and vLLM-Omni's ``sentence_
 ``Unit.raw`` is the text exactly as received, whitespace after the sentence included (the
 character alignment of ElevenLabs clients must join up across units); ``Unit.text`` is
 what is spoken (whitespace collapsed).
+
+A break tag (``<break time="1s"/>``, ``gateway.text.breaks``) is a unit boundary too: the
+text before it is cut into a unit, the tag is in neither unit's text (its characters are
+not spoken and not aligned), and its pause is ``pause_ms`` of the next unit: silence spoken
+before that unit's text (``gateway.frontends.utterance.speak_unit``). A pause with no text
+after it comes out at ``flush`` as a unit of its own with no text. A tag split across two
+pieces of text is held by the splitter's ``BreakScanner`` until its end arrives.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Literal
 import msgspec
 
 from common.sentences import SentenceEnds
+from gateway.text.breaks import DEFAULT_MAX_MS, BreakScanner, Pause
 
 Granularity = Literal["none", "sentence", "clause"]
 
@@ -30,36 +38,49 @@ MIN_CLAUSE_CHARS = 12
 class Unit(msgspec.Struct, frozen=True):
     raw: str
     text: str
-
-
-def _unit(raw: str) -> Unit | None:
-    text = _WS.sub(" ", raw).strip()
-    return Unit(raw, text) if text else None
+    pause_ms: int = 0
+    """Silence before the text: the break tags between the previous unit and this one."""
 
 
 class UnitSplitter:
     """Incremental: ``feed`` returns the units complete so far, ``flush`` the rest.
 
-    ``granularity`` "none" cuts only at ``flush`` (and at ``max_chars``).
+    ``granularity`` "none" cuts only at ``flush`` (and at ``max_chars``) and at break tags.
+    ``feed`` and ``flush`` raise ``gateway.text.breaks.BreakError`` (400) for a malformed
+    break tag or one longer than ``max_break_ms``; what came before it was returned by
+    earlier calls, what follows it in the same piece is dropped.
     """
 
     def __init__(
         self,
         granularity: Granularity = "sentence",
         max_chars: int = 280,
+        max_break_ms: int | None = DEFAULT_MAX_MS,
+        *,
         language: str | None = None,
     ) -> None:
-        """``language``: whose abbreviations do not end a sentence (``common.sentences``);
-        None: every language's."""
+        """``max_break_ms``: the longest pause its break tags may write (None: checked by the
+        caller); ``language``: whose abbreviations do not end a sentence
+        (``common.sentences``); None: every language's."""
         self._granularity = granularity
         self._max_chars = max_chars
         self._finder = SentenceEnds(language, clauses=granularity == "clause")
         self._buffer = ""
+        self._breaks = BreakScanner(max_break_ms)
+        self._pause = 0
+        """Silence of the breaks read since the last unit: the next unit's ``pause_ms``."""
 
     @property
     def pending(self) -> str:
-        """Text received and not yet in a unit."""
-        return self._buffer
+        """Text received and not yet in a unit (a break tag not yet complete included)."""
+        return self._buffer + self._breaks.held
+
+    def _unit(self, raw: str) -> Unit | None:
+        text = _WS.sub(" ", raw).strip()
+        if not text:
+            return None
+        pause, self._pause = self._pause, 0
+        return Unit(raw, text, pause)
 
     def _ends(self) -> list[int]:
         if self._granularity == "none":
@@ -73,13 +94,23 @@ class UnitSplitter:
         return ends
 
     def feed(self, text: str) -> list[Unit]:
+        out: list[Unit] = []
+        for piece in self._breaks.feed(text):
+            if isinstance(piece, Pause):
+                out += self._cut()
+                self._pause += piece.ms
+            else:
+                out += self._feed_text(piece)
+        return out
+
+    def _feed_text(self, text: str) -> list[Unit]:
         self._buffer += text
         out: list[Unit] = []
         start = 0
         for end in self._ends():
             if self._granularity == "clause" and end - start < MIN_CLAUSE_CHARS:
                 continue
-            if (u := _unit(self._buffer[start:end])) is not None:
+            if (u := self._unit(self._buffer[start:end])) is not None:
                 out.append(u)
             start = end
         self._buffer = self._buffer[start:]
@@ -87,12 +118,24 @@ class UnitSplitter:
         while len(self._buffer) > self._max_chars:
             cut = self._buffer.rfind(" ", 0, self._max_chars)
             cut = self._max_chars if cut <= 0 else cut + 1
-            if (u := _unit(self._buffer[:cut])) is not None:
+            if (u := self._unit(self._buffer[:cut])) is not None:
                 out.append(u)
             self._buffer = self._buffer[cut:]
         return out
 
-    def flush(self) -> list[Unit]:
+    def _cut(self) -> list[Unit]:
+        """Everything buffered as one unit (a flush, or a break tag)."""
         rest, self._buffer = self._buffer, ""
-        u = _unit(rest)
+        u = self._unit(rest)
         return [u] if u is not None else []
+
+    def flush(self) -> list[Unit]:
+        out: list[Unit] = []
+        for piece in self._breaks.flush():  # a held "<b" that never became a tag
+            assert isinstance(piece, str)
+            out += self._feed_text(piece)
+        out += self._cut()
+        if self._pause:  # breaks with no text after them: silence of their own
+            out.append(Unit("", "", self._pause))
+            self._pause = 0
+        return out

@@ -28,14 +28,17 @@ from gateway.link import ClientLink
 from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams
 from gateway.service import Gateway
+from gateway.streams import silence_pcm
 from shm.records import SAMPLE_RATE, StreamEnd
 
 log = logging.getLogger(__name__)
 
-Deliver = Callable[[ActiveRequest, list[bytes], bool], Awaitable[None]]
+Deliver = Callable[[ActiveRequest | None, list[bytes], bool], Awaitable[None]]
 """Called with the unit's request, each batch of its 24 kHz PCM chunks and whether it is the
 unit's last (then possibly empty); writes what it sends through the link, naming the unit
-(or, for audio it holds, the units of that audio when it sends it)."""
+(or, for audio it holds, the units of that audio when it sends it). The request is None for
+the silence of a pause (``speak_unit``'s ``pause_ms``): audio of no request, which no model
+made."""
 
 MS_PER_BYTE = 1000.0 / (SAMPLE_RATE * 2)
 
@@ -52,12 +55,22 @@ async def speak_unit(
     deliver: Deliver,
     *,
     started_at: float | None = None,
-) -> tuple[StreamEnd | None, ActiveRequest]:
-    """Speak one unit: ``text`` (cut from text ``check_text`` took) with the voice and
-    sampling of ``template`` (``build_params``'s, made when the protocol's session or context
-    was configured), rewritten by its ``text_plan`` (dictionaries, normalisation) unless the
-    caller did that already, on the connection's ``link``. Returns how it ended. Raises ``APIError`` (not admitted) or
-    ``StreamFailed`` (failed in the workers), after the audio that came before."""
+    pause_ms: int = 0,
+) -> StreamEnd | None:
+    """Speak one unit: ``pause_ms`` of silence (its ``Unit.pause_ms``: the break tags before
+    it), then ``text`` (cut from text ``check_text`` took; may be empty after a pause) with
+    the voice and sampling of ``template`` (``build_params``'s, made when the protocol's
+    session or context was configured), rewritten by its ``text_plan`` (dictionaries,
+    normalisation) unless the caller did that already, on the connection's ``link``.
+
+    The silence is the gateway's: delivered at once, with no request (no admission, no model
+    token); the text after it is a request as any unit's. Returns how the request ended
+    (None: a pause alone). Raises ``APIError`` (not admitted) or ``StreamFailed`` (failed in
+    the workers), after the audio that came before."""
+    if pause_ms:
+        await deliver(None, [silence_pcm(pause_ms)], not text)
+    if not text:
+        return None
     params = msgspec.structs.replace(template, text=text).spoken()
     async with gateway.requests.open(params, link, started_at=started_at) as active:
         stream = active.stream
@@ -68,7 +81,7 @@ async def speak_unit(
             if last or not chunks:
                 break
         active.complete()
-        return stream.end, active
+        return stream.end
 
 
 class QueueCap:

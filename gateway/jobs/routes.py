@@ -41,6 +41,7 @@ from gateway.schemas import (
     sampling_overrides,
 )
 from gateway.service import Gateway
+from gateway.text.breaks import Pause, cap_ms, join_breaks
 from shm.records import SAMPLE_RATE
 from shm.voices import resolve_state_dir
 
@@ -72,9 +73,19 @@ def jobs_dir(gateway: Gateway) -> str:
 
 
 def split_units(text: str, max_chars: int) -> list[str]:
-    """The job's units: the streaming protocols' sentence splitter over the whole text."""
-    splitter = UnitSplitter("sentence", max_chars)
-    return [u.text for u in (*splitter.feed(text), *splitter.flush())]
+    """The job's units: the streaming protocols' sentence splitter over the whole text
+    (checked by ``build_params``). A unit after a break tag starts with its pause, as a tag
+    (the unit's request pushes its silence first: ``gateway.pauses``); pauses after the last
+    words end the last unit."""
+    splitter = UnitSplitter("sentence", max_chars, None)
+    out: list[str] = []
+    for u in (*splitter.feed(text), *splitter.flush()):
+        pause = [Pause(u.pause_ms)] if u.pause_ms else []
+        if u.text or not out:
+            out.append(join_breaks([*pause, u.text]))
+        else:
+            out[-1] += join_breaks(pause)
+    return out
 
 
 def _response(
@@ -169,6 +180,7 @@ class JobsApi:
             sample_rate=req.sample_rate,
             speed=req.speed,
             sampling=sampling_overrides(req),
+            max_break_ms=cap_ms(g.config.gateway.max_break_s),
         )
         units = split_units(params.text, cfg.unit_max_chars)
         if not units:

@@ -32,6 +32,7 @@ from gateway.frontends.openai.speech import respond
 from gateway.frontends.shared import Handler, read_body
 from gateway.schemas import bad_request, build_params, sampling_overrides
 from gateway.service import Gateway
+from gateway.text.breaks import cap_ms
 from orpheus_wire.sampling import SamplingFields
 from orpheus_wire.text import Locator
 
@@ -80,6 +81,7 @@ def predict_handler(gateway: Gateway) -> Handler:
             text_param="prompt",
             sampling=sampling_overrides(req, length=False),
             text_plan=plan,
+            max_break_ms=cap_ms(g.max_break_s),
         )
         return await respond(request, gateway, params, API, started_at)
 

@@ -45,6 +45,7 @@ from gateway.requests import ActiveRequest
 from gateway.schemas import check_text, sampling_overrides
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
+from gateway.text.breaks import BreakError, cap_ms
 from orpheus_wire.sampling import SamplingFields
 from orpheus_wire.text import Locator
 
@@ -143,7 +144,7 @@ async def _serve(
         for c in chunks:
             await ws.send_bytes(c)
 
-    async def deliver(unit: ActiveRequest, chunks: list[bytes], last: bool) -> None:
+    async def deliver(unit: ActiveRequest | None, chunks: list[bytes], last: bool) -> None:
         if chunks:
             await link.write(send_all(chunks), sum(map(len, chunks)), unit)
 
@@ -154,14 +155,17 @@ async def _serve(
             if failure:
                 return
             try:
-                await speak_unit(gateway, params, unit.text, link, deliver, started_at=started_at)
+                await speak_unit(
+                    gateway, params, unit.text, link, deliver,
+                    started_at=started_at, pause_ms=unit.pause_ms,
+                )  # fmt: skip
             except (APIError, StreamFailed) as e:
                 failure.append(api_error(e))
                 await _close(link, ws, failure[0])
 
         return run
 
-    splitter = UnitSplitter("sentence", UNIT_MAX_CHARS, language)
+    splitter = UnitSplitter("sentence", UNIT_MAX_CHARS, cap_ms(g.max_break_s), language=language)
     joiner = _TextJoiner()
     try:
         while not failure:
@@ -175,7 +179,12 @@ async def _serve(
                 return  # the client went away: finally cancels the work in flight
             text = msg.data
             if text == END:
-                for unit in splitter.flush():
+                try:
+                    units = splitter.flush()
+                except BreakError as e:  # a break tag that never closed
+                    await _close(link, ws, e)
+                    return
+                for unit in units:
                     lane.push(job(unit), len(unit.text))
                 if not await drain_while_open(ws, lane):
                     return  # the client closed before the end: cancelled
@@ -191,7 +200,12 @@ async def _serve(
                 await _close(link, ws, APIError(429, "input_queue_full", cap.refusal()))
                 return
             if text:
-                for unit in splitter.feed(joiner.join(text)):
+                try:
+                    units = splitter.feed(joiner.join(text))
+                except BreakError as e:  # the socket's error: closed with its code
+                    await _close(link, ws, e)
+                    return
+                for unit in units:
                     lane.push(job(unit), len(unit.text))
     except TimeoutError:
         await _close(link, ws, APIError(408, "timeout", "no text for too long"))

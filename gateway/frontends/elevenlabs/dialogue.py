@@ -40,6 +40,7 @@ from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams, build_params, check_text
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
+from gateway.text.breaks import cap_ms, check_breaks
 from gateway.text.plan import TextPlan
 from orpheus_wire.text import Locator
 from shm.messages import SamplingOverrides
@@ -184,8 +185,8 @@ class _Dialogue:
             )
             await self.write(_json.encode(chunk) + b"\n", len(data), units)
 
-    async def deliver(self, unit: ActiveRequest, chunks: list[bytes], last: bool) -> None:
-        if not self.units or self.units[-1] is not unit:
+    async def deliver(self, unit: ActiveRequest | None, chunks: list[bytes], last: bool) -> None:
+        if unit is not None and (not self.units or self.units[-1] is not unit):
             self.units.append(unit)
         n = sum(map(len, chunks))
         data = b"".join(map(self.enc.encode, chunks))
@@ -264,6 +265,7 @@ def _templates(
     out = []
     for n, turn in enumerate(body.inputs):
         check_text(turn.text, cfg.gateway.max_input_chars, param=f"inputs[{n}].text")
+        check_breaks(turn.text, cap_ms(cfg.gateway.max_break_s), param=f"inputs[{n}].text")
         params = by_voice.get(turn.voice_id)
         if params is None:
             params = by_voice[turn.voice_id] = build_params(
@@ -308,13 +310,15 @@ def dialogue_handler(gateway: Gateway, *, stream: bool, timestamps: bool) -> Han
                             same = body.inputs[n - 1].voice_id == turn.voice_id
                             await out.pause(TURN_PAUSE_MS if same else SPEAKER_PAUSE_MS)
                         start_ms, first_char = out.audio_ms, len(out.alignment.chars)
-                        splitter = UnitSplitter("sentence", UNIT_MAX_CHARS, language)
+                        splitter = UnitSplitter(
+                            "sentence", UNIT_MAX_CHARS, None, language=language
+                        )  # breaks checked
                         for unit in splitter.feed(turn.text) + splitter.flush():
                             spoken = msgspec.structs.replace(template, text=unit.text).spoken()
-                            out.aligners = UnitAligners(unit.raw, spoken.text)
+                            out.aligners = UnitAligners(unit.raw, spoken.text, unit.pause_ms)
                             await speak_unit(
                                 gateway, spoken, spoken.text, link, out.deliver,
-                                started_at=started_at if first else None,
+                                started_at=started_at if first else None, pause_ms=unit.pause_ms,
                             )  # fmt: skip
                             first = False
                         out.end_turn(n, turn.voice_id, start_ms, first_char)

@@ -45,6 +45,7 @@ from gateway.link import ClientLink
 from gateway.requests import ActiveRequest
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
+from gateway.text.breaks import cap_ms
 
 _json = msgspec.json.Encoder()
 
@@ -138,9 +139,9 @@ class _HttpStream:
                 into.character_start_times_seconds.extend(got.character_start_times_seconds)
                 into.character_end_times_seconds.extend(got.character_end_times_seconds)
 
-    async def deliver(self, unit: ActiveRequest, chunks: list[bytes], last: bool) -> None:
-        """Encode and write one batch of the current unit's PCM."""
-        if not self.units or self.units[-1] is not unit:
+    async def deliver(self, unit: ActiveRequest | None, chunks: list[bytes], last: bool) -> None:
+        """Encode and write one batch of the current unit's PCM (or a pause's silence)."""
+        if unit is not None and (not self.units or self.units[-1] is not unit):
             self.units.append(unit)
         n = sum(map(len, chunks))
         enc = self.enc.encode
@@ -215,7 +216,9 @@ def stream_handler(gateway: Gateway, *, timestamps: bool, whole: bool = False) -
             speed=req.voice_settings.speed if req.voice_settings else None, seed=req.seed,
             text_plan=plan,
         )  # fmt: skip
-        splitter = UnitSplitter("sentence", UNIT_MAX_CHARS, language)
+        splitter = UnitSplitter(
+            "sentence", UNIT_MAX_CHARS, cap_ms(g.max_break_s), language=language
+        )
         units = splitter.feed(params.text) + splitter.flush()
         enc = make_output(params.output, params.speed)
         try:
@@ -224,12 +227,12 @@ def stream_handler(gateway: Gateway, *, timestamps: bool, whole: bool = False) -
                 try:
                     for i, unit in enumerate(units):
                         spoken = msgspec.structs.replace(params, text=unit.text).spoken()
-                        out.aligners = UnitAligners(unit.raw, spoken.text)
+                        out.aligners = UnitAligners(unit.raw, spoken.text, unit.pause_ms)
                         # TTFB of the first unit counts from the request; of the others, from
                         # the moment they could start (the end of the one before).
                         await speak_unit(
                             gateway, spoken, spoken.text, link, out.deliver,
-                            started_at=started_at if i == 0 else None,
+                            started_at=started_at if i == 0 else None, pause_ms=unit.pause_ms,
                         )  # fmt: skip
                     return await out.finish()
                 except (APIError, StreamFailed) as e:

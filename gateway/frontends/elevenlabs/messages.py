@@ -14,6 +14,7 @@ from gateway.errors import APIError
 from gateway.frontends.alignment import CharTimes
 from gateway.schemas import SpeechParams, build_params
 from gateway.service import Gateway
+from gateway.text.breaks import cap_ms
 from gateway.text.plan import TextPlan
 from orpheus_wire.text import Locator
 from shm.messages import SamplingOverrides
@@ -71,6 +72,7 @@ def params_for(
         speed=speed,
         sampling=SamplingOverrides(seed=seed),
         text_plan=text_plan,
+        max_break_ms=cap_ms(gateway.config.gateway.max_break_s),
     )
 
 

@@ -92,6 +92,7 @@ from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams, check_text
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
+from gateway.text.breaks import BreakError, cap_ms
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +103,16 @@ SINGLE_CONTEXT = "default"
 
 
 class _Context:
-    def __init__(self, cid: str, params: SpeechParams, cap: QueueCap) -> None:
+    def __init__(self, cid: str, params: SpeechParams, cap: QueueCap, max_break_ms: int) -> None:
         self.id = cid
         self.splitter = UnitSplitter(
-            "sentence", UNIT_MAX_CHARS, params.text_plan.language if params.text_plan else None
+            "sentence",
+            UNIT_MAX_CHARS,
+            max_break_ms,
+            language=params.text_plan.language if params.text_plan else None,
         )
+        """Cuts the context's text into units, at break tags too (a tag split across two
+        messages is held here until its end arrives: counted in ``_Socket._buffered``)."""
         self.lane = Lane(f"elevenlabs-context-{cid}", cap)
         self.params = params
         """The context's template: the socket's, with its own ``voice_settings.speed``."""
@@ -222,7 +228,8 @@ class _Socket:
             except APIError as e:
                 await self.error(e, cid)
                 return True
-            ctx = self.contexts[cid] = _Context(cid, params, self.cap)
+            max_break_ms = cap_ms(self.gateway.config.gateway.max_break_s)
+            ctx = self.contexts[cid] = _Context(cid, params, self.cap, max_break_ms)
         if ctx.closing:
             await self.error(
                 APIError(400, "context_closed", f"context {cid!r} is closing: no more text"), cid
@@ -233,9 +240,14 @@ class _Socket:
         if text and not self.cap.admits(self._buffered(), len(text)):
             await self.error(APIError(429, "input_queue_full", self.cap.refusal()), cid)
             return True
-        units = ctx.splitter.feed(text) if text else []
-        if msg.flush:
-            units += ctx.splitter.flush()
+        try:
+            units = ctx.splitter.feed(text) if text else []
+            if msg.flush:
+                units += ctx.splitter.flush()
+        except BreakError as e:  # a bad break tag: this message is refused from the tag on
+            e.param = "text"
+            await self.error(e, cid)
+            return True
         for unit in units:
             ctx.lane.push(self._unit_job(ctx, unit), len(unit.text))
         if msg.flush and not text.strip():
@@ -252,7 +264,12 @@ class _Socket:
             await self.cancel_context(ctx)  # a barge-in (or a second close)
             return
         ctx.closing = True
-        for unit in ctx.splitter.flush():
+        try:
+            units = ctx.splitter.flush()
+        except BreakError as e:  # a break tag that never closed
+            await self.error(e, ctx.id)
+            units = []
+        for unit in units:
             ctx.lane.push(self._unit_job(ctx, unit), len(unit.text))
 
         async def final() -> None:
@@ -300,11 +317,13 @@ class _Socket:
                 ctx.encoder = make_output(ctx.params.output, ctx.params.speed)
             enc = ctx.encoder
             params = msgspec.structs.replace(ctx.params, text=unit.text).spoken()
-            aligners = UnitAligners(unit.raw, params.text)
+            aligners = UnitAligners(unit.raw, params.text, unit.pause_ms)
 
-            async def deliver(unit: ActiveRequest, chunks: list[bytes], last: bool) -> None:
-                if not ctx.units or ctx.units[-1] is not unit:
-                    ctx.units.append(unit)
+            async def deliver(
+                active: ActiveRequest | None, chunks: list[bytes], last: bool
+            ) -> None:
+                if active is not None and (not ctx.units or ctx.units[-1] is not active):
+                    ctx.units.append(active)
                 n = sum(map(len, chunks))
                 data = b"".join(map(enc.encode, chunks))
                 times, normalized = aligners.take(pcm_ms(n), last=last)
@@ -313,13 +332,14 @@ class _Socket:
                 audio = base64.b64encode(data).decode() if data else None
                 msg = AudioMessage(audio, ctx.id, times, normalized)
                 await self.send(msg, len(data), ctx.units)
-                if data:
-                    ctx.units = [unit]  # the others have their first audio
+                if data and ctx.units:
+                    del ctx.units[:-1]  # the others have their first audio
 
             try:
                 await speak_unit(
-                    self.gateway, params, params.text, self.link, deliver, started_at=started_at
-                )
+                    self.gateway, params, params.text, self.link, deliver,
+                    started_at=started_at, pause_ms=unit.pause_ms,
+                )  # fmt: skip
             except (APIError, StreamFailed) as e:
                 ctx.failed = True
                 await self.error(api_error(e), ctx.id)

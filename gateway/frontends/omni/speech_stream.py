@@ -79,6 +79,7 @@ from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams, check_text, sampling_overrides
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
+from gateway.text.breaks import BreakError, cap_ms
 
 log = logging.getLogger(__name__)
 
@@ -174,10 +175,12 @@ class _OmniConnection:
             return False
         self.config = cfg
         self.params = params
+        g = self.gateway.config.gateway
         self.units = OmniUnits(
             cfg.split_granularity,
             UNIT_MAX_CHARS,
-            self.gateway.config.gateway.max_input_chars,
+            g.max_input_chars,
+            cap_ms(g.max_break_s),
             language,
         )
         old, self.stream_encoder = self.stream_encoder, None
@@ -287,8 +290,10 @@ class _OmniConnection:
             if not shown.streaming:
                 await self._send_start(shown)
 
-            async def deliver(active: ActiveRequest, chunks: list[bytes], last: bool) -> None:
-                if not shown.units or shown.units[-1] is not active:
+            async def deliver(
+                active: ActiveRequest | None, chunks: list[bytes], last: bool
+            ) -> None:
+                if active is not None and (not shown.units or shown.units[-1] is not active):
                     shown.units.append(active)
                 start_ms = round(pcm_ms(shown.pcm_bytes))
                 for c in chunks:
@@ -302,7 +307,7 @@ class _OmniConnection:
             try:
                 await speak_unit(
                     self.gateway, shown.params, unit.text, self.link, deliver,
-                    started_at=started_at,
+                    started_at=started_at, pause_ms=unit.pause_ms,
                 )  # fmt: skip
             except (APIError, StreamFailed) as e:
                 shown.failure = api_error(e)
@@ -310,7 +315,7 @@ class _OmniConnection:
             offset = round(pcm_ms(unit_start))
             shown.words += [
                 WordTime(w.word, w.start_ms + offset, w.end_ms + offset)
-                for w in word_times(unit.raw, pcm_ms(shown.pcm_bytes - unit_start))
+                for w in word_times(unit.raw, pcm_ms(shown.pcm_bytes - unit_start), unit.pause_ms)
             ]
 
         return job
@@ -456,9 +461,15 @@ async def _serve(
                     continue
                 if text:
                     s.utterance_open = True
-                s.queue(s.units.feed(text))
+                try:
+                    s.queue(s.units.feed(text))
+                except BreakError as e:  # a bad break tag: refused from the tag on
+                    await s.error(e.message, e.code)
             elif kind == "input.done":
-                s.input_done()
+                try:
+                    s.input_done()
+                except BreakError as e:  # a break tag that never closed
+                    await s.error(e.message, e.code)
             elif kind == "session.close":
                 # What was flushed is delivered, then the socket closes.
                 await drain_while_open(ws, s.lane)

@@ -28,6 +28,7 @@ from typing import Literal
 import msgspec
 
 from gateway.frontends.text_units import Unit, UnitSplitter
+from gateway.text.breaks import DEFAULT_MAX_MS, without_breaks
 
 Granularity = Literal["none", "sentence", "clause"]
 
@@ -93,6 +94,7 @@ class OmniUnits:
         granularity: Granularity = "none",
         max_chars: int = 280,
         max_shown_chars: int = 4096,
+        max_break_ms: int | None = DEFAULT_MAX_MS,
         language: str | None = None,
     ) -> None:
         self._granularity: Granularity = granularity
@@ -102,7 +104,8 @@ class OmniUnits:
         """Text of the open shown unit."""
         self._fed = 0
         """How much of ``_buf`` the spoken-unit splitter has had."""
-        self._spoken = UnitSplitter("sentence", max_chars, language)
+        self._spoken = UnitSplitter("sentence", max_chars, max_break_ms, language=language)
+        """Cuts the spoken units, at break tags too (and holds a tag split across messages)."""
         self._index = 0
 
     @property
@@ -161,6 +164,6 @@ class OmniUnits:
         for unit in self._spoken.feed(piece[self._fed :]) + self._spoken.flush():
             out.append(Speak(unit, self._index))
         self._fed = 0
-        if text := piece.strip():
+        if text := without_breaks(piece).strip():
             out.append(Close(self._index, text))
             self._index += 1

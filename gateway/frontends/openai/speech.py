@@ -25,6 +25,7 @@ from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams, decode_speech_request, speech_params
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
+from gateway.text.breaks import cap_ms
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,9 @@ def speech_handler(gateway: Gateway) -> Handler:
             presented_key(request),
             gateway.languages.resolve(req.language, req.voice_name),
         )
-        params = speech_params(req, gateway.voices, gateway.limits, g.max_input_chars, plan)
+        params = speech_params(
+            req, gateway.voices, gateway.limits, g.max_input_chars, plan, cap_ms(g.max_break_s)
+        )
         api = Api.OPENAI_SSE if params.stream_format == "sse" else Api.OPENAI_HTTP
         return await respond(request, gateway, params, api, started_at)
 

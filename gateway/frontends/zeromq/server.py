@@ -36,6 +36,7 @@ from gateway.requests import ActiveRequest, open_text_too_long
 from gateway.schemas import SpeechParams, build_params, check_text, sampling_overrides
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
+from gateway.text.breaks import BreakScanner, Pause, Piece, cap_ms, join_breaks
 from gateway.text.plan import HeldText
 from orpheus_wire.zeromq import (
     AppendText,
@@ -87,7 +88,10 @@ class _PeerGone(Exception):
 
 
 class _Request:
-    __slots__ = ("active", "chars", "ended", "held", "identity", "link", "pending", "rid", "task")
+    __slots__ = (
+        "active", "breaks", "chars", "ended", "held", "identity", "link", "pending", "rid",
+        "task",
+    )  # fmt: skip
 
     def __init__(self, identity: bytes, rid: int) -> None:
         self.identity = identity
@@ -99,6 +103,9 @@ class _Request:
         """Set once admitted (synchronously after admission: no await in between)."""
         self.held: HeldText | None = None
         """The open text's rewriting (dictionaries, normalisation), when it has a plan."""
+        self.breaks: BreakScanner | None = None
+        """The open text's break tags, read before ``held`` rewrites the text around them (a
+        tag split across appends is held in it: at most ``MAX_TAG_CHARS``)."""
         self.pending: list[AppendText] = []
         """Text that arrived while the request waited for admission."""
         self.chars = 0
@@ -290,15 +297,38 @@ class ZmqFrontend:
         text = msg.text
         chars = 0 if counted else len(text)
         try:
-            if req.held is not None:
+            if req.held is not None or req.breaks is not None:
                 check_text(text, None, param="text", allow_empty=True)  # a NUL, before holding
                 if req.active.text_chars + chars <= self._gateway.config.gateway.max_input_chars:
-                    text = req.held.feed(text) + (req.held.flush() if msg.final else "")
+                    text = self._open_text(req, text, msg.final)
                 else:
                     text = ""  # refused below: nothing more is held
             req.active.append_text(text, final=msg.final, chars=chars)
-        except APIError as e:
+        except APIError as e:  # a bad break tag included (BreakError)
             self._fail_admitted(req, StreamError(e.code, e.message, e.status))
+
+    @staticmethod
+    def _open_text(req: _Request, text: str, final: bool) -> str:
+        """A piece of open text as the request takes it: its break tags read (and checked)
+        first, the words around them rewritten by the plan (``held``), the tags written back
+        whole (``gateway.pauses`` cuts the runs at them)."""
+        held = req.held
+        if req.breaks is None:
+            return held.feed(text) + (held.flush() if final else "") if held else text
+        pieces = req.breaks.feed(text)
+        if final:
+            pieces += req.breaks.flush()
+        out: list[Piece] = []
+        for p in pieces:
+            if isinstance(p, Pause):
+                if held is not None:
+                    out.append(held.flush())  # the words before a tag are complete
+                out.append(p)
+            else:
+                out.append(held.feed(p) if held is not None else p)
+        if final and held is not None:
+            out.append(held.flush())
+        return join_breaks(out)
 
     async def _params(self, msg: Speak) -> SpeechParams:
         self._keys.check(msg.api_key, ZMQ_KEY_HINT)
@@ -322,6 +352,7 @@ class ZmqFrontend:
             sampling=sampling_overrides(msg),
             text_open=msg.text_open,
             text_plan=plan,
+            max_break_ms=cap_ms(self._gateway.config.gateway.max_break_s),
         )
 
     async def _send_bounded(self, identity: bytes, msg: ServerMessage) -> None:
@@ -354,10 +385,12 @@ class ZmqFrontend:
         encoder: AudioEncoder | None = None
         try:
             params = await self._params(msg)
-            if msg.text_open and params.text_plan is not None:
-                req.held = HeldText(params.text_plan)
-                held = req.held.feed(params.text)
-                params = msgspec.structs.replace(params, text=held, text_plan=None)
+            if msg.text_open:
+                req.breaks = BreakScanner(cap_ms(self._gateway.config.gateway.max_break_s))
+                if params.text_plan is not None:
+                    req.held = HeldText(params.text_plan)
+                text = self._open_text(req, params.text, final=False)
+                params = msgspec.structs.replace(params, text=text, text_plan=None)
             else:
                 params = params.spoken()
             encoder = make_output(params.output, params.speed)
