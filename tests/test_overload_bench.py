@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from bench.load.summary import LevelRun, Slo
 from bench.load.trace import Outcome, StreamTrace, stream_metrics
@@ -250,6 +251,45 @@ def test_the_server_gets_the_shared_settings_then_the_keys_then_the_arms() -> No
     assert argv[argv.index("--port") + 1] == "8123" and "--codec-model" not in argv
 
 
+def test_the_report_prints_each_arm_and_plots_the_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench.environment import machine, versions
+    from bench.overload.plot import plot_report
+    from bench.overload.report import ArmResult, OverloadReport, Phase, Timeline, print_report
+    from bench.overload.timeline import LeadSample
+
+    def arm(name: str, capacity: float | None) -> ArmResult:
+        levels = [level(1, 1.0, 1.5), level(2, 0.98, 2.5), level(16, 0.5, 0.5, refusal_p99=0.1)]
+        gauges = {"orpheus_gateway_active_streams": [[0.0, 0.0], [1.0, 2.0], [2.0, 16.0]]}
+        if capacity is not None:
+            gauges["orpheus_gateway_capacity"] = [[0.0, capacity], [2.0, capacity]]
+        lead = [LeadSample(t=t, streams=1, p50_s=0.5, min_s=-0.2) for t in (0.5, 1.0, 5.0)]
+        return ArmResult(
+            name=name, overrides=[f"gateway.admission={name}"], argv=[], log="x",
+            ready_after_s=1.0, warmup_level=None, levels=levels, verdict=verdict(levels),
+            fairness=[level(16, 0.2, 0.3), level(1, 1.0, 1.0)],
+            timeline=Timeline(
+                interval_s=0.5, gauges=gauges, scrape_errors=0, lead=lead,
+                phases=[Phase(label="c=1", clients=1, start=0.0, end=2.0)],
+            ),
+        )  # fmt: skip
+
+    report = OverloadReport(
+        created="now", machine=machine(), versions=versions(), config={}, corpus={}, slo=SLO,
+        model="tiny", device="cpu", scenario="both",
+        arms=[arm("fixed", 256.0), arm("learned", 3.0)],
+    )  # fmt: skip
+    print_report(Console(width=250), report)
+    printed = capsys.readouterr().out
+    for text in ("arm fixed: gateway.admission=fixed", "share real-time", "refusal ms p50/p99",
+                 "arm learned at c=16", "not held", "arm learned, fairness: key B"):  # fmt: skip
+        assert text in printed, text
+    png = tmp_path / "overload.png"
+    plot_report(report, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # --- one short run against real servers ----------------------------------------------------
 
 
@@ -266,8 +306,8 @@ def test_overload_runs_two_arms_against_real_servers(tiny_model: Path, tmp_path:
         "--model", str(tiny_model), "--device", "cpu", "--scenario", "both",
         "--arm", "defaults", "--arm", "one",
         "--arm-set", "one:gateway.max_active_streams=1", "--arm-set", "one:gateway.queue_timeout_s=0.2",
-        "--concurrency", "2", "--duration", "4", "--warmup", "0", "--drain-timeout", "60",
-        "--warmup-level", "0", "--flood-clients", "2", "--fixed-tokens", "70",
+        "--concurrency", "2", "--duration", "8", "--warmup", "0", "--drain-timeout", "60",
+        "--warmup-level", "0", "--flood-clients", "2", "--fixed-tokens", "28",
         "--ready-timeout", os.environ.get("LOADGEN_TEST_READY_S", "420"),
         "--log-dir", str(tmp_path / "logs"), "--json", str(out), "--plot", str(png),
         "--no-progress",

@@ -52,9 +52,9 @@ from bench.overload.report import (
     Phase,
     Scenario,
     Timeline,
+    arm_lines,
     arm_table,
     print_report,
-    verdict_line,
 )
 from bench.overload.timeline import MetricsScraper, lead_series, ticks
 from bench.report import now_iso, write_json
@@ -316,6 +316,7 @@ class ArmRunner:
         end = time.perf_counter()
         traces = [t for run in self.runs for t in run.traces]
         timeline = Timeline(
+            interval_s=args.scrape_interval,
             gauges=scraper.series(self.t0),
             scrape_errors=scraper.errors,
             lead=[
@@ -375,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             result = run_arm(arm, args, corpus, console, progress)
             results.append(result)
             console.print(arm_table(result))
-            if (line := verdict_line(result)) is not None:
+            for line in arm_lines(result):
                 console.print(line)
     except (ServerFailed, NotReady) as exc:
         print(f"orpheus-serve bench overload: {exc}", file=sys.stderr)

@@ -4,6 +4,7 @@ real-time against clients, the arms side by side."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,8 @@ def _phases(ax: Any, arm: ArmResult) -> None:
     for i, ph in enumerate(arm.timeline.phases):
         ax.axvspan(ph.start, ph.end, color="grey", alpha=0.08 if i % 2 else 0.16, lw=0)
         ax.annotate(
-            ph.label, ((ph.start + ph.end) / 2, 0.99), xycoords=("data", "axes fraction"),
-            ha="center", va="top", fontsize=7, color="dimgrey",
+            ph.label, ((ph.start + ph.end) / 2, 1.005), xycoords=("data", "axes fraction"),
+            ha="center", va="bottom", fontsize=7, color="dimgrey",
         )  # fmt: skip
 
 
@@ -48,7 +49,8 @@ def _streams_panel(ax: Any, arm: ArmResult) -> None:
         else:
             label = "limit (orpheus_gateway_capacity)"
         ax.plot(xs, ys, "C3-", lw=1.6, label=label)
-    ax.set(xlabel="time (s)", ylabel="streams", title=f"{arm.name}: limit and streams")
+    ax.set(xlabel="time (s)", ylabel="streams")
+    ax.set_title(f"{arm.name}: limit and streams", pad=14)
     ax.set_ylim(bottom=0)
     if SATURATION in g:
         ax2 = ax.twinx()
@@ -60,20 +62,23 @@ def _streams_panel(ax: Any, arm: ArmResult) -> None:
 
 
 def _lead_panel(ax: Any, arm: ArmResult, jitter_buffer_s: float) -> None:
-    lead = arm.timeline.lead
-    if lead:
-        ts = [s.t for s in lead]
-        ax.plot(ts, [s.p50_s for s in lead], "C0-", lw=1.2, label="median stream")
-        ax.plot(ts, [s.min_s for s in lead], "C3-", lw=1, label="least-ahead stream")
+    points: list[tuple[float, float, float]] = []
+    for s in arm.timeline.lead:
+        if points and s.t - points[-1][0] > 2 * arm.timeline.interval_s:
+            points.append((math.nan, math.nan, math.nan))  # nothing played: no line across
+        points.append((s.t, s.p50_s, s.min_s))
+    if points:
+        ts, p50, least = zip(*points, strict=True)
+        ax.plot(ts, p50, "C0-", lw=1.2, label="median stream")
+        ax.plot(ts, least, "C3-", lw=1, label="least-ahead stream")
     ax.axhline(0, color="red", lw=1, alpha=0.6)
     ax.annotate(
         "underrun below", (0.01, 0), xycoords=("axes fraction", "data"), color="red",
         fontsize=7, va="top",
     )  # fmt: skip
-    ax.set(
-        xlabel="time (s)",
-        ylabel="audio held by the player (s)",
-        title=f"{arm.name}: streams' lead ({jitter_buffer_s * 1000:.0f} ms jitter buffer)",
+    ax.set(xlabel="time (s)", ylabel="audio held by the player (s)")
+    ax.set_title(
+        f"{arm.name}: streams' lead ({jitter_buffer_s * 1000:.0f} ms jitter buffer)", pad=14
     )
     ax.set_yscale("symlog", linthresh=1.0)
     ax.legend(loc="upper left", fontsize=7)

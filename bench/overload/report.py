@@ -30,6 +30,8 @@ class Phase(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Timeline(msgspec.Struct, frozen=True, kw_only=True):
+    interval_s: float
+    """How often the gauges were scraped and the lead sampled."""
     gauges: dict[str, list[list[float]]]
     """Per scraped gauge (bench.overload.timeline.GAUGES), ``[t, value]`` pairs."""
     scrape_errors: int
@@ -126,11 +128,29 @@ def verdict_line(arm: ArmResult) -> str | None:
     )
 
 
+def fairness_line(arm: ArmResult) -> str | None:
+    """The flooding key against the single one: the single key's streams should stay
+    real-time."""
+    if len(arm.fairness) != 2:
+        return None
+    flood, single = arm.fairness
+    return (
+        f"arm {arm.name}, fairness: key B ({single.concurrency} client) "
+        f"{_pct(single.share_realtime)} real-time, TTFB p50/p99 {_ms(single.ttfb_s, 'p50', 'p99')}"
+        f" ms, {single.refused} refused; key A ({flood.concurrency} clients) "
+        f"{_pct(flood.share_realtime)} real-time, {flood.refused} refused"
+    )
+
+
+def arm_lines(arm: ArmResult) -> list[str]:
+    """The verdict and fairness lines under an arm's table."""
+    return [line for line in (verdict_line(arm), fairness_line(arm)) if line is not None]
+
+
 def print_report(console: Console, report: OverloadReport) -> None:
     for arm in report.arms:
         console.print(arm_table(arm))
-        line = verdict_line(arm)
-        if line is not None:
+        for line in arm_lines(arm):
             console.print(line)
         if arm.timeline.scrape_errors:
             console.print(f"arm {arm.name}: {arm.timeline.scrape_errors} failed /metrics scrapes")
