@@ -18,6 +18,8 @@ and versions of ``environment.py``), one way to draw a table. Needs the ``bench`
   synthetic backend, what ``gateway``, ``jobs`` and ``protocols`` measure;
 - ``load/``: the end-to-end load generator, capacity search, soak and the side-by-side
   comparison with the reference approach (``load/baseline/``);
+- ``overload/``: closed-loop levels past capacity against two admission modes, and the
+  fairness between two API keys (issue 43), on ``load/``'s clients and statistics;
 - ``doubles/``: the tiny random-weight Orpheus model and SNAC writer, a synthetic llm+codec
   backend for the gateway, the reference streaming decoder, a local server starter, an
   HTTP streaming client, reference clips (WAV) for custom voices.

@@ -23,6 +23,7 @@ BENCHES = {
     "load": "bench.load.cli",
     "compare": "bench.load.compare",
     "soak": "bench.load.soak",
+    "overload": "bench.overload.cli",
     "voices": "bench.voices",
     "jobs": "bench.jobs",
     "textnorm": "bench.textnorm",

@@ -14,7 +14,7 @@ from bench.load.clients import HttpSpeechClient, SpeechClient, ZmqSpeechClient
 from bench.load.progress import LevelProgress
 from bench.load.runner import LevelPlan, run_closed, run_open
 from bench.load.search import CapacitySearch, SearchResult
-from bench.load.summary import LevelResult, Slo, summarize
+from bench.load.summary import LevelResult, LevelRun, Slo, summarize
 from bench.load.texts import Corpus
 
 
@@ -64,6 +64,26 @@ async def check_ready(url: str, timeout_s: float = 5.0) -> None:
         raise NotReady(f"no server ready at {url}: {exc}") from exc
 
 
+async def offer_level(
+    client: SpeechClient,
+    spec: LevelSpec,
+    plan: LevelPlan,
+    corpus: Corpus,
+    console: Console | None,
+) -> LevelRun:
+    """One level, with a live progress line on ``console``: its raw traces, unsummarized
+    (``bench overload`` reads them its own way)."""
+    progress = LevelProgress(console, spec.label, plan.max_requests) if console else None
+    on_issue = progress.on_issue if progress is not None else None
+    on_done = progress.on_done if progress is not None else None
+    with progress if progress is not None else contextlib.nullcontext():
+        if spec.mode == "closed":
+            return await run_closed(
+                client, int(spec.value), plan, corpus, on_issue=on_issue, on_done=on_done
+            )
+        return await run_open(client, spec.value, plan, corpus, on_issue=on_issue, on_done=on_done)
+
+
 async def run_level(
     client: SpeechClient,
     spec: LevelSpec,
@@ -72,19 +92,7 @@ async def run_level(
     slo: Slo,
     console: Console | None,
 ) -> LevelResult:
-    progress = LevelProgress(console, spec.label, plan.max_requests) if console else None
-    on_issue = progress.on_issue if progress is not None else None
-    on_done = progress.on_done if progress is not None else None
-    with progress if progress is not None else contextlib.nullcontext():
-        if spec.mode == "closed":
-            run = await run_closed(
-                client, int(spec.value), plan, corpus, on_issue=on_issue, on_done=on_done
-            )
-        else:
-            run = await run_open(
-                client, spec.value, plan, corpus, on_issue=on_issue, on_done=on_done
-            )
-    result = summarize(run, slo)
+    result = summarize(await offer_level(client, spec, plan, corpus, console), slo)
     if console is not None:
         console.print(
             f"{spec.label}: {result.ok}/{result.requests} ok, p99 TTFB "
