@@ -125,7 +125,7 @@ def start_server(
     ``admission``: ``gateway.admission``. These tests start several streams at once on a
     two-core CPU that holds about two in real time, and check what happens to each of them
     (placement, faults, cleanup), so they admit by a fixed count unless asked; learned
-    admission against the real engine is tested in tests/test_e2e_admission.py."""
+    admission against the real engine is tested in tests/test_overload_bench.py."""
     port = free_port()
     zmq_endpoint = f"tcp://127.0.0.1:{free_port()}" if zmq else ""
     codec = str(model / "snac") if codec_model else None

@@ -244,6 +244,7 @@ def _device_packages() -> set[str]:
 
 IMPORT_TO_DIST = {
     "zmq": "pyzmq",
+    "indic_numtowords": "indic-numtowords",
     "pynvml": "nvidia-ml-py",
     "yaml": "pyyaml",
     "PIL": "pillow",

@@ -293,21 +293,31 @@ def test_the_report_prints_each_arm_and_plots_the_limit(
 # --- one short run against real servers ----------------------------------------------------
 
 
+CLIENTS = 6
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_overload_runs_two_arms_against_real_servers(tiny_model: Path, tmp_path: Path) -> None:
-    """Two arms (the server's defaults; one stream at most, a short queue) each with one
-    short level and the fairness scenario: the whole path, refusals included, end to end."""
+    """The default arms (fixed and learned admission) each with one short level of six
+    clients, more than the two-core machine plays in real time, and the fairness scenario:
+    the whole path, refusals included, end to end.
+
+    The learned arm's node learns a limit below the load (``orpheus_gateway_capacity``),
+    answers every request with audio or a 429 (never a 5xx), refuses within the TTFB budget
+    (not after ``gateway.queue_timeout_s``), and never holds more streams than the highest
+    limit it has had (a falling limit cuts nobody). Whether its streams play in real time
+    depends on what else the machine runs: that is the bench's to measure on a quiet machine
+    and tests/test_gateway_capacity.py's to check against a node of known capacity."""
     from bench.overload.cli import main
 
     out, png = tmp_path / "overload.json", tmp_path / "overload.png"
     argv = [
         "--model", str(tiny_model), "--device", "cpu", "--scenario", "both",
-        "--arm", "defaults", "--arm", "one",
-        "--arm-set", "one:gateway.max_active_streams=1", "--arm-set", "one:gateway.queue_timeout_s=0.2",
-        "--concurrency", "2", "--duration", "8", "--warmup", "0", "--drain-timeout", "60",
-        "--warmup-level", "0", "--flood-clients", "2", "--fixed-tokens", "28",
+        "--concurrency", str(CLIENTS), "--duration", "12", "--warmup", "0",
+        "--drain-timeout", "60", "--warmup-level", "0", "--flood-clients", "3",
+        "--fixed-tokens", "168",
         "--ready-timeout", os.environ.get("LOADGEN_TEST_READY_S", "420"),
         "--log-dir", str(tmp_path / "logs"), "--json", str(out), "--plot", str(png),
         "--no-progress",
@@ -316,23 +326,35 @@ def test_overload_runs_two_arms_against_real_servers(tiny_model: Path, tmp_path:
     report = json.loads(out.read_text())
     assert report["schema"] == "orpheus-serve/bench-overload/1"
     assert [(a["name"], a["overrides"]) for a in report["arms"]] == [
-        ("defaults", []),
-        ("one", ["gateway.max_active_streams=1", "gateway.queue_timeout_s=0.2"]),
+        ("fixed", ["gateway.admission=fixed"]),
+        ("learned", ["gateway.admission=learned"]),
     ]
     for arm in report["arms"]:
         (lv,) = arm["levels"]
-        assert lv["label"] == "c=2" and lv["requests"] > 0
+        assert lv["label"] == f"c={CLIENTS}" and lv["requests"] > 0
         assert lv["answered"] + lv["refused"] + lv["failed"] == lv["requests"]
-        assert lv["answered"] >= 1, lv
+        assert lv["answered"] >= 1 and lv["failed"] == 0, lv
         assert [f["key"] for f in arm["fairness"]] == ["bench-key-flood", "bench-key-single"]
         assert all(f["requests"] > 0 for f in arm["fairness"])
         gauges = arm["timeline"]["gauges"]
-        assert {"orpheus_gateway_active_streams", "orpheus_gateway_saturation"} <= set(gauges)
+        assert {"orpheus_gateway_active_streams", "orpheus_gateway_capacity"} <= set(gauges)
         assert max(v for _, v in gauges["orpheus_gateway_active_streams"]) >= 1
-        assert [p["label"] for p in arm["timeline"]["phases"]] == ["c=2", "fairness 2+1"]
+        assert [p["label"] for p in arm["timeline"]["phases"]] == [
+            f"c={CLIENTS}",
+            "fairness 3+1",
+        ]
         assert arm["timeline"]["lead"]
-    one = report["arms"][1]
-    # one stream at most and a 0.2 s queue: two clients of multi-second streams are refused
-    assert one["levels"][0]["refused"] >= 1 and one["levels"][0]["refusal_s"]["n"] >= 1
-    assert max(v for _, v in one["timeline"]["gauges"]["orpheus_gateway_active_streams"]) == 1
+    fixed, learned = report["arms"]
+    assert fixed["levels"][0]["refused"] == 0  # 64 slots on the CPU profile: all admitted
+    lv = learned["levels"][0]
+    assert lv["refused"] >= 1 and lv["refusals"].keys() <= {"429"}, lv
+    assert lv["refusal_s"]["p99"] < 2.0, lv["refusal_s"]  # the TTFB budget, not 10 s
+    gauges = learned["timeline"]["gauges"]
+    capacity = [v for _, v in gauges["orpheus_gateway_capacity"]]
+    assert 1 <= capacity[-1] < CLIENTS, capacity
+    highest = 0.0
+    active = dict(gauges["orpheus_gateway_active_streams"])
+    for t, limit in gauges["orpheus_gateway_capacity"]:
+        highest = max(highest, limit)
+        assert active.get(t, 0) <= highest, (t, active.get(t), highest)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -16,7 +16,9 @@
 #                                             won): a warm-up level, then the levels the sweeps
 #                                             predict; CONFIRM_HOP2=1: again with first_hop_frames=2
 #   7     -             engines audio-head 2 off  optional: K = 2 without MPS (N = 256, 384)
-#   8     -             soak                  optional, only with device time left: bench soak on
+#   8     -             overload              optional: learned admission (no hand-set limit) at twice
+#                                             the predicted real-time load
+#   9     -             soak                  optional, only with device time left: bench soak on
 #                                             the best configuration (SOAK_S, capped by the call)
 #   later               capacity VARIANT (search + profile), baseline, compare-both, penalties,
 #                       engine kv-fp8,top-p-off 256,384
@@ -578,6 +580,28 @@ stage_confirm() {
   [[ -s $OUT/h100_confirm_$variant.json ]]
 }
 
+# Learned admission at twice the load it holds (optional): the server with the confirmation's
+# engines and MPS and no hand-set stream limit (gateway.admission=learned), a warm-up level at
+# the predicted real-time capacity, then bench load at twice it: how many streams it admits,
+# the share of them real-time, how the rest are answered (429s and their latency).
+stage_overload() {
+  local k mps pub rt
+  read -r k mps <<<"$(confirm_engines)"
+  read -r pub rt <<<"$(confirm_levels "$k" "$mps")"
+  [[ -n $rt ]] || { log "no real-time level to double"; return 1; }
+  if [[ $mps == on ]] && ! mps_start; then mps=off; fi
+  log "overload: learned admission, llm.engines=$k, MPS $mps, c=$((2 * rt)) after c=$rt"
+  ADMISSION=learned ENGINES=$k stage_serve bf16 || return 1
+  start_samplers overload
+  run_for 600 20 "${OS[@]}" bench load --url "$URL" --fixed-tokens "$TOKENS" --no-progress \
+    --concurrency "$((2 * rt))" --warmup-level "$rt" \
+    --warmup-level-duration "${WARMUP_LEVEL_S:-10}" --duration "$LEVEL_S" --drain-timeout 30 \
+    --json "$OUT/h100_overload.json" --plot "$OUT/h100_overload.png" \
+    2>&1 | tee "$WORK/overload.log" | tail -14
+  stop_samplers overload >/dev/null
+  [[ -s $OUT/h100_overload.json ]]
+}
+
 # The soak on the best configuration (optional, last): the server with the confirmation's
 # engines and MPS, then bench soak for SOAK_S seconds (1200), cut to what the call has left.
 stage_soak() {
@@ -707,7 +731,12 @@ case $cmd in
     stage_stop
     mps_stop
     finish call_confirm ;;
-  soak)    # call 8 (optional): bench soak on the best configuration, as long as the call allows
+  overload) # call 8 (optional): learned admission at twice the predicted real-time load
+    stage_overload
+    stage_stop
+    mps_stop
+    finish call_overload ;;
+  soak)    # call 9 (optional): bench soak on the best configuration, as long as the call allows
     stage_soak
     stage_stop
     mps_stop
