@@ -95,8 +95,12 @@ test: install checkov install-vllm025
 
 # The inner loop: every test that starts no vLLM engine (tests marked `engine` are
 # deselected; one that starts an engine unmarked fails there: tests/conftest.py), in minutes.
+# Two pytest-xdist workers where it is installed: these tests mostly wait (subprocesses,
+# sockets, timeouts), and two workers took 208 s where one took 327 (docs/performance.md).
+CHECK_JOBS = $(shell $(BIN)/python -c "import xdist" 2>/dev/null && echo "-n 2")
+
 check: install
-	TESTS_NO_ENGINE=1 $(BIN)/python -m pytest $(PYTEST_OPTS) -m "not engine"
+	TESTS_NO_ENGINE=1 $(BIN)/python -m pytest $(PYTEST_OPTS) $(CHECK_JOBS) -m "not engine"
 
 test-vllm025: install-vllm025
 	$(VENV025)/bin/python -m pytest $(PYTEST_OPTS) $(VLLM025_TESTS)
