@@ -29,7 +29,7 @@ VLLM025_TESTS := tests/test_llm_sampling_runner.py tests/test_llm_sampling_plan.
 # instead (tests/test_vllm_source_compat.py). Without network those cases skip with the reason.
 VLLM033_SRC ?= $(HOME)/.cache/orpheus-serve/vllm-0.33.0-src
 
-.PHONY: install install-vllm025 checkov demo test test-vllm025 lint rehearse bench-codec bench-penalties bench-gateway clean
+.PHONY: install install-vllm025 checkov demo test check test-vllm025 lint rehearse bench-codec bench-penalties bench-gateway clean
 
 install: $(STAMP)
 
@@ -84,14 +84,26 @@ $(CHECKOV_STAMP): Makefile
 demo: $(RUN_STAMP)
 	@$(BIN)/python -m orpheus_serve.demo
 
+# Every pytest line prints its 25 slowest tests, so the suite's growth is seen when it happens.
+PYTEST_OPTS := -q -ra --durations=25
+
 test: install checkov install-vllm025
 	-scripts/vllm033/fetch_source.sh $(VLLM033_SRC)
-	VLLM033_SOURCE_DIR=$(VLLM033_SRC) $(BIN)/python -m pytest -q -ra
+	VLLM033_SOURCE_DIR=$(VLLM033_SRC) $(BIN)/python -m pytest $(PYTEST_OPTS)
 	@echo "== the engine-facing tests again, on vLLM 0.25.1 (the GPU machine's version)"
-	$(VENV025)/bin/python -m pytest -q -ra $(VLLM025_TESTS)
+	$(VENV025)/bin/python -m pytest $(PYTEST_OPTS) $(VLLM025_TESTS)
+
+# The inner loop: every test that starts no vLLM engine (tests marked `engine` are
+# deselected; one that starts an engine unmarked fails there: tests/conftest.py), in minutes.
+# Two pytest-xdist workers where it is installed: these tests mostly wait (subprocesses,
+# sockets, timeouts), and two workers took 208 s where one took 327 (docs/performance.md).
+CHECK_JOBS = $(shell $(BIN)/python -c "import xdist" 2>/dev/null && echo "-n 2")
+
+check: install
+	TESTS_NO_ENGINE=1 $(BIN)/python -m pytest $(PYTEST_OPTS) $(CHECK_JOBS) -m "not engine"
 
 test-vllm025: install-vllm025
-	$(VENV025)/bin/python -m pytest -q -ra $(VLLM025_TESTS)
+	$(VENV025)/bin/python -m pytest $(PYTEST_OPTS) $(VLLM025_TESTS)
 
 # Everything of the H100 run that a CPU can do (docs/gpu.md): run before spending device time.
 rehearse: install

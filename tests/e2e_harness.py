@@ -9,8 +9,11 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import IO
+
+import pytest
 
 from bench.doubles.local_server import free_port, wait_ready
 from bench.load.servers import ORPHEUS_SERVE, orpheus_serve_argv
@@ -21,6 +24,30 @@ from shm.ring import SHM_DIR
 EXE = ORPHEUS_SERVE
 BYTES_PER_FRAME = SAMPLES_PER_FRAME * 2
 START_TIMEOUT_S = 600.0  # vLLM's CPU start-up on a busy 2-core machine
+
+NO_ENGINE_ENV = "TESTS_NO_ENGINE"
+"""Set by `make check`: a test that starts an engine there fails, saying to mark it."""
+ENGINE_STARTS: Counter[tuple[str, str]] = Counter()
+"""Engine start-ups of this test run by (test module, what started): each costs 35 s to
+3 min on a CPU, so the run's summary prints them (tests/conftest.py)."""
+
+
+def note_engine_start(what: str) -> None:
+    """Count one vLLM engine start-up (a server, a worker restart, an offline engine)."""
+    if os.environ.get(NO_ENGINE_ENV):
+        pytest.fail(f"this test starts an engine ({what}): mark it `engine` (tests/conftest.py)")
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").split("::")[0]
+    ENGINE_STARTS[(test, what)] += 1
+
+
+def engine_starts_summary() -> str:
+    """One line per test module: the engine start-ups it made, and the run's total."""
+    by_module: dict[str, list[str]] = {}
+    for (test, what), n in sorted(ENGINE_STARTS.items()):
+        by_module.setdefault(test, []).append(f"{n} {what}")
+    lines = [f"engine start-ups: {sum(ENGINE_STARTS.values())}"]
+    lines += [f"  {test}: {', '.join(parts)}" for test, parts in by_module.items()]
+    return "\n".join(lines)
 
 
 class Server:
@@ -132,6 +159,7 @@ def start_server(
     zmq_set = ["--set", f"gateway.zmq_endpoint={zmq_endpoint}"] if zmq else []
     admission_set = ["--set", f"gateway.admission={admission}"]
     cmd = orpheus_serve_argv(str(model), codec, "cpu", port, [*admission_set, *extra, *zmq_set])
+    note_engine_start("server")
     proc = subprocess.Popen(cmd, stdout=log, stderr=log)
     srv = Server(proc, f"http://127.0.0.1:{port}", zmq_endpoint)
     try:

@@ -3,6 +3,7 @@ the real CPU engine offline (no worker process, no event loop)."""
 
 from __future__ import annotations
 
+from e2e_harness import note_engine_start
 from vllm import LLM
 from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -17,4 +18,5 @@ _SHARED = (
 def sync_llm(args: AsyncEngineArgs, *extra: str) -> LLM:
     """An offline engine built from ``args`` (``llm_worker.engine.engine_args``): the shared
     fields plus ``extra`` (the feature under test), with a fixed engine seed."""
+    note_engine_start("offline engine")
     return LLM(**{k: getattr(args, k) for k in (*_SHARED, *extra)}, seed=0)

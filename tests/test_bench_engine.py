@@ -209,6 +209,7 @@ async def test_output_loop_hook_signals_before_each_fetch() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.engine
 @pytest.mark.timeout(1500)
 def test_bench_engine_runs_one_and_two_engines_on_the_tiny_model(tmp_path: Path) -> None:
     """K = 1 and K = 2 at the same total N, with the phase timers on: the per-phase host

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_harness import Server, start_server, stop_server, wait_no_instance_pids
+from e2e_harness import Server, note_engine_start, start_server, stop_server, wait_no_instance_pids
 from test_e2e_faults import Outcome, _stream, log_on_failure
 from test_e2e_server import _BARGE_IN_TRIES, _LLM_OUTCOMES, _elevenlabs_barge_in
 
@@ -44,6 +44,7 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             "--set", "drain_timeout_s=60",
             log=log,
         )  # fmt: skip
+    note_engine_start("the server's second engine")
     srv.log_path = log_path
     yield srv
     assert stop_server(srv) == 0
@@ -166,6 +167,7 @@ async def _kill_one_engine(server: Server) -> None:
     assert set(ready_during) == {200}, f"/ready while engine 1 was down: {ready_during}"
 
     # Engine 1 comes back by itself; the node is whole again.
+    note_engine_start("llm worker restart")
     deadline = killed_at + WHOLE_AGAIN_S
     while True:
         status, body = ready_state(server.url)

@@ -1,7 +1,8 @@
 """End to end on the real engine: `orpheus-serve serve` with vLLM on CPU (tiny model) and SNAC's
 real architecture (random weights). No mock anywhere on the path.
 
-One server is shared by the module (vLLM's CPU start-up dominates the cost).
+One server is shared by this module and others (vLLM's CPU start-up dominates the cost):
+``default_server`` (tests/conftest.py), which every test here leaves as it found it.
 """
 
 from __future__ import annotations
@@ -13,24 +14,19 @@ import os
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import aiohttp
 import pytest
-from e2e_harness import BYTES_PER_FRAME, Server, child_pid, start_server, stop_server
+from e2e_harness import BYTES_PER_FRAME, Server, child_pid
 
 from common.cpu_plan import cpu_plan
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model: Path) -> Iterator[Server]:
-    srv = start_server(tiny_model, zmq=True)
-    yield srv
-    assert stop_server(srv) == 0, "SIGTERM stops the server cleanly"
-    assert srv.segments_left() == [], "shared-memory segments left behind"
+@pytest.fixture
+def server(default_server: Server) -> Server:
+    return default_server
 
 
 def test_the_processes_keep_to_their_cores(server: Server) -> None:

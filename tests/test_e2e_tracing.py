@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import time
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from e2e_harness import Server, child_pid, start_server, stop_server
+from e2e_harness import Server, child_pid
 
 from bench.doubles.otlp_receiver import OtlpReceiver, ReceivedSpan
 
@@ -65,25 +63,15 @@ def draw(spans: dict[str, ReceivedSpan]) -> str:
     return "\n".join(lines)
 
 
-@pytest.fixture(scope="module")
-def receiver() -> Iterator[OtlpReceiver]:
-    with OtlpReceiver() as r:
-        yield r
+@pytest.fixture
+def receiver(otlp_receiver: OtlpReceiver) -> OtlpReceiver:
+    return otlp_receiver
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model: Path, receiver: OtlpReceiver) -> Iterator[Server]:
-    mp = pytest.MonkeyPatch()
-    mp.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)  # the workers inherit it
-    mp.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
-    mp.delenv("OTEL_SDK_DISABLED", raising=False)
-    try:
-        srv = start_server(tiny_model)
-    finally:
-        mp.undo()
-    yield srv
-    assert stop_server(srv) == 0, "SIGTERM stops the server cleanly"
-    assert srv.segments_left() == [], "shared-memory segments left behind"
+@pytest.fixture
+def server(default_server: Server) -> Server:
+    """The shared server (tests/conftest.py), which exports its spans to ``receiver``."""
+    return default_server
 
 
 def test_one_requests_trace_crosses_the_three_processes(

@@ -19,7 +19,7 @@ from bench.doubles.tiny_model import write_tiny_model
 from common.llm_config import LLMConfig
 from llm_worker.engine import engine_args
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 MODEL_LEN = 128
 PROMPT = 60  # two prompts fill a step's budget; a third would be split with chunked prefill

@@ -17,7 +17,7 @@ from common.llm_config import LLMConfig, LoraVoice
 from llm_worker.engine import engine_args
 from llm_worker.vllm_ext import tokens as T
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from llm_worker.vllm_ext.sampling import (
 )
 from llm_worker.vllm_ext.token_space import HeadKind, TokenSpace
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 STREAMS = 4
 TOKENS = 5 * 7

@@ -26,7 +26,7 @@ from llm_worker.vllm_ext.sampling import (
 from llm_worker.vllm_ext.sampling.runner import v2_processors_supported
 from shm.records import CODEBOOK_SIZE, FRAME_CODES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 STREAMS = 8
 BLOCK = 32

@@ -21,6 +21,7 @@ import numpy as np
 import psutil
 import pytest
 import zmq
+from e2e_harness import note_engine_start
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -44,7 +45,7 @@ from shm.records import RecordKind, StreamEnd, StreamError, end_decoder, error_d
 from shm.ring import RingReader, create_ring
 from shm.segments import destroy_instance
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
 
 READY_TIMEOUT_S = 600
 STREAM_TIMEOUT_S = 120
@@ -156,6 +157,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     env["ORPHEUS_PROFILE_DIR"] = str(profile_dir)
     env["ORPHEUS_PROFILE_SECONDS"] = "1"
     env[SPEC_ENV] = msgspec.json.encode(ChildSpec(config, layout, os.getpid())).decode()
+    note_engine_start("llm worker")
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.child", "llm"], env=env)
     ctl = zctx.socket(zmq.PUSH)
     ctl.connect(layout.engine_control(0))
