@@ -12,8 +12,8 @@ Waiting (learned): a request waits only as long as a real-time client can use
 not start within it (more requests ahead than the node finishes in that time) is refused at
 once, with Retry-After. Per key: ``gateway.max_streams_per_key`` (and per-key overrides) caps
 a key's streams (429 ``too_many_concurrent_requests`` at once: the key queues on its side);
-when the node is full, its waiting requests are served across keys in turn, so a flooding key
-delays another key's request by at most one turn.
+when the node is full, a freed slot goes to the waiting request of the key that holds the
+fewest streams, so a key that floods is served after every key that holds less than it.
 
 A request either gets a slot at once, waits in the queue (at most ``max_queued`` waiters,
 each for at most ``queue_timeout_s``), or is refused with 429 and Retry-After. While the
@@ -122,8 +122,6 @@ class Admission:
         """Streams this process holds per API key (keys with none are not kept)."""
         self._queues: dict[str, deque[_Waiter]] = {}
         """This process's queued requests, per key, in arrival order."""
-        self._turns: deque[str] = deque()
-        """Keys with queued requests, in the order they are served (one request a turn)."""
         self._queued = 0
         self._departures: deque[float] = deque()
         """When slots were freed (monotonic s), over the last ``DEPARTURE_WINDOW_S``."""
@@ -254,7 +252,7 @@ class Admission:
         )
 
     def wait_limit_s(self) -> float:
-        """How long a request may wait for a slot."""
+        """How long a request may wait for a slot (learned: what the TTFB budget leaves)."""
         if self._wait_budget is None:
             return self._queue_timeout_s
         return min(self._queue_timeout_s, self._wait_budget())
@@ -329,11 +327,13 @@ class Admission:
             self._forget(fut, key)
 
     def _position(self, key: str) -> int:
-        """Where a new request of ``key`` would be served in this process's queue: after
-        one request of every other waiting key for each request its own key has waiting."""
+        """Where a new request of ``key`` would be served in this process's queue: after its
+        own key's waiting requests, and after the first request of every other waiting key
+        that holds no more streams than ``key`` will once those are served."""
         mine = self._queued_of(key)
-        others = len(self._turns) - (1 if mine else 0)
-        return mine * (others + 1) + others + 1
+        held = self.by_key.get(key, 0) + mine
+        ahead = sum(1 for k in self._queues if k != key and self.by_key.get(k, 0) <= held)
+        return mine + ahead + 1
 
     def _take(self, engine: int, key: str) -> None:
         self.by_engine[engine] += 1
@@ -347,8 +347,6 @@ class Admission:
         q = self._queues.get(waiter.key)
         if q is None:
             q = self._queues[waiter.key] = deque()
-        if not q:
-            self._turns.append(waiter.key)
         q.append(waiter)
         self._queued += 1
 
@@ -368,8 +366,6 @@ class Admission:
         q = self._queues.get(key)
         if q is not None and not q:
             del self._queues[key]
-            with contextlib.suppress(ValueError):
-                self._turns.remove(key)
 
     def _expire(self, fut: asyncio.Future[int], wait_s: float) -> None:
         if not fut.done():
@@ -382,23 +378,28 @@ class Admission:
             )
 
     def _next_waiter(self) -> _Waiter | None:
-        """The waiter whose turn it is (the next key in turn, its oldest request); waiters
-        that expired or were cancelled are dropped on the way."""
-        while self._turns:
-            key = self._turns[0]
+        """The waiter whose turn it is: the oldest request of the waiting key that holds the
+        fewest streams (ties: the key with fewer requests waiting, then the older request).
+        Waiters that expired or were cancelled are dropped on the way. O(waiting keys): a
+        few per process."""
+        best: _Waiter | None = None
+        best_rank = (0, 0, 0)
+        for key in list(self._queues):
             q = self._queues[key]
             while q and q[0].fut.done():  # expired or cancelled; its acquire() forgets it
                 q.popleft()
                 self._queued -= 1
-            if q:
-                return q[0]
-            self._turns.popleft()
-            del self._queues[key]
-        return None
+            if not q:
+                del self._queues[key]
+                continue
+            rank = (self.by_key.get(key, 0), len(q), q[0].since)
+            if best is None or rank < best_rank:
+                best, best_rank = q[0], rank
+        return best
 
     def _grant(self, others: Others) -> None:
-        """Hand free node slots to this process's waiters, one key at a time in turn, while
-        this process holds the node's oldest request."""
+        """Hand free node slots to this process's waiters, the key holding the fewest streams
+        first, while this process holds the node's oldest request."""
         while (waiter := self._next_waiter()) is not None:
             engine = self._place(others)
             if engine is None:
@@ -408,12 +409,11 @@ class Admission:
                 self._board.index if self._board is not None else 0,
             ):
                 return  # another process holds an older request: the slot is its
-            key = self._turns.popleft()
-            self._queues[key].popleft()
+            key = waiter.key
+            q = self._queues[key]
+            q.popleft()
             self._queued -= 1
-            if self._queues[key]:
-                self._turns.append(key)  # its next request waits for the key's next turn
-            else:
+            if not q:
                 del self._queues[key]
             self._take(engine, key)
             waiter.fut.set_result(engine)
@@ -456,7 +456,6 @@ class Admission:
                         w.fut.set_exception(error)
                 q.clear()
             self._queues.clear()
-            self._turns.clear()
             self._queued = 0
 
     def close(self) -> None:

@@ -47,6 +47,9 @@ FALL_HYSTERESIS = 0.5
 """The limit falls only when the fit is this many streams below it."""
 MIN_RATIO = 0.05
 """A stalled stream counts as this slow (a real-time factor of 20), not infinitely."""
+WAIT_SHARE = 0.8
+"""Of the TTFB budget, what a request may spend waiting for a slot and starting; the rest is
+the network's and the first chunk's way to the client's player."""
 MIN_WAIT_S = 0.05
 """The shortest wait a request is given (a slot freed at once still reaches it)."""
 INITIAL_LIMIT = 2
@@ -187,7 +190,7 @@ class CapacityModel:
 
 
 class _Tracked:
-    __slots__ = ("mark_bytes", "mark_t", "started", "stream", "windows")
+    __slots__ = ("load", "mark_bytes", "mark_t", "started", "stream", "ticks", "windows")
 
     def __init__(self, stream: Stream) -> None:
         self.stream = stream
@@ -195,6 +198,9 @@ class _Tracked:
         self.mark_t = 0.0
         self.mark_bytes = 0
         self.windows = 0
+        self.load = 0
+        """The engine's streams, summed over the ticks of the current window."""
+        self.ticks = 0
 
 
 class Stream(Protocol):
@@ -247,18 +253,26 @@ class CapacityController:
         self._tracked: dict[Stream, _Tracked] = {}
         """Keyed by the stream itself: a request of several runs of text (break tags)
         changes its stream id between runs (``StreamRegistry.reopen``), not its stream."""
-        self._ratios: list[list[float]] = [[] for _ in range(engines)]
+        self._ratios: list[list[tuple[float, float]]] = [[] for _ in range(engines)]
+        """This tick's generation samples per engine: (ratio, the window's average load)."""
         self._starts: list[list[float]] = [[] for _ in range(engines)]
 
     def tick(self, streams: Iterable[Stream], node_by_engine: list[int], now: float) -> list[int]:
         """Take this tick's samples; returns each engine's opinion (0: no fresh evidence)."""
         tracked = self._tracked
+        engines = len(self.models)
+        loads = [
+            max(1, node_by_engine[e] if e < len(node_by_engine) else 1) for e in range(engines)
+        ]
         seen = set()
         for s in streams:
             seen.add(s)
             t = tracked.get(s)
             if t is None:
                 t = tracked[s] = _Tracked(s)
+            if s.engine < engines:
+                t.load += loads[s.engine]
+                t.ticks += 1
             self._sample(t, now)
         for s in [s for s in tracked if s not in seen]:
             t = tracked.pop(s)
@@ -266,15 +280,18 @@ class CapacityController:
                 self._sample(t, s.last_record_at, final=True)
         opinions = []
         for e, model in enumerate(self.models):
-            n = max(1, node_by_engine[e] if e < len(node_by_engine) else 1)
             ratios, starts = self._ratios[e], self._starts[e]
             if ratios:
+                # The slow streams decide; each window's load is its own average (a window
+                # spans several ticks, over which the engine's streams came and went).
                 ratios.sort()
-                model.observe_ratio(n, ratios[len(ratios) // 10], now)
+                ratio, _ = ratios[len(ratios) // 10]
+                n = round(sum(load for _, load in ratios) / len(ratios))
+                model.observe_ratio(max(1, n), ratio, now)
                 ratios.clear()
             if starts:
                 starts.sort()
-                model.observe_start(n, starts[(len(starts) * 9) // 10], now)
+                model.observe_start(loads[e], starts[(len(starts) * 9) // 10], now)
                 starts.clear()
             limit = model.update(now)
             opinions.append(limit if model.fresh(now) else 0)
@@ -291,17 +308,25 @@ class CapacityController:
             t.mark_t, t.mark_bytes = first, s.first_chunk_bytes
         if not s.text_closed:
             t.mark_t, t.mark_bytes = now, s.bytes_received  # waiting on its client
+            t.load = t.ticks = 0
             return
-        span = now - t.mark_t
+        # Windows run from one chunk's arrival to another's (the audio counted arrived by
+        # ``last_record_at``), so that chunks of several frames do not quantise the rate;
+        # a stream that received nothing for a window is stalled, and its wait counts.
+        end = s.last_record_at if now - s.last_record_at <= WINDOW_S else now
+        span = end - t.mark_t
         if span >= WINDOW_S or (final and (t.windows == 0 or span >= WINDOW_S / 2) and span > 0):
             audio_s = (s.bytes_received - t.mark_bytes) / self._bps
-            self._ratios[s.engine].append(audio_s / span)
-            t.mark_t, t.mark_bytes = now, s.bytes_received
+            load = t.load / t.ticks if t.ticks else 1.0
+            self._ratios[s.engine].append((audio_s / span, load))
+            t.mark_t, t.mark_bytes = end, s.bytes_received
+            t.load = t.ticks = 0
             t.windows += 1
 
     def wait_budget_s(self, node_by_engine: list[int], now: float) -> float:
         """How long a request may wait for a slot and still start within the TTFB budget:
-        the budget less the start time the least loaded engine's fit predicts."""
+        ``WAIT_SHARE`` of the budget less the start time the least loaded engine's fit
+        predicts."""
         start = min(
             (
                 m.predicted_start_s(max(1, n), now)
@@ -309,7 +334,7 @@ class CapacityController:
             ),
             default=0.0,
         )
-        return max(MIN_WAIT_S, self.ttfb_budget_s - start)
+        return max(MIN_WAIT_S, WAIT_SHARE * self.ttfb_budget_s - start)
 
     @property
     def limits(self) -> list[int]:

@@ -149,22 +149,24 @@ async def test_a_request_that_cannot_start_in_time_is_refused_at_once() -> None:
     assert adm.active == 0 and adm.queued == 0
 
 
-async def test_waiting_requests_are_served_across_keys_in_turn() -> None:
-    adm = Admission(1, 64, 10.0, 1, lambda: None)
+async def test_a_freed_slot_goes_to_the_key_that_holds_and_waits_least() -> None:
+    adm = Admission(2, 64, 10.0, 1, lambda: None)
+    await adm.acquire("a")
     await adm.acquire("a")
     flood = [asyncio.create_task(adm.acquire("a")) for _ in range(5)]
     await asyncio.sleep(0)
     other = asyncio.create_task(adm.acquire("b"))
     await asyncio.sleep(0)
-    adm.release(0, "a")  # the first freed slot: key a's oldest (a came first)...
+    adm.release(0, "a")  # key b holds nothing: the slot is its, ahead of a's five
     await asyncio.sleep(0)
-    assert flood[0].done() and not other.done()
-    adm.release(0, "a")  # ...the next: key b's turn, ahead of a's four others
+    assert other.done() and not any(t.done() for t in flood)
+    adm.release(0, "a")  # b waits no more: a's oldest
     await asyncio.sleep(0)
-    assert other.done() and not any(t.done() for t in flood[1:])
+    assert flood[0].done() and not any(t.done() for t in flood[1:])
     for t in flood[1:]:
         t.cancel()
     await asyncio.gather(*flood[1:], return_exceptions=True)
+    adm.release(0, "a")
     adm.release(0, "b")
     assert adm.active == 0 and adm.queued == 0 and not adm.by_key
 
