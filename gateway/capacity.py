@@ -21,7 +21,9 @@ whose predicted start time is at most half the TTFB budget.
 Stability: the limit rises by at most a doubling of the largest load seen real-time (slow
 start: every rise is checked by what it brings before the next), and falls only when the fit
 is clearly (``FALL_HYSTERESIS``) below it, so that noise between two neighbouring ``n`` does not
-make it flap. It only gates new streams: streams already admitted are never cut.
+make it flap. A limit that holds in real time tries one stream more when the load above it was
+last measured ``PROBE_S`` ago (the fit learns only of loads it sees, and the machine may have
+changed). It only gates new streams: streams already admitted are never cut.
 
 Why the gateway's measurement and not the engine's step time: on a CPU the codec and the
 engine share two cores and the engine's steps stay fast while the codec falls behind; on a
@@ -55,6 +57,10 @@ MIN_WAIT_S = 0.05
 INITIAL_LIMIT = 2
 """Streams an engine takes before anything is measured (slow start: it doubles as each
 load proves real-time)."""
+PROBE_S = 30.0
+"""A limit held this long without evidence of the load above it tries one stream more."""
+PROBE_HOLD_S = 5.0
+"""A probe's extra stream is let in for at most this long before its load is measured."""
 FRESH_S = 30.0
 """A model with no sample for this long has no opinion on the node's limit."""
 
@@ -148,6 +154,8 @@ class CapacityModel:
         """The configured ceiling (``gateway.max_active_streams``' share)."""
         self.limit = max(1, min(initial, upper))
         self.last_sample_at = -math.inf
+        self._probe_at = -math.inf
+        """When the limit last tried one stream more (``_should_probe``)."""
         self._rtf = _Series()
         self._start = _Series()
 
@@ -172,6 +180,9 @@ class CapacityModel:
 
     def update(self, now: float) -> int:
         """Refit and move the limit; returns it."""
+        probed = self._rtf.buckets.get(self.limit)
+        if now - self._probe_at < PROBE_HOLD_S and (probed is None or probed.at < self._probe_at):
+            return self.limit  # a probe holds until its load has been measured
         raw = math.inf
         ceiling = self.upper
         for series, bound in ((self._rtf, self.rtf_bound), (self._start, self.start_budget_s)):
@@ -186,7 +197,23 @@ class CapacityModel:
         target = max(1, min(ceiling, math.floor(min(raw, ceiling + 1.0))))
         if target > self.limit or raw < self.limit - FALL_HYSTERESIS:
             self.limit = target
+        elif self._should_probe(now):
+            self.limit += 1
+            self._probe_at = now
         return self.limit
+
+    def _should_probe(self, now: float) -> bool:
+        """Try one stream more than the limit when the limit is real-time and the load above
+        it was last seen ``PROBE_S`` ago or never: what held then may not hold now (another
+        process left the machine, shorter texts), and the fit only learns of a load it sees.
+        A probe that proves too slow refreshes that load's bucket, so the next one waits."""
+        if self.limit >= self.upper:
+            return False
+        at = self._rtf.buckets.get(self.limit)
+        if at is None or at.value > self.rtf_bound or now - at.at > FRESH_S:
+            return False
+        above = self._rtf.buckets.get(self.limit + 1)
+        return above is None or now - above.at > PROBE_S
 
 
 class _Tracked:

@@ -82,6 +82,16 @@ def test_the_limit_falls_when_streams_slow_and_rises_again() -> None:
     assert m.limit >= high - 3
 
 
+def test_a_limit_held_under_a_slow_spell_probes_again_once_it_passes() -> None:
+    m = model()
+    drive(m, lambda n: n / 2.5, 120)  # a busy machine: one stream holds, two do not
+    assert m.limit in (1, 2)
+    # The spell passes; at the limit nothing above it is measured, so only a probe every
+    # PROBE_S shows the machine holds more again.
+    trace = drive(m, lambda n: n / 20, 2400, t0=30)
+    assert trace[-1] >= 15, trace[::200]
+
+
 def test_noise_does_not_make_the_limit_flap() -> None:
     m = model()
     trace = drive(m, lambda n: n / 30, 600, noise=0.05)
