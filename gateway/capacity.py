@@ -57,8 +57,9 @@ MIN_WAIT_S = 0.05
 INITIAL_LIMIT = 2
 """Streams an engine takes before anything is measured (slow start: it doubles as each
 load proves real-time)."""
-PROBE_S = 30.0
-"""A limit held this long without evidence of the load above it tries one stream more."""
+PROBE_S = 120.0
+"""A limit held this long without evidence of the load above it tries one stream more (a
+probe that proves too slow costs its streams their real time: rarely)."""
 PROBE_HOLD_S = 5.0
 """A probe's extra stream is let in for at most this long before its load is measured."""
 FRESH_S = 30.0

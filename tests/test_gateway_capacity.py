@@ -88,7 +88,7 @@ def test_a_limit_held_under_a_slow_spell_probes_again_once_it_passes() -> None:
     assert m.limit in (1, 2)
     # The spell passes; at the limit nothing above it is measured, so only a probe every
     # PROBE_S shows the machine holds more again.
-    trace = drive(m, lambda n: n / 20, 2400, t0=30)
+    trace = drive(m, lambda n: n / 20, 4800, t0=30)
     assert trace[-1] >= 15, trace[::200]
 
 
