@@ -162,11 +162,10 @@ def test_the_front_end_registry_adds_every_route() -> None:
 
     from common.config import ServeConfig
     from gateway.app import build_app
-    from gateway.voice_languages import VoiceLanguages
 
     gateway = SimpleNamespace(
         config=ServeConfig(), custom_voices=None, voices=SimpleNamespace(listing=None), tracing=None,
-        metrics=None, languages=VoiceLanguages(ServeConfig()),
+        metrics=None,
     )  # fmt: skip
     app = build_app(gateway)  # type: ignore[arg-type]
     routes = {

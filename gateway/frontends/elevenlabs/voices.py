@@ -263,22 +263,29 @@ def asks_for_elevenlabs(request: web.Request) -> bool:
 
 
 def models_handler(gateway: Gateway) -> Handler:
-    """``GET /v1/models`` for ElevenLabs clients: the served checkpoint, its languages."""
-    config = gateway.config
-    limit = config.gateway.max_input_chars
-    model = Model(
-        model_id=config.llm.model,
-        name=config.llm.model,
-        description="Orpheus text-to-speech served by orpheus-serve; any model_id a "
-        "request names is served by this model",
-        languages=[Language(c, language_name(c)) for c in gateway.languages.all()],
-        max_characters_request_free_user=limit,
-        max_characters_request_subscribed_user=limit,
-        maximum_text_length_per_request=limit,
-    )
-    body = _json.encode([model])
+    """``GET /v1/models`` for ElevenLabs clients: the served checkpoint, its languages (read
+    at the first request: the route table is built before the gateway has its voices)."""
+    body: bytes | None = None
+
+    def encode() -> bytes:
+        config = gateway.config
+        limit = config.gateway.max_input_chars
+        model = Model(
+            model_id=config.llm.model,
+            name=config.llm.model,
+            description="Orpheus text-to-speech served by orpheus-serve; any model_id a "
+            "request names is served by this model",
+            languages=[Language(c, language_name(c)) for c in gateway.languages.all()],
+            max_characters_request_free_user=limit,
+            max_characters_request_subscribed_user=limit,
+            maximum_text_length_per_request=limit,
+        )
+        return _json.encode([model])
 
     async def list_models(_: web.Request) -> web.Response:
+        nonlocal body
+        if body is None:
+            body = encode()
         return web.Response(body=body, content_type="application/json")
 
     return list_models
