@@ -243,9 +243,6 @@ class Stream(Protocol):
     text_closed: bool
 
     @property
-    def done(self) -> bool: ...
-
-    @property
     def ended(self) -> bool: ...
 
 
@@ -363,7 +360,3 @@ class CapacityController:
             default=0.0,
         )
         return max(MIN_WAIT_S, WAIT_SHARE * self.ttfb_budget_s - start)
-
-    @property
-    def limits(self) -> list[int]:
-        return [m.limit for m in self.models]

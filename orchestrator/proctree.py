@@ -81,14 +81,22 @@ def become_subreaper() -> bool:
     return libc is not None and libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
-def read_proc(pid: int) -> Proc | None:
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (field 3 on), None if
+    there is no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read().decode(errors="replace")
     except OSError:
         return None
     # The command name is in parentheses and may itself hold spaces or parentheses.
-    fields = raw[raw.rfind(")") + 2 :].split()
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def read_proc(pid: int) -> Proc | None:
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
     try:
         return Proc(
             pid=pid, ppid=int(fields[1]), pgid=int(fields[2]), sid=int(fields[3]), state=fields[0]
@@ -151,12 +159,9 @@ def start_time(pid: int) -> int | None:
     """When the process started, in clock ticks since boot (``/proc/<pid>/stat`` field 22):
     with the pid, an identity that a reused pid does not share. None if there is no such
     process (or it is a zombie: dead)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode(errors="replace")
-    except OSError:
+    fields = _stat_fields(pid)
+    if fields is None:
         return None
-    fields = raw[raw.rfind(")") + 2 :].split()
     try:
         return None if fields[0] == "Z" else int(fields[19])
     except (IndexError, ValueError):
