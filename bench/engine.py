@@ -436,8 +436,21 @@ class GpuBusy:
                 self._nvml.nvmlShutdown()
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class PhaseReader:
     """The per-phase totals an engine's vLLM processes write (llm_worker.vllm_ext.phase_timers)."""
+
+    FRESH_TIMEOUT_S = 3.0
+    """How long :meth:`stop` waits for every process's totals to be written after the window."""
 
     def __init__(self, directory: Path | None) -> None:
         self.directory = directory
@@ -453,12 +466,28 @@ class PhaseReader:
     def start(self) -> None:
         self._before = self._read()
 
+    def _read_after(self, mark: float) -> dict[int, dict[str, Any]]:
+        """Snapshots each written at or after ``mark`` (wall time), by every live process
+        that wrote one before. Each process writes every ``WRITE_INTERVAL_S`` from its own
+        thread, so a read at the window's end can hold a file from before its start (a busy
+        engine core's writer thread waits for the GIL): a phase would then look idle. Waits
+        at most ``FRESH_TIMEOUT_S``; a process that has not written by then is read as is."""
+        deadline = time.monotonic() + self.FRESH_TIMEOUT_S
+        while True:
+            snaps = self._read()
+            stale = [
+                pid for pid, snap in snaps.items() if snap.get("time", 0.0) < mark and _alive(pid)
+            ]
+            if not stale or time.monotonic() >= deadline:
+                return snaps
+            time.sleep(0.05)
+
     def stop(self) -> tuple[dict[str, float], dict[str, float]] | None:
         if self.directory is None:
             return None
         from llm_worker.vllm_ext.phase_timers import us_per_request_step
 
-        phases, batch = us_per_request_step(self._before, self._read())
+        phases, batch = us_per_request_step(self._before, self._read_after(time.time()))
         return dict(sorted(phases.items(), key=lambda kv: _phase_key(kv[0]))), batch
 
     def describe(self) -> str | None:
@@ -663,7 +692,7 @@ async def run_level(
         tokens = loop.delivered - tokens0
         core_s = cpu_seconds(core) - core0 if core is not None and core0 is not None else None
         me_s = cpu_seconds(me) - me0
-        timed = phases.stop()
+        timed = await asyncio.to_thread(phases.stop)  # waits for fresh totals (bounded)
         stamps = [t for t in loop.stamps[max(first, 0) :] if t <= t_stop]
     finally:
         engine.on_step(None)
