@@ -8,22 +8,37 @@ contention between the processes, a LoRA voice. So the gateway measures, per eng
 - the *generation ratio* of its streams: audio seconds that arrived per wall second, from
   each stream's first chunk on (over windows of ``WINDOW_S`` while it streams, and over its
   whole life when it ends; the 10th percentile of a tick's samples);
-- the *start time* of its streams: from admission to their first chunk.
+- the *start time* of its streams: from admission to their first chunk;
+- whether each stream *underran*: its *lead* (the audio it had received less the time since
+  its first audio, taken just before each chunk arrived: what a player that started at the
+  first chunk still held) went below ``-UNDERRUN_S``.
 
-Both grow with the number of streams ``n`` on the engine (a decode step serves every running
-stream, so its time, and the time per audio second, grows with the batch). ``CapacityModel``
-keeps, per ``n`` seen, a moving average of the time per audio second (the inverse of the
-generation ratio, the stream's real-time factor) and of the start time, fits a line through
-them (weighted least squares, recent buckets weigh more), and takes as the engine's limit the
-largest ``n`` whose predicted real-time factor leaves ``margin`` (``1 / (1 + margin)``) and
-whose predicted start time is at most half the TTFB budget.
+The first two grow with the number of streams ``n`` on the engine (a decode step serves every
+running stream, so its time, and the time per audio second, grows with the batch).
+``CapacityModel`` keeps, per ``n`` seen, a moving average of the time per audio second (the
+inverse of the generation ratio, the stream's real-time factor) and of the start time, fits a
+line through them (weighted least squares, recent buckets weigh more), and takes as the
+engine's limit the largest ``n`` whose predicted real-time factor leaves ``margin``
+(``1 / (1 + margin)``) and whose predicted start time is at most half the TTFB budget.
+
+The rate alone does not decide: a stream plays without a gap only if each chunk comes before
+its player runs out of the audio before it, and the first chunks of a stream carry little
+audio, so a load can keep its rate well above real time on average and still leave its
+streams' players dry early on (on the 2-core CPU with the tiny model: at three streams the
+windows' 10th percentile was 1.03x real time, and 41% of the streams underran with a 100 ms
+jitter buffer; docs/performance.md). So a load at which more than ``MAX_UNDERRUN_SHARE`` of
+the streams underran is *bad*, as is one whose measured real-time factor or start time is past
+its bound; a bad load bounds the limit below it for ``PROBE_S``.
 
 Stability: the limit rises by at most a doubling of the largest load seen real-time (slow
-start: every rise is checked by what it brings before the next), and falls only when the fit
-is clearly (``FALL_HYSTERESIS``) below it, so that noise between two neighbouring ``n`` does not
-make it flap. A limit that holds in real time tries one stream more when the load above it was
-last measured ``PROBE_S`` ago (the fit learns only of loads it sees, and the machine may have
-changed). It only gates new streams: streams already admitted are never cut.
+start: every rise is checked by what it brings before the next), never to a load found bad in
+the last ``PROBE_S``, and falls at once when a load at or below it is found bad; otherwise
+it falls only when the fit is clearly (``FALL_HYSTERESIS``) below it, so that noise between two
+neighbouring ``n`` does not make it flap, and never on one load's extrapolation (a line through
+the origin is wrong wherever the step has a fixed cost). A limit that holds in real time tries
+one stream more when the load above it was last measured ``PROBE_S`` ago (the fit learns only
+of loads it sees, and the machine may have changed). It only gates new streams: streams
+already admitted are never cut.
 
 Why the gateway's measurement and not the engine's step time: on a CPU the codec and the
 engine share two cores and the engine's steps stay fast while the codec falls behind; on a
@@ -33,10 +48,13 @@ it is.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
+
+log = logging.getLogger(__name__)
 
 WINDOW_S = 0.5
 """A streaming stream gives one generation sample per window of this length."""
@@ -60,10 +78,27 @@ load proves real-time)."""
 PROBE_S = 120.0
 """A limit held this long without evidence of the load above it tries one stream more (a
 probe that proves too slow costs its streams their real time: rarely)."""
+BAD_MEMORY_S = 15.0
+"""A load found bad bounds the limit below it this long after its last measurement, doubled
+each time it is tried again and found bad again, up to ``PROBE_S`` (a backoff: a transient,
+such as the first streams of a cold server, costs seconds; a load the node does not hold is
+tried rarely); reset once the limit has gone past it."""
 PROBE_HOLD_S = 5.0
 """A probe's extra stream is let in for at most this long before its load is measured."""
 FRESH_S = 30.0
 """A model with no sample for this long has no opinion on the node's limit."""
+UNDERRUN_S = 0.1
+"""A stream whose lead fell below minus this underran: a player that starts after a 100 ms
+jitter buffer would have run dry (the definition of real time ``bench overload`` measures)."""
+MAX_UNDERRUN_SHARE = 0.05
+"""A load at which more than this share of the streams underran is bad (the goal: 95% of the
+streams real-time)."""
+PROVE_STREAMS = 8
+"""The limit goes past a load only once this many of its streams ended (recently), few enough
+of them underrun: the rate of the first seconds says nothing of the gaps a load leaves."""
+MIN_STREAMS = 20
+"""The underrun share is taken over at least this many streams: one underrun among the first
+few streams at a load is not yet a verdict, two are."""
 
 
 @dataclass
@@ -74,6 +109,25 @@ class _Bucket:
 
 
 @dataclass
+class _Ends:
+    """The streams that ended at one load, and those of them that underran (decayed)."""
+
+    streams: float
+    underran: float
+    at: float
+
+    def add(self, underran: bool, now: float) -> None:
+        decay = 0.5 ** (max(0.0, now - self.at) / HALF_LIFE_S) if now - self.at <= PROBE_S else 0.0
+        self.streams = self.streams * decay + 1.0
+        self.underran = self.underran * decay + (1.0 if underran else 0.0)
+        self.at = now
+
+    @property
+    def bad(self) -> bool:
+        return self.underran / max(self.streams, MIN_STREAMS) > MAX_UNDERRUN_SHARE
+
+
+@dataclass
 class _Series:
     """Moving averages of one quantity per number of streams, and a line through them."""
 
@@ -81,7 +135,7 @@ class _Series:
 
     def add(self, n: int, value: float, now: float) -> None:
         b = self.buckets.get(n)
-        if b is None:
+        if b is None or now - b.at > PROBE_S:  # stale: measured afresh, not averaged in
             self.buckets[n] = _Bucket(value, 1.0, now)
             return
         b.weight = min(MAX_BUCKET_WEIGHT, _decayed(b, now) + 1.0)
@@ -124,20 +178,18 @@ class _Series:
         return self.buckets[n_top].value * n / n_top
 
     def solve(self, bound: float, now: float) -> float | None:
-        """The n at which the fitted line reaches ``bound`` (None: no bucket yet).
-
-        One bucket, or a fit with no positive slope (noise): the line through the origin and
-        the most loaded bucket, which assumes the cost grows in proportion to ``n`` (on a GPU
-        it grows slower, so this errs low until a second load is seen).
-        """
-        if not self.buckets:
-            return None
+        """The n at which the fitted line reaches ``bound`` (None: fewer than two buckets,
+        or a fit with no positive slope: the measured buckets and the slow start decide)."""
         line = self._line(now)
-        if line is not None:
-            return (bound - line[0]) / line[1]
-        n_top = max(self.buckets)
-        top = self.buckets[n_top].value
-        return math.inf if top <= 0 else n_top * bound / top
+        if line is None:
+            return None
+        return (bound - line[0]) / line[1]
+
+    def bad(self, bound: float, what: str) -> Iterable[tuple[int, float, str]]:
+        """Each n whose bucket is past ``bound``: (n, when last measured, why)."""
+        for n, b in self.buckets.items():
+            if b.value > bound:
+                yield n, b.at, f"{what} {b.value:.2f} > {bound:.2f}"
 
 
 def _decayed(b: _Bucket, now: float) -> float:
@@ -159,6 +211,12 @@ class CapacityModel:
         """When the limit last tried one stream more (``_should_probe``)."""
         self._rtf = _Series()
         self._start = _Series()
+        self._ends: dict[int, _Ends] = {}
+        self._memory: dict[int, float] = {}
+        """Load -> how long its last bad verdict bounds the limit (``BAD_MEMORY_S``)."""
+        self.changes = 0
+        """How often the limit moved (the controller logs each move with ``reason``)."""
+        self.reason = "nothing measured yet"
 
     def observe_ratio(self, n: int, ratio: float, now: float) -> None:
         """Streams on the engine (``n``) generated ``ratio`` audio seconds per second."""
@@ -172,6 +230,31 @@ class CapacityModel:
             self._start.add(n, seconds, now)
             self.last_sample_at = now
 
+    def observe_end(self, n: int, underran: bool, now: float) -> None:
+        """A stream that ran at ``n`` streams on average ended; whether its player ran dry."""
+        if n >= 1:
+            ends = self._ends.get(n)
+            if ends is None:
+                self._ends[n] = _Ends(1.0, 1.0 if underran else 0.0, now)
+            else:
+                ends.add(underran, now)
+            self.last_sample_at = now
+
+    def lowest_bad(self) -> tuple[int, float, str] | None:
+        """The smallest load found bad by any of the three measures as last measured: (n,
+        when, why). Within ``PROBE_S`` of ``when`` the limit stays below it; after, it may
+        try it again (and no further until it is measured good)."""
+        bad = [
+            *self._rtf.bad(self.rtf_bound, "real-time factor"),
+            *self._start.bad(self.start_budget_s, "start s"),
+            *(
+                (n, e.at, f"{e.underran:.1f} of {e.streams:.1f} streams underran")
+                for n, e in self._ends.items()
+                if e.bad
+            ),
+        ]
+        return min(bad, default=None)
+
     def fresh(self, now: float) -> bool:
         return now - self.last_sample_at <= FRESH_S
 
@@ -184,41 +267,90 @@ class CapacityModel:
         probed = self._rtf.buckets.get(self.limit)
         if now - self._probe_at < PROBE_HOLD_S and (probed is None or probed.at < self._probe_at):
             return self.limit  # a probe holds until its load has been measured
+        if not self._rtf.buckets and not self._start.buckets:
+            return self.limit
         raw = math.inf
         ceiling = self.upper
         for series, bound in ((self._rtf, self.rtf_bound), (self._start, self.start_budget_s)):
-            n = series.solve(bound, now)
-            if n is None:
+            if not series.buckets:
                 continue
-            raw = min(raw, n)
-            if good := series.largest_n_within(bound):
-                ceiling = min(ceiling, 2 * good)
-        if raw == math.inf and ceiling == self.upper:
-            return self.limit
+            n = series.solve(bound, now)
+            if n is not None:
+                raw = min(raw, n)
+            ceiling = min(ceiling, 2 * max(1, series.largest_n_within(bound)))
+        bad = self.lowest_bad()
+        memory = self._memory.get(bad[0], BAD_MEMORY_S) if bad is not None else 0.0
+        recent = bad is not None and now - bad[1] < memory
+        if bad is not None:
+            ceiling = max(1, min(ceiling, bad[0] - 1 if recent else bad[0]))
         target = max(1, min(ceiling, math.floor(min(raw, ceiling + 1.0))))
-        if target > self.limit or raw < self.limit - FALL_HYSTERESIS:
+        before = self.limit
+        if bad is not None and recent and bad[0] <= self.limit:
+            self.limit = target  # evidence: at once (the ceiling is below the bad load)
+            known = self._memory.get(bad[0])
+            self._memory[bad[0]] = BAD_MEMORY_S if known is None else min(PROBE_S, 2 * known)
+            self.reason = (
+                f"{bad[0]} streams too many: {bad[2]}; not tried again for"
+                f" {self._memory[bad[0]]:.0f} s"
+            )
+        elif target > self.limit and self._proven(self.limit, now):
             self.limit = target
-        elif self._should_probe(now):
+            self.reason = "the fit and the loads measured real-time allow it"
+        elif raw < self.limit - FALL_HYSTERESIS:
+            self.limit = target
+            self.reason = f"the fit reaches the bounds at {raw:.1f} streams"
+        elif self._should_probe(now, bad, recent):
             self.limit += 1
             self._probe_at = now
+            self.reason = f"a probe: {self.limit} streams not measured lately"
+        if self.limit != before:
+            self.changes += 1
+            if self.limit > before and self.limit in self._memory:
+                # Tried again after its verdict expired: measured afresh, not averaged with
+                # the evidence that made it bad, and held like a probe until measured.
+                for series in (self._rtf.buckets, self._start.buckets, self._ends):
+                    series.pop(self.limit, None)
+                self._probe_at = now
+            for n in [n for n in self._memory if n < self.limit]:
+                del self._memory[n]  # gone past: measured good since
         return self.limit
 
-    def _should_probe(self, now: float) -> bool:
+    def _proven(self, n: int, now: float) -> bool:
+        """At least ``PROVE_STREAMS`` streams have ended at load ``n`` lately, few enough of
+        them underrun: the limit may go past ``n``."""
+        e = self._ends.get(n)
+        return e is not None and e.streams >= PROVE_STREAMS and not e.bad and now - e.at <= FRESH_S
+
+    def _should_probe(self, now: float, bad: tuple[int, float, str] | None, recent: bool) -> bool:
         """Try one stream more than the limit when the limit is real-time and the load above
-        it was last seen ``PROBE_S`` ago or never: what held then may not hold now (another
-        process left the machine, shorter texts), and the fit only learns of a load it sees.
-        A probe that proves too slow refreshes that load's bucket, so the next one waits."""
-        if self.limit >= self.upper:
+        it is bad with its verdict expired (``BAD_MEMORY_S``), or was last seen ``PROBE_S``
+        ago or never: what held then may not hold now (another process left the machine,
+        shorter texts), and the fit only learns of a load it sees."""
+        if self.limit >= self.upper or not self._proven(self.limit, now):
             return False
         at = self._rtf.buckets.get(self.limit)
         if at is None or at.value > self.rtf_bound or now - at.at > FRESH_S:
             return False
-        above = self._rtf.buckets.get(self.limit + 1)
-        return above is None or now - above.at > PROBE_S
+        above = self.limit + 1
+        if bad is not None and bad[0] == above:
+            return not recent
+        measured = [b.at for b in (self._rtf.buckets.get(above), self._ends.get(above)) if b]
+        return not measured or now - max(measured) > PROBE_S
 
 
 class _Tracked:
-    __slots__ = ("load", "mark_bytes", "mark_t", "started", "stream", "ticks", "windows")
+    __slots__ = (
+        "life_load",
+        "life_ticks",
+        "load",
+        "mark_bytes",
+        "mark_t",
+        "started",
+        "stream",
+        "ticks",
+        "waited",
+        "windows",
+    )
 
     def __init__(self, stream: Stream) -> None:
         self.stream = stream
@@ -229,6 +361,11 @@ class _Tracked:
         self.load = 0
         """The engine's streams, summed over the ticks of the current window."""
         self.ticks = 0
+        self.life_load = 0
+        """The same over the stream's life from its first audio (its underrun's load)."""
+        self.life_ticks = 0
+        self.waited = False
+        """Its text was seen open: its lead counts its client's pauses too."""
 
 
 class Stream(Protocol):
@@ -239,6 +376,7 @@ class Stream(Protocol):
     first_audio_at: float | None
     first_chunk_bytes: int
     bytes_received: int
+    min_lead_s: float
     last_record_at: float
     text_closed: bool
 
@@ -253,8 +391,9 @@ class CapacityController:
     first audio gives a start sample, each ``WINDOW_S`` of its audio a generation sample, and
     its end (``END``, not a failure) one over what was left. The samples of one tick are one
     observation per engine (their 10th percentile: the slow streams decide), made at the
-    node's number of streams on that engine. A stream whose text is still open (ZeroMQ
-    ``text_open``) waits on its client, not on the engines, and gives no generation samples.
+    node's number of streams on that engine; its end also says whether it underran, at its
+    life's average load. A stream whose text is still open (ZeroMQ ``text_open``) waits on its
+    client, not on the engines, and gives no generation or underrun samples.
     """
 
     def __init__(
@@ -298,11 +437,18 @@ class CapacityController:
             if s.engine < engines:
                 t.load += loads[s.engine]
                 t.ticks += 1
+                if s.first_audio_at is not None:
+                    t.life_load += loads[s.engine]
+                    t.life_ticks += 1
             self._sample(t, now)
         for s in [s for s in tracked if s not in seen]:
             t = tracked.pop(s)
             if s.ended:
                 self._sample(t, s.last_record_at, final=True)
+                if t.started and t.life_ticks and not t.waited:
+                    self.models[s.engine].observe_end(
+                        round(t.life_load / t.life_ticks), s.min_lead_s < -UNDERRUN_S, now
+                    )
         opinions = []
         for e, model in enumerate(self.models):
             ratios, starts = self._ratios[e], self._starts[e]
@@ -318,7 +464,10 @@ class CapacityController:
                 starts.sort()
                 model.observe_start(loads[e], starts[(len(starts) * 9) // 10], now)
                 starts.clear()
+            changes = model.changes
             limit = model.update(now)
+            if model.changes != changes:
+                log.info("capacity: engine %d holds %d streams (%s)", e, limit, model.reason)
             opinions.append(limit if model.fresh(now) else 0)
         return opinions
 
@@ -332,6 +481,7 @@ class CapacityController:
             self._starts[s.engine].append(first - s.opened_at)
             t.mark_t, t.mark_bytes = first, s.first_chunk_bytes
         if not s.text_closed:
+            t.waited = True
             t.mark_t, t.mark_bytes = now, s.bytes_received  # waiting on its client
             t.load = t.ticks = 0
             return

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 
@@ -44,6 +45,7 @@ _ERROR = int(RecordKind.ERROR)
 
 
 BYTES_PER_MS = SAMPLE_RATE * BYTES_PER_SAMPLE // 1000
+BYTES_PER_S = float(SAMPLE_RATE * BYTES_PER_SAMPLE)
 
 
 def silence_pcm(ms: int) -> bytes:
@@ -83,6 +85,7 @@ class PcmStream:
         "first_audio_at",
         "first_chunk_bytes",
         "last_record_at",
+        "min_lead_s",
         "next_seq",
         "on_abort",
         "on_end",
@@ -111,6 +114,9 @@ class PcmStream:
         self.first_audio_at: float | None = None
         """When its first PCM arrived (``gateway.capacity`` measures from here)."""
         self.first_chunk_bytes = 0
+        self.min_lead_s = math.inf
+        """The least audio a player that started at the first chunk held, in seconds, just
+        before a later chunk arrived (below 0: it ran dry; ``gateway.capacity``)."""
         self.text_closed = text_closed
         self.on_abort: Callable[[], None] | None = None
         """Set by the front end: tears down the client connection (slow or stalled client)."""
@@ -309,9 +315,14 @@ class StreamRegistry:
                         stream, f"client left more than {self._max_buffered} bytes unread"
                     )
                 elif n:
-                    if not stream.bytes_received:
+                    first = stream.first_audio_at
+                    if first is None:  # (a pause's silence may have come before it)
                         stream.first_audio_at = now
                         stream.first_chunk_bytes = n
+                    elif (lead := stream.bytes_received / BYTES_PER_S - (now - first)) < (
+                        stream.min_lead_s
+                    ):
+                        stream.min_lead_s = lead
                     stream.push(bytes(payload))
             elif kind == _END:
                 self._end(stream, payload, seq)
