@@ -132,6 +132,16 @@ def wait_no_instance_pids(
     return left
 
 
+def wait_segments_gone(names: set[str], timeout_s: float) -> set[str]:
+    """Wait until none of these /dev/shm segments exists; returns those left at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = {n for n in names if os.path.exists(os.path.join(SHM_DIR, n))}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
 def make_tiny_model(out: Path) -> Path:
     subprocess.run([EXE, "tiny-model", str(out)], check=True)
     return out

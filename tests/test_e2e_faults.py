@@ -9,7 +9,8 @@ mid-stream, which is also the first crash-and-recover cycle (the vLLM EngineCore
 processes die with it, their psm_* segments are unlinked, RSS and /dev/shm come back); kill -9
 of the gateway; a hung codec worker (SIGSTOP: the heartbeat timeout kills and restarts it);
 kill -9 of the codec worker; then SIGTERM under load: active streams finish, exit 0 and
-nothing of the instance left. A second server for kill -9 of the orchestrator itself.
+nothing of the instance left. Kill -9 of the orchestrator itself is tested mid-job, on the
+server tests/test_e2e_jobs.py kills anyway.
 
 Every wait is bounded; the measured figures are printed (`-s`; the closing note of issue 6
 quotes the recovery times). E2E_CRASH_CYCLES sets the number of llm-worker crash cycles (1 by
@@ -42,12 +43,12 @@ from e2e_harness import (
     start_server,
     stop_server,
     wait_no_instance_pids,
+    wait_segments_gone,
 )
 
 from bench.doubles.local_server import wait_ready
 from bench.load.soak import instance_segments, segment_bytes
 from orchestrator import proctree
-from shm.ring import SHM_DIR
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
@@ -91,15 +92,6 @@ def _wait_dead(pids: set[int], timeout_s: float) -> set[int]:
     while (left := {p for p in pids if proctree.alive(p)}) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
-
-
-def _wait_gone(names: set[str], timeout_s: float) -> set[str]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = {n for n in names if os.path.exists(os.path.join(SHM_DIR, n))}
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.1)
 
 
 def _kill_all(pids: list[int]) -> None:
@@ -149,19 +141,6 @@ class Node:
 
 
 LOG_TAIL_LINES = 80
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    # The server's log goes to a file: a failing test prints its end (what the orchestrator
-    # and the workers saw), which pytest's capture of a long-lived process would split up.
-    log_path = tmp_path_factory.mktemp("faults") / "server.log"
-    with open(log_path, "wb") as log:
-        srv = start_server(tiny_model, "--set", "drain_timeout_s=60", log=log)
-    srv.log_path = log_path
-    yield srv
-    stop_server(srv)
-    assert srv.segments_left() == []
 
 
 @contextlib.contextmanager
@@ -336,7 +315,7 @@ def test_kill_9_llm_worker_mid_stream_then_cycles_leave_no_engine_and_no_growth(
                 t0 = time.monotonic()
             assert _wait_dead(tree, 30) == set(), f"cycle {cycle}: the engine outlived its worker"
             dead_s = time.monotonic() - t0
-            assert _wait_gone(psm, 30) == set(), f"cycle {cycle}: vLLM's segments were left"
+            assert wait_segments_gone(psm, 30) == set(), f"cycle {cycle}: vLLM's segments were left"
             _wait_restarted(orch, "llm", llm, 60)
             note_engine_start("llm worker restart")
             ready_s = wait_ready(srv.url, srv.proc.poll, 900, interval_s=0.25)
@@ -434,33 +413,8 @@ def test_sigterm_under_load_drains_then_leaves_no_process_and_no_segment(node: N
     assert late_status in (None, 503), "a request after SIGTERM is refused (503) or not accepted"
     assert stop_server(srv) == 0, "a clean stop exits 0, even with the log disk full"
     assert wait_no_instance_pids(node.instance, 30, node.sessions) == []
-    left = _wait_gone(node.seen_segments, 10)
+    left = wait_segments_gone(node.seen_segments, 10)
     assert left == set(), f"segments left: {left}"
     shm_after = proctree.shm_bytes()
     print(f"\n/dev/shm: {node.shm_before / 1e6:.1f} MB before the server, "
           f"{shm_after / 1e6:.1f} MB after it stopped (machine-wide; other jobs share it)")  # fmt: skip
-
-
-def test_kill_9_orchestrator_takes_every_process_and_segment_down(
-    tiny_model: Path, tmp_path: Path
-) -> None:
-    with open(tmp_path / "server.log", "wb") as log:
-        srv = start_server(tiny_model, log=log)
-    try:
-        sessions = proctree.worker_sessions(srv.proc.pid)
-        pids = instance_pids(srv.instance)
-        segs = instance_segments(srv.instance, pids)
-        assert len(pids) >= 5, "orchestrator, 3 workers and vLLM's engine processes"
-        assert any(not s.startswith(srv.instance) for s in segs), "vLLM's psm_* segments"
-        seg_bytes = segment_bytes(segs)
-        os.kill(srv.proc.pid, signal.SIGKILL)
-        srv.proc.wait()
-        t0 = time.monotonic()
-        left = wait_no_instance_pids(srv.instance, 60, sessions)
-        gone_s = time.monotonic() - t0
-        assert left == [], f"processes left: {left}"
-        assert _wait_gone(segs, 10) == set()
-        print(f"\norchestrator kill -9: {len(pids)} processes and {len(segs)} segments "
-              f"({seg_bytes / 1e6:.0f} MB) gone {gone_s:.1f}s later")  # fmt: skip
-    finally:
-        _kill_all(instance_pids(srv.instance, proctree.worker_sessions(srv.proc.pid) | sessions))

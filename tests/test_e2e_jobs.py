@@ -1,6 +1,7 @@
 """A long-form job on the real server (vLLM on CPU with the tiny model, SNAC, rings, the
-orchestrator): kill -9 of the whole server in the middle of the job, a new server on the same
-jobs directory finishes it, every unit spoken exactly once."""
+orchestrator): kill -9 of the orchestrator in the middle of the job takes every process and
+segment of the instance down with it (vLLM's included), and a new server on the same jobs
+directory finishes the job, every unit spoken exactly once."""
 
 from __future__ import annotations
 
@@ -13,8 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_harness import instance_pids, start_server, stop_server, wait_no_instance_pids
+from e2e_harness import (
+    instance_pids,
+    start_server,
+    stop_server,
+    wait_no_instance_pids,
+    wait_segments_gone,
+)
 
+from bench.load.soak import instance_segments, segment_bytes
 from gateway.jobs.store import JobStore
 from orchestrator import proctree
 from shm.records import SAMPLE_RATE
@@ -57,12 +65,24 @@ def test_a_job_survives_kill_9_of_the_whole_server(tiny_model: Path, tmp_path: P
                     "response_format": "pcm", "max_tokens": 7 * FRAMES, "seed": 1})  # fmt: skip
         url = f"{srv.url}{job['url']}"
         _wait(url, lambda j: j["progress"]["units_done"] >= 2, 600)
+        pids = instance_pids(srv.instance)
+        segs = instance_segments(srv.instance, pids)
+        assert len(pids) >= 5, "orchestrator, 3 workers and vLLM's engine processes"
+        assert any(not s.startswith(srv.instance) for s in segs), "vLLM's psm_* segments"
+        seg_bytes = segment_bytes(segs)
         os.kill(srv.proc.pid, signal.SIGKILL)  # the orchestrator: the whole server goes down
         srv.proc.wait()
-        assert wait_no_instance_pids(srv.instance, 60, sessions) == []
+        t0 = time.monotonic()
+        left = wait_no_instance_pids(srv.instance, 60, sessions)
+        gone_s = time.monotonic() - t0
+        assert left == [], f"processes left: {left}"
+        assert wait_segments_gone(segs, 10) == set()
+        print(f"\norchestrator kill -9: {len(pids)} processes and {len(segs)} segments "
+              f"({seg_bytes / 1e6:.0f} MB) gone {gone_s:.1f}s later")  # fmt: skip
     finally:
-        for pid in instance_pids(srv.instance, sessions):
-            os.kill(pid, signal.SIGKILL)
+        left = instance_pids(srv.instance, proctree.worker_sessions(srv.proc.pid) | sessions)
+        if left:  # only if the test failed midway
+            proctree.kill_tree(-1, extra=left)
     store = JobStore(jobs_dir)
     before = store.done_units(job["id"])
     assert store.state(job["id"]).state == "running" and 2 <= len(before) < UNITS
