@@ -26,14 +26,15 @@ its player runs out of the audio before it, and the first chunks of a stream car
 audio, so a load can keep its rate well above real time on average and still leave its
 streams' players dry early on (on the 2-core CPU with the tiny model: at three streams the
 windows' 10th percentile was 1.03x real time, and 41% of the streams underran with a 100 ms
-jitter buffer; docs/performance.md). So a load at which more than ``MAX_UNDERRUN_SHARE`` of
-the streams underran is *bad*, as is one whose measured real-time factor or start time is past
-its bound; a bad load bounds the limit below it for ``PROBE_S``.
+jitter buffer; docs/performance.md). So a load at which clearly more than
+``MAX_UNDERRUN_SHARE`` of the streams underran is *bad*, as is one whose measured real-time
+factor or start time is past its bound; a bad load bounds the limit below it
+for ``BAD_MEMORY_S``, doubled each time it is tried and found bad again.
 
-Stability: the limit rises by at most a doubling of the largest load seen real-time (slow
-start: every rise is checked by what it brings before the next), never to a load found bad in
-the last ``PROBE_S``, and falls at once when a load at or below it is found bad; otherwise
-it falls only when the fit is clearly (``FALL_HYSTERESIS``) below it, so that noise between two
+Stability: the limit rises by at most ``GROWTH`` times the largest load seen real-time, and
+past a load only once ``PROVE_STREAMS`` of its streams ended real-time (slow start: every rise
+is checked by what it brings before the next), never to a load found bad lately, and falls
+at once when a load at or below it is found bad; otherwise it falls only when the fit is clearly (``FALL_HYSTERESIS``) below it, so that noise between two
 neighbouring ``n`` does not make it flap, and never on one load's extrapolation (a line through
 the origin is wrong wherever the step has a fixed cost). A limit that holds in real time tries
 one stream more when the load above it was last measured ``PROBE_S`` ago (the fit learns only
@@ -73,8 +74,8 @@ the network's and the first chunk's way to the client's player."""
 MIN_WAIT_S = 0.05
 """The shortest wait a request is given (a slot freed at once still reaches it)."""
 INITIAL_LIMIT = 2
-"""Streams an engine takes before anything is measured (slow start: it doubles as each
-load proves real-time)."""
+"""Streams an engine takes before anything is measured (slow start: it grows by ``GROWTH`` as
+each load proves real-time)."""
 PROBE_S = 120.0
 """A limit held this long without evidence of the load above it tries one stream more (a
 probe that proves too slow costs its streams their real time: rarely)."""
@@ -94,11 +95,26 @@ MAX_UNDERRUN_SHARE = 0.05
 """A load at which more than this share of the streams underran is bad (the goal: 95% of the
 streams real-time)."""
 PROVE_STREAMS = 8
-"""The limit goes past a load only once this many of its streams ended (recently), few enough
-of them underrun: the rate of the first seconds says nothing of the gaps a load leaves."""
-MIN_STREAMS = 20
-"""The underrun share is taken over at least this many streams: one underrun among the first
-few streams at a load is not yet a verdict, two are."""
+"""The limit goes past a load only once at least this many of its streams ended (recently),
+so few of them underrun that the share's upper bound (``VERDICT_Z``) is within
+``PROVE_SHARE`` (8 streams with no underrun, 16 with one): the rate of the first seconds says
+nothing of the gaps a load leaves, and a load that leaves 40% of its players dry passes 8
+streams with one underrun one time in ten."""
+PROVE_SHARE = 0.2
+MIN_UNDERRUNS = 1.5
+"""A verdict needs two underruns (decayed): one stream's gap may be its own (a long text's
+first chunk), not its load's."""
+VERDICT_Z = 1.28
+"""A load is bad when the lower bound of the share of its streams that underran (Wilson score,
+one-sided 90%) is above ``MAX_UNDERRUN_SHARE``: 2 of 4 streams is a verdict, 2 of 19 (a load
+that plays ~97% of its streams real-time having a bad minute) is not."""
+VERDICT_WEIGHT = 3.0
+"""A load is bad on its rate or start time only once its bucket holds this many samples: one
+tick's windows are a few chunks of a few streams, and a codec that sends in bursts makes
+single windows noisy."""
+GROWTH = 1.5
+"""The limit rises to at most this times the largest load measured good (at least one more):
+slow start, each rise checked by what it brings before the next."""
 
 
 @dataclass
@@ -124,7 +140,27 @@ class _Ends:
 
     @property
     def bad(self) -> bool:
-        return self.underran / max(self.streams, MIN_STREAMS) > MAX_UNDERRUN_SHARE
+        return self.underran >= MIN_UNDERRUNS and (
+            _wilson(self.underran, self.streams, VERDICT_Z)[0] > MAX_UNDERRUN_SHARE
+        )
+
+    @property
+    def good(self) -> bool:
+        return (
+            self.streams >= PROVE_STREAMS
+            and _wilson(self.underran, self.streams, VERDICT_Z)[1] <= PROVE_SHARE
+        )
+
+
+def _wilson(hits: float, n: float, z: float) -> tuple[float, float]:
+    """The Wilson score interval of a share ``hits / n``: (lower, upper)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = min(1.0, hits / n)
+    z2 = z * z
+    centre = p + z2 / (2 * n)
+    spread = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return (centre - spread) / (1 + z2 / n), (centre + spread) / (1 + z2 / n)
 
 
 @dataclass
@@ -186,9 +222,10 @@ class _Series:
         return (bound - line[0]) / line[1]
 
     def bad(self, bound: float, what: str) -> Iterable[tuple[int, float, str]]:
-        """Each n whose bucket is past ``bound``: (n, when last measured, why)."""
+        """Each n whose bucket (of ``VERDICT_WEIGHT`` samples or more) is past ``bound``:
+        (n, when last measured, why)."""
         for n, b in self.buckets.items():
-            if b.value > bound:
+            if b.value > bound and b.weight >= VERDICT_WEIGHT:
                 yield n, b.at, f"{what} {b.value:.2f} > {bound:.2f}"
 
 
@@ -277,7 +314,8 @@ class CapacityModel:
             n = series.solve(bound, now)
             if n is not None:
                 raw = min(raw, n)
-            ceiling = min(ceiling, 2 * max(1, series.largest_n_within(bound)))
+            good = max(1, series.largest_n_within(bound))
+            ceiling = min(ceiling, max(good + 1, math.ceil(GROWTH * good)))
         bad = self.lowest_bad()
         memory = self._memory.get(bad[0], BAD_MEMORY_S) if bad is not None else 0.0
         recent = bad is not None and now - bad[1] < memory
@@ -319,7 +357,7 @@ class CapacityModel:
         """At least ``PROVE_STREAMS`` streams have ended at load ``n`` lately, few enough of
         them underrun: the limit may go past ``n``."""
         e = self._ends.get(n)
-        return e is not None and e.streams >= PROVE_STREAMS and not e.bad and now - e.at <= FRESH_S
+        return e is not None and e.good and now - e.at <= FRESH_S
 
     def _should_probe(self, now: float, bad: tuple[int, float, str] | None, recent: bool) -> bool:
         """Try one stream more than the limit when the limit is real-time and the load above
