@@ -252,6 +252,7 @@ class CapacityModel:
         self._memory: dict[int, float] = {}
         """Load -> how long its last bad verdict bounds the limit (``BAD_MEMORY_S``)."""
         self.changes = 0
+        self._fell_at = -math.inf
         """How often the limit moved (the controller logs each move with ``reason``)."""
         self.reason = "nothing measured yet"
 
@@ -331,18 +332,20 @@ class CapacityModel:
                 f"{bad[0]} streams too many: {bad[2]}; not tried again for"
                 f" {self._memory[bad[0]]:.0f} s"
             )
-        elif target > self.limit and self._proven(self.limit, now):
+        elif target > self.limit and self._proven(self.limit, now) and self._settled(now):
             self.limit = target
             self.reason = "the fit and the loads measured real-time allow it"
         elif raw < self.limit - FALL_HYSTERESIS:
             self.limit = target
             self.reason = f"the fit reaches the bounds at {raw:.1f} streams"
-        elif self._should_probe(now, bad, recent):
+        elif self._settled(now) and self._should_probe(now, bad, recent):
             self.limit += 1
             self._probe_at = now
             self.reason = f"a probe: {self.limit} streams not measured lately"
         if self.limit != before:
             self.changes += 1
+            if self.limit < before:
+                self._fell_at = now
             if self.limit > before and self.limit in self._memory:
                 # Tried again after its verdict expired: measured afresh, not averaged with
                 # the evidence that made it bad, and held like a probe until measured.
@@ -352,6 +355,12 @@ class CapacityModel:
             for n in [n for n in self._memory if n < self.limit]:
                 del self._memory[n]  # gone past: measured good since
         return self.limit
+
+    def _settled(self, now: float) -> bool:
+        """No fall in the last ``BAD_MEMORY_S``: a limit that just fell (the fit dipped, a load
+        was found bad) does not rise or probe again at once, which would flip between two
+        neighbouring loads on every noisy tick."""
+        return now - self._fell_at >= BAD_MEMORY_S
 
     def _proven(self, n: int, now: float) -> bool:
         """At least ``PROVE_STREAMS`` streams have ended at load ``n`` lately, few enough of
