@@ -43,7 +43,7 @@ from gateway.streams import StreamFailed
 from gateway.text.breaks import cap_ms, check_breaks
 from gateway.text.plan import TextPlan
 from orpheus_wire.text import Locator
-from shm.messages import SamplingOverrides
+from shm.messages import UNDECODABLE, SamplingOverrides
 from shm.records import SAMPLE_RATE
 
 PATH = "/v1/text-to-dialogue"
@@ -287,7 +287,7 @@ def dialogue_handler(gateway: Gateway, *, stream: bool, timestamps: bool) -> Han
         raw = await read_body(request, gateway.config.gateway.max_body_bytes)
         try:
             body = decoder.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except UNDECODABLE as e:
             raise APIError(400, "invalid_request", f"invalid body: {e}") from None
         language = gateway.languages.resolve(
             body.language_code, body.inputs[0].voice_id if body.inputs else None, "language_code"

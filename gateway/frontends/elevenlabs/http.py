@@ -46,6 +46,7 @@ from gateway.requests import ActiveRequest
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
 from gateway.text.breaks import cap_ms
+from shm.messages import UNDECODABLE
 
 _json = msgspec.json.Encoder()
 
@@ -199,7 +200,7 @@ def stream_handler(gateway: Gateway, *, timestamps: bool, whole: bool = False) -
         body = await read_body(request, g.max_body_bytes)
         try:
             req = decoder.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except UNDECODABLE as e:
             raise APIError(400, "invalid_request", f"invalid body: {e}") from None
         refuse_unsupported(req)
         language = gateway.languages.resolve(
