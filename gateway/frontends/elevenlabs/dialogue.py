@@ -32,9 +32,10 @@ from gateway.auth import presented_key
 from gateway.errors import APIError
 from gateway.frontends.alignment import CharTimes, UnitAligners
 from gateway.frontends.elevenlabs.messages import API, HttpAlignment, output_format
+from gateway.frontends.elevenlabs.speak import speak_units
 from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, api_error, read_body
 from gateway.frontends.text_units import UnitSplitter
-from gateway.frontends.utterance import pcm_ms, speak_unit
+from gateway.frontends.utterance import pcm_ms
 from gateway.link import ClientLink
 from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams, build_params, check_text
@@ -313,14 +314,12 @@ def dialogue_handler(gateway: Gateway, *, stream: bool, timestamps: bool) -> Han
                         splitter = UnitSplitter(
                             "sentence", UNIT_MAX_CHARS, None, language=language
                         )  # breaks checked
-                        for unit in splitter.feed(turn.text) + splitter.flush():
-                            spoken = msgspec.structs.replace(template, text=unit.text).spoken()
-                            out.aligners = UnitAligners(unit.raw, spoken.text, unit.pause_ms)
-                            await speak_unit(
-                                gateway, spoken, spoken.text, link, out.deliver,
-                                started_at=started_at if first else None, pause_ms=unit.pause_ms,
-                            )  # fmt: skip
-                            first = False
+                        units = splitter.feed(turn.text) + splitter.flush()
+                        await speak_units(
+                            gateway, template, units, link, out,
+                            started_at=started_at if first else None,
+                        )  # fmt: skip
+                        first = first and not units
                         out.end_turn(n, turn.voice_id, start_ms, first_char)
                     return await out.finish()
                 except (APIError, StreamFailed) as e:
