@@ -39,6 +39,7 @@ from bench.doubles.reference_decoder import (
     reference_stream,
 )
 from bench.doubles.tiny_model import random_snac
+from bench.quality import error_db
 from bench.report import environment, show, table, write_json
 from codec_worker.decoder import WindowDecoder, WindowKey
 from codec_worker.engine import PCM_SCALE, DecodeEngine
@@ -47,7 +48,6 @@ from codec_worker.levels import frames_to_levels
 from codec_worker.noise import decode_seed
 from codec_worker.output import CollectingSink
 from codec_worker.policy import WindowPolicy
-from codec_worker.quality import error_db
 from codec_worker.service import CodecService
 from codec_worker.snac_model import SNAC_24KHZ, fuse_weight_norm, load_snac
 from common.codec_config import CodecConfig

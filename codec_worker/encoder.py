@@ -14,14 +14,13 @@ from __future__ import annotations
 import logging
 import threading
 
-import msgspec
 import numpy as np
 import torch
 import zmq
 from snac import SNAC
 
 from codec_worker.levels import levels_to_frames
-from shm.messages import EncodeReply, control_encoder, encode_request_decoder
+from shm.messages import UNDECODABLE, EncodeReply, control_encoder, encode_request_decoder
 from shm.records import CODE_DTYPE
 
 log = logging.getLogger(__name__)
@@ -115,7 +114,7 @@ class EncodeServer:
     def _handle(self, raw: bytes) -> EncodeReply | None:
         try:
             req = encode_request_decoder.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except UNDECODABLE as e:
             log.warning("undecodable encode request dropped: %s", e)
             return None
         try:

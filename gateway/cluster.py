@@ -7,12 +7,11 @@ import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
-import msgspec
 import zmq
 import zmq.asyncio
 
 from common.zmq_recv import incoming
-from shm.messages import ClusterStatus, status_decoder
+from shm.messages import UNDECODABLE, ClusterStatus, status_decoder
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +90,7 @@ class ClusterWatcher:
             async for raw in incoming(sock):
                 try:
                     status = status_decoder.decode(raw)
-                except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                except UNDECODABLE as e:
                     log.warning("undecodable ClusterStatus: %s", e)
                     continue
                 if status != self.status:

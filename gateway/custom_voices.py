@@ -42,6 +42,7 @@ from common.languages import UnknownLanguage, language_tag
 from gateway.errors import APIError
 from shm.layout import InstanceLayout
 from shm.messages import (
+    UNDECODABLE,
     AdminReply,
     EncodeReply,
     EncodeRequest,
@@ -604,7 +605,7 @@ def lora_load_handler(voices: CustomVoices) -> Any:
         _admin_allowed(voices)
         try:
             body = msgspec.json.decode(await request.read(), type=LoraLoadBody)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except UNDECODABLE as e:
             raise _bad("invalid_request", f"body: {e}") from None
         try:
             name = voice_id(body.name)

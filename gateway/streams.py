@@ -24,6 +24,7 @@ import msgspec
 
 from gateway.metrics import GatewayMetrics
 from gateway.upstream import Upstream
+from shm.messages import UNDECODABLE
 from shm.records import (
     BYTES_PER_SAMPLE,
     SAMPLE_RATE,
@@ -336,7 +337,7 @@ class StreamRegistry:
     def _end(self, stream: PcmStream, payload: memoryview, seq: int) -> None:
         try:
             end = end_decoder.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except UNDECODABLE as e:
             self._bad_record(stream, f"undecodable END record: {e}")
             return
         if seq != stream.next_seq:
@@ -353,7 +354,7 @@ class StreamRegistry:
     def _error(self, stream: PcmStream, payload: memoryview) -> None:
         try:
             err = error_decoder.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except UNDECODABLE as e:
             err = StreamError("upstream_error", f"undecodable ERROR record: {e}", 502)
         # The upstream already dropped the stream: no Cancel.
         self.fail(stream, err, cancel_upstream=False, discard_pending=False)

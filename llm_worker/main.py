@@ -31,7 +31,6 @@ import os
 import signal
 import time
 
-import msgspec
 import uvloop
 import zmq
 import zmq.asyncio
@@ -57,6 +56,7 @@ from llm_worker.vllm_ext.token_space import HeadKind
 from llm_worker.warmup import warm_up
 from shm.layout import InstanceLayout
 from shm.messages import (
+    UNDECODABLE,
     AdminReply,
     admin_request_decoder,
     control_encoder,
@@ -225,7 +225,7 @@ async def _control_loop(sock: zmq.asyncio.Socket, service: LLMService) -> None:
     async for raw in incoming(sock):
         try:
             msg = llm_control_decoder.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except UNDECODABLE as e:
             log.warning("undecodable control message dropped: %s", e)
             continue
         await service.handle(msg)
@@ -239,7 +239,7 @@ async def _admin_loop(sock: zmq.asyncio.Socket, engine: AsyncLLM, loras: LoraVoi
         ident, raw = frames
         try:
             req = admin_request_decoder.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except UNDECODABLE as e:
             log.warning("undecodable admin request dropped: %s", e)
             continue
         try:

@@ -31,6 +31,7 @@ from orchestrator import proctree
 from orchestrator.failures import EXIT_PERMANENT, Failure, classify
 from orchestrator.logs import protect_stdio, quiet_teardown, setup_logging
 from shm.layout import InstanceLayout
+from shm.messages import UNDECODABLE
 
 SPEC_ENV = "ORPHEUS_SERVE_CHILD_SPEC"
 ROLES = ("llm", "codec", "gateway")
@@ -184,7 +185,7 @@ def _prepare_spawned() -> None:
     # logging (import-time notes, on the root logger) is then labelled and filtered too.
     try:
         config = msgspec.json.decode(os.environ[SPEC_ENV].encode(), type=ChildSpec).config
-    except (KeyError, msgspec.DecodeError, msgspec.ValidationError):
+    except (KeyError, *UNDECODABLE):
         return
     setup_logging(config.log_format, config.log_level)
     quiet_teardown(config.log_level)

@@ -51,6 +51,7 @@ import msgspec
 
 from orchestrator import proctree
 from shm.layout import SEGMENT_PREFIX, InstanceLayout, pid_alive
+from shm.messages import UNDECODABLE
 from shm.segments import remove_stale_instances
 
 log = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ def read_manifests() -> dict[str, Manifest]:
         try:
             with open(os.path.join(proctree.SHM_DIR, name), "rb") as f:
                 man = msgspec.json.decode(f.read(), type=Manifest)
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        except (OSError, *UNDECODABLE):
             continue
         if man.instance == m.group(1):
             out[man.instance] = man

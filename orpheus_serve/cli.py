@@ -1,5 +1,6 @@
-"""The ``orpheus-serve`` command: ``serve``, ``say`` and ``cleanup`` (orchestrator/), ``tiny-model`` and
-``bench ...`` (bench/; ``rich`` and ``matplotlib`` come with the ``bench`` extra)."""
+"""The ``orpheus-serve`` command: ``serve`` and ``cleanup`` (orchestrator/), ``say`` (the
+``say`` and ``say_file`` clients), ``tiny-model`` and ``bench ...`` (bench/; ``rich`` and
+``matplotlib`` come with the ``bench`` extra)."""
 
 from __future__ import annotations
 
@@ -181,7 +182,7 @@ def cmd_say(args: argparse.Namespace) -> int:
     if args.text is None:
         tell("orpheus-serve say: give TEXT, --file PATH or --resume ID")
         return 2
-    from orchestrator.say import say
+    from orpheus_serve.say import say
 
     return say(args)
 

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from bench.doubles.local_server import free_port
-from orchestrator.say import synthesize, write_wav
 from orpheus_serve.console import Console, NotReady, stop
+from orpheus_serve.say import synthesize, write_wav
 from shm.ring import SHM_DIR
 
 TEXT = "Hello from orpheus-serve! This sentence travelled through vLLM, SNAC and shared memory."

@@ -181,6 +181,11 @@ LlmControl = LlmSubmit | LlmAppendText | LlmCancel
 OrchestratorMessage = WorkerReady | Heartbeat | WorkerFailed
 
 control_encoder = msgspec.msgpack.Encoder()
+# What a msgspec decode raises on bad input: malformed bytes (``DecodeError``) or a
+# well-formed value of the wrong shape (``ValidationError``, its subclass, named so the reader
+# sees both). Every process's guard around a decode of untrusted bytes catches this.
+UNDECODABLE: tuple[type[msgspec.DecodeError], ...] = (msgspec.DecodeError, msgspec.ValidationError)
+
 llm_control_decoder = msgspec.msgpack.Decoder(LlmControl)
 orchestrator_decoder = msgspec.msgpack.Decoder(OrchestratorMessage)
 status_decoder = msgspec.msgpack.Decoder(ClusterStatus)

@@ -346,35 +346,46 @@ class RingWriter:
             return
         self.publish()
         deadline = time.monotonic() + timeout_s
-        while True:
-            self._seg.producer_waiting.value = 1
-            if self.try_append(kind, stream_id, seq, payload):
-                self._seg.producer_waiting.value = 0
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self._seg.producer_waiting.value = 0
-                raise RingFull(f"ring {self.endpoints.segment} stayed full for {timeout_s:.3f}s")
-            self._space_bell.wait(min(left, self._recheck_s))
+        while (
+            wait_s := self._retry(kind, stream_id, seq, payload, deadline, timeout_s)
+        ) is not None:
+            self._space_bell.wait(wait_s)
 
     async def append_async(
         self, kind: int, stream_id: int, seq: int, payload: Payload, timeout_s: float
     ) -> None:
+        """``append`` for an event loop: the wait for space awaits instead of blocking."""
         if self.try_append(kind, stream_id, seq, payload):
             return
         self.publish()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            self._seg.producer_waiting.value = 1
-            if self.try_append(kind, stream_id, seq, payload):
-                self._seg.producer_waiting.value = 0
-                return
-            left = deadline - loop.time()
-            if left <= 0:
-                self._seg.producer_waiting.value = 0
-                raise RingFull(f"ring {self.endpoints.segment} stayed full for {timeout_s:.3f}s")
-            await self._space_bell.wait_async(min(left, self._recheck_s))
+        deadline = time.monotonic() + timeout_s
+        while (
+            wait_s := self._retry(kind, stream_id, seq, payload, deadline, timeout_s)
+        ) is not None:
+            await self._space_bell.wait_async(wait_s)
+
+    def _retry(
+        self,
+        kind: int,
+        stream_id: int,
+        seq: int,
+        payload: Payload,
+        deadline: float,
+        timeout_s: float,
+    ) -> float | None:
+        """One try at a full ring, shared by ``append`` and ``append_async``: ``None`` once the
+        record is staged, else the seconds to wait for space (at most a recheck). Raises
+        ``RingFull`` at the deadline. ``producer_waiting`` asks the consumer for a space
+        doorbell while the producer waits, and is cleared when it stops waiting."""
+        self._seg.producer_waiting.value = 1
+        if self.try_append(kind, stream_id, seq, payload):
+            self._seg.producer_waiting.value = 0
+            return None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            self._seg.producer_waiting.value = 0
+            raise RingFull(f"ring {self.endpoints.segment} stayed full for {timeout_s:.3f}s")
+        return min(left, self._recheck_s)
 
     def close(self) -> None:
         self._data_bell.close(linger=0)

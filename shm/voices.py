@@ -26,6 +26,7 @@ import msgspec
 import numpy as np
 
 from shm.durable import RecordDir, write_file
+from shm.messages import UNDECODABLE
 from shm.records import CODE_DTYPE, FRAME_BYTES, FRAME_CODES
 
 VOICE_SUFFIX = ".voice"
@@ -318,7 +319,7 @@ class LoraRegistry:
             sig = _signature(st)
             try:
                 out[vid] = LoraScan(_lora_decoder.decode(data), sig)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except UNDECODABLE:
                 out[vid] = LoraScan(None, sig)
         return out
 
@@ -348,7 +349,7 @@ class LoraRegistry:
             return known[1]
         try:
             language = _lora_decoder.decode(path.read_bytes()).language
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        except (OSError, *UNDECODABLE):
             return None
         cache[name] = (sig, language)
         return language

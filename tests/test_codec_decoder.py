@@ -12,12 +12,12 @@ from snac import SNAC
 from snac.layers import DecoderBlock, NoiseBlock
 
 from bench.doubles.tiny_model import random_snac, write_random_snac
+from bench.quality import error_db
 from codec_worker.decoder import WindowDecoder, WindowKey
 from codec_worker.engine import DecodeEngine
 from codec_worker.levels import frames_to_levels
 from codec_worker.noise import block_seeds, decode_seed, positional_noise, stream_seed
 from codec_worker.output import CollectingSink
-from codec_worker.quality import error_db
 from codec_worker.service import CodecService
 from codec_worker.snac_model import (
     SNAC_24KHZ,

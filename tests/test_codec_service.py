@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from bench.doubles.tiny_model import random_snac
+from bench.quality import error_db
 from codec_worker.decoder import WindowDecoder
 from codec_worker.engine import DecodeEngine
 from codec_worker.noise import decode_seed
 from codec_worker.output import CollectingSink
 from codec_worker.policy import StreamState, WindowPolicy
-from codec_worker.quality import error_db
 from codec_worker.scheduler import Scheduler
 from codec_worker.service import CodecService
 from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm

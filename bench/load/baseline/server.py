@@ -19,6 +19,7 @@ from aiohttp import web
 from bench.load.baseline.decoder import ReferenceStreamDecoder
 from bench.load.baseline.engine import max_tokens_for, prompt_ids, sampling_params
 from common.llm_config import LLMConfig
+from shm.messages import UNDECODABLE
 
 if TYPE_CHECKING:
     import torch
@@ -80,7 +81,7 @@ class BaselineServer:
     async def speech(self, request: web.Request) -> web.StreamResponse:
         try:
             body = _body_decoder.decode(await request.read())
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except UNDECODABLE as exc:
             return _error(400, f"bad request body: {exc}")
         if body.response_format != "pcm" or body.stream_format != "audio":
             return _error(400, "the baseline serves response_format=pcm, stream_format=audio")

@@ -48,6 +48,7 @@ from gateway.streams import StreamFailed
 from gateway.text.breaks import BreakError, cap_ms
 from orpheus_wire.sampling import SamplingFields
 from orpheus_wire.text import Locator
+from shm.messages import UNDECODABLE
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ async def _serve(
             sampling=sampling_overrides(start, length=False),
             text_plan=plan,
         )
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+    except UNDECODABLE as e:
         await _close(link, ws, APIError(400, "invalid_message", f"invalid start message: {e}"))
         return
     except APIError as e:

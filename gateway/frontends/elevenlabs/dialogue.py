@@ -32,9 +32,10 @@ from gateway.auth import presented_key
 from gateway.errors import APIError
 from gateway.frontends.alignment import CharTimes, UnitAligners
 from gateway.frontends.elevenlabs.messages import API, HttpAlignment, output_format
+from gateway.frontends.elevenlabs.speak import speak_units
 from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, api_error, read_body
 from gateway.frontends.text_units import UnitSplitter
-from gateway.frontends.utterance import pcm_ms, speak_unit
+from gateway.frontends.utterance import pcm_ms
 from gateway.link import ClientLink
 from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams, build_params, check_text
@@ -43,7 +44,7 @@ from gateway.streams import StreamFailed
 from gateway.text.breaks import cap_ms, check_breaks
 from gateway.text.plan import TextPlan
 from orpheus_wire.text import Locator
-from shm.messages import SamplingOverrides
+from shm.messages import UNDECODABLE, SamplingOverrides
 from shm.records import SAMPLE_RATE
 
 PATH = "/v1/text-to-dialogue"
@@ -287,7 +288,7 @@ def dialogue_handler(gateway: Gateway, *, stream: bool, timestamps: bool) -> Han
         raw = await read_body(request, gateway.config.gateway.max_body_bytes)
         try:
             body = decoder.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except UNDECODABLE as e:
             raise APIError(400, "invalid_request", f"invalid body: {e}") from None
         language = gateway.languages.resolve(
             body.language_code, body.inputs[0].voice_id if body.inputs else None, "language_code"
@@ -313,14 +314,12 @@ def dialogue_handler(gateway: Gateway, *, stream: bool, timestamps: bool) -> Han
                         splitter = UnitSplitter(
                             "sentence", UNIT_MAX_CHARS, None, language=language
                         )  # breaks checked
-                        for unit in splitter.feed(turn.text) + splitter.flush():
-                            spoken = msgspec.structs.replace(template, text=unit.text).spoken()
-                            out.aligners = UnitAligners(unit.raw, spoken.text, unit.pause_ms)
-                            await speak_unit(
-                                gateway, spoken, spoken.text, link, out.deliver,
-                                started_at=started_at if first else None, pause_ms=unit.pause_ms,
-                            )  # fmt: skip
-                            first = False
+                        units = splitter.feed(turn.text) + splitter.flush()
+                        await speak_units(
+                            gateway, template, units, link, out,
+                            started_at=started_at if first else None,
+                        )  # fmt: skip
+                        first = first and not units
                         out.end_turn(n, turn.voice_id, start_ms, first_char)
                     return await out.finish()
                 except (APIError, StreamFailed) as e:

@@ -38,14 +38,16 @@ from gateway.frontends.elevenlabs.messages import (
     params_for,
     refuse_unsupported,
 )
+from gateway.frontends.elevenlabs.speak import speak_units
 from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, api_error, read_body
 from gateway.frontends.text_units import UnitSplitter
-from gateway.frontends.utterance import pcm_ms, speak_unit
+from gateway.frontends.utterance import pcm_ms
 from gateway.link import ClientLink
 from gateway.requests import ActiveRequest
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
 from gateway.text.breaks import cap_ms
+from shm.messages import UNDECODABLE
 
 _json = msgspec.json.Encoder()
 
@@ -199,7 +201,7 @@ def stream_handler(gateway: Gateway, *, timestamps: bool, whole: bool = False) -
         body = await read_body(request, g.max_body_bytes)
         try:
             req = decoder.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except UNDECODABLE as e:
             raise APIError(400, "invalid_request", f"invalid body: {e}") from None
         refuse_unsupported(req)
         language = gateway.languages.resolve(
@@ -225,15 +227,7 @@ def stream_handler(gateway: Gateway, *, timestamps: bool, whole: bool = False) -
             with gateway.links.open(API, abort_of(request), key=presented_key(request)) as link:
                 out = _HttpStream(request, link, fmt, enc, timestamps, whole)
                 try:
-                    for i, unit in enumerate(units):
-                        spoken = msgspec.structs.replace(params, text=unit.text).spoken()
-                        out.aligners = UnitAligners(unit.raw, spoken.text, unit.pause_ms)
-                        # TTFB of the first unit counts from the request; of the others, from
-                        # the moment they could start (the end of the one before).
-                        await speak_unit(
-                            gateway, spoken, spoken.text, link, out.deliver,
-                            started_at=started_at if i == 0 else None, pause_ms=unit.pause_ms,
-                        )  # fmt: skip
+                    await speak_units(gateway, params, units, link, out, started_at=started_at)
                     return await out.finish()
                 except (APIError, StreamFailed) as e:
                     if out.resp is None:

@@ -93,6 +93,7 @@ from gateway.schemas import SpeechParams, check_text
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
 from gateway.text.breaks import BreakError, cap_ms
+from shm.messages import UNDECODABLE
 
 log = logging.getLogger(__name__)
 
@@ -406,7 +407,7 @@ async def _serve_ws(
                 return  # the client went away: finally cancels everything in flight
             try:
                 message = _decoder.decode(msg.data)
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            except UNDECODABLE as e:
                 await sock.error(APIError(400, "invalid_message", f"invalid message: {e}"))
                 continue
             if not await sock.handle(message):

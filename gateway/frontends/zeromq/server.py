@@ -50,6 +50,7 @@ from orpheus_wire.zeromq import (
     client_decoder,
     encoder,
 )
+from shm.messages import UNDECODABLE
 from shm.records import StreamError
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ def _request_id_of(payload: bytes) -> int | None:
     """The request_id of a message that failed validation, so the client learns which."""
     try:
         return _addressed.decode(payload).request_id
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+    except (*UNDECODABLE, RecursionError):
         return None  # RecursionError: deeply nested arrays or maps that msgspec skips over
 
 
@@ -181,7 +182,7 @@ class ZmqFrontend:
         identity, payload = frames
         try:
             msg = client_decoder.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
+        except (*UNDECODABLE, RecursionError) as e:
             # RecursionError: deep nesting that the decoder skips over while it looks for
             # the ``type`` tag (a nested value where a field is expected is refused at once).
             rid = _request_id_of(payload)
