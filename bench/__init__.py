@@ -12,7 +12,8 @@ and versions of ``environment.py``), one way to draw a table. Needs the ``bench`
   ``engine`` (the vLLM engine alone: step time against streams, per variant), ``jobs``
   (interactive TTFB with long-form jobs running and without), ``textnorm`` (the cost of
   text normalisation and pronunciation dictionaries per sentence), ``ring`` (the shared-memory
-  ring's wait: publish to wake, and the check when data is there);
+  ring's wait: publish to wake, and the check when data is there); ``quality.py``: the
+  decoded audio's error against a reference, in dB (the codec bench and tests);
   ``lockstep.py``: the in-process engines stepped in lockstep that ``penalties`` and
   ``voices`` time; ``synthetic_gateway.py``: a gateway process as served in front of the
   synthetic backend, what ``gateway``, ``jobs`` and ``protocols`` measure;

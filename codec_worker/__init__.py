@@ -10,7 +10,7 @@ Modules, each with one job:
   windows go in it; ``decoder``, ``levels``, ``noise``: the windowed decode, frames to SNAC
   levels, position-keyed noise
 - ``encoder``: SNAC's encoder for custom-voice clips (a thread; the ROUTER socket of ``EncodeRequest``)
-- ``snac_model``, ``host_memory``, ``quality``: loading checkpoints; keeping freed host
-  blocks for CPU decoding, up to a bound; the seam-error check
+- ``snac_model``, ``host_memory``: loading checkpoints; keeping freed host blocks for CPU
+  decoding, up to a bound
 - ``metrics``, ``profiling``: Prometheus metrics; the profiler hook
 """

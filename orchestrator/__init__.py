@@ -14,5 +14,4 @@ shared-memory ownership, fail-fast checks. The ``orpheus-serve`` command is ``or
   after the whole instance died (at the next start, or ``orpheus-serve cleanup``)
 - ``failures``: permanent start-up failures, found before or at start and said in one line
 - ``logs``: text or JSON log lines on stderr for every process
-- ``say``: ``orpheus-serve say``, one utterance through a running server into a WAV file
 """

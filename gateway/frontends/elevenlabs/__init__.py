@@ -1,6 +1,7 @@
 """ElevenLabs' API: text-to-speech over the multi-context WebSocket (``websocket``) and HTTP,
 streamed and whole (``http``), pronunciation dictionaries (``dictionaries``), text-to-dialogue
-(``dialogue``), the voice and model listings (``voices``); wire types in ``messages``."""
+(``dialogue``), the voice and model listings (``voices``); wire types in ``messages``; the
+speak loop over a request's units that HTTP and dialogue share (``speak``)."""
 
 from __future__ import annotations
 
