@@ -7,7 +7,6 @@ import json
 import math
 from pathlib import Path
 
-import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -177,21 +176,3 @@ def test_profile_memory_needs_a_server_the_soak_starts(capsys: pytest.CaptureFix
     argv = ["--url", "http://127.0.0.1:9", "--pid", "1", "--profile-memory", "probe"]
     assert soak_main(argv) == 2
     assert "--profile-memory needs --model" in capsys.readouterr().err
-
-
-def test_growth_is_judged_from_the_settled_base_when_the_soak_took_one() -> None:
-    # Under the floods the worker swings 1,426-1,506 MB with no trend and settles ~1,440: a
-    # base taken at a low swing would read a settled end as growth; the settled base does not.
-    loaded = [sample(t, {"VLLM::Worker": v}) for t, v in ((90, 1426), (100, 1506), (110, 1470))]
-    base = msgspec.structs.replace(sample(115, {"VLLM::Worker": 1441}), settled=True)
-    later = [sample(t, {"VLLM::Worker": v}) for t, v in ((125, 1490), (135, 1430))]
-    end = sample(160, {"VLLM::Worker": 1446})
-    unsettled = check_growth([*loaded, *later, end], 90, bound_pct=0.5, floor_mb=4.0)
-    assert not unsettled.passed  # +20 MB from the low swing
-    g = check_growth([*loaded, base, *later, end], 90, bound_pct=0.5, floor_mb=4.0)
-    assert g.passed, g.problems
-    (worker,) = g.processes
-    assert worker.base_mb == 1441.0 and worker.growth_mb == 5.0
-    # A leak still shows from the settled base.
-    leaked = sample(160, {"VLLM::Worker": 1460})
-    assert not check_growth([*loaded, base, *later, leaked], 90, bound_pct=0.5, floor_mb=4.0).passed

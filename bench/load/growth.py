@@ -6,8 +6,7 @@ it must stay flat. ``check_growth`` takes the soak's samples and, for every proc
 (processes of one name are summed), compares the private RSS (RSS less its shared-memory
 pages: the rings' pages a process has touched so far grow its RSS until the ring wraps once,
 bounded by the ring's size, and are judged with /dev/shm instead) of the last sample with
-the first one at or after the warm-up (the settled one, when the soak took one: its
-traffic paused and the server settled, as for the last), fits the least-squares slope of the samples after the warm-up (MB per hour),
+the first one at or after the warm-up, fits the least-squares slope of the samples after the warm-up (MB per hour),
 and fails a process whose growth exceeds ``max(bound_pct % of its RSS at warm-up,
 floor_mb)``. Open file descriptors and the instance's /dev/shm segments (their count and
 apparent size) must not grow at all after the warm-up.
@@ -115,10 +114,6 @@ def check_growth(
 ) -> GrowthCheck:
     """Judge the samples (in time order) taken at or after ``warmup_s``."""
     after = [s for s in samples if s.t_s >= warmup_s]
-    # The settled base (``bench soak`` pauses its traffic at the warm-up's end, as before
-    # its end sample), when there is one: like is compared with like.
-    settled = next((i for i, s in enumerate(after) if getattr(s, "settled", False)), 0)
-    after = after[settled:]
     if len(after) < 2:
         raise ValueError(
             f"{len(after)} sample(s) at or after the warm-up ({warmup_s:.0f} s): "

@@ -115,9 +115,6 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
     """Streams started in the interval that ended here."""
     ttfb_p99_s: float | None
     ttfb_p50_s: float | None
-    settled: bool = False
-    """Taken with the traffic paused and ``--settle-s`` after the last stream ended, as the
-    end sample is: the warm-up's end, the base growth is judged from (``bench.load.growth``)."""
 
 
 class SoakReport(msgspec.Struct, kw_only=True):
@@ -270,13 +267,9 @@ class Soak:
         self.started_at = time.time()
         """The start in epoch seconds (the memory probe's clock)."""
         self.deadline = self.t0 + args.duration
-        self.warmup_s = args.warmup if args.warmup is not None else default_warmup_s(args.duration)
         self.streams: list[SoakStream] = []
         self.window_ttfbs: list[float] = []
         self.samples: list[Sample] = []
-        self.flowing = asyncio.Event()
-        """Set while traffic flows; cleared while the base is taken after the warm-up."""
-        self.in_flight = 0
         self.texts = [
             "The soak test keeps the server busy for a while.",
             "Short one.",
@@ -408,14 +401,6 @@ class Soak:
             s.detail = kind if r.status == 400 else f"{kind}: {r.status}"
 
     async def run_one(self, session: aiohttp.ClientSession, scenario: str) -> None:
-        await self.flowing.wait()
-        self.in_flight += 1
-        try:
-            await self._run_one(session, scenario)
-        finally:
-            self.in_flight -= 1
-
-    async def _run_one(self, session: aiohttp.ClientSession, scenario: str) -> None:
         s = SoakStream(scenario=scenario, started=round(self.now(), 2))
         t = time.monotonic()
         frames = self.rng.randint(self.args.min_frames, self.args.max_frames)
@@ -462,38 +447,12 @@ class Soak:
             if time.monotonic() >= self.deadline:
                 return
 
-    async def traffic(self, session: aiohttp.ClientSession, warmup_s: float | None) -> None:
-        """The soak's requests: ``--users`` users and the floods, until the deadline, paused
-        once at ``warmup_s`` for the settled base sample."""
-        self.flowing.set()
+    async def traffic(self, session: aiohttp.ClientSession) -> None:
+        """The soak's requests: ``--users`` users and the floods, until the deadline."""
         flooder = asyncio.create_task(self.flooder(session))
-        base = asyncio.create_task(self.settled_base(warmup_s)) if warmup_s else None
         await asyncio.gather(*(self.user(session) for _ in range(self.args.users)))
-        for task in (flooder, base):
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(flooder, *([base] if base else []), return_exceptions=True)
-
-    async def settled_base(self, warmup_s: float) -> None:
-        """At the warm-up's end: stop sending, wait for the streams in flight (at most
-        ``--hang-s``), settle as before the end sample, sample, and go on. The end sample is
-        taken after traffic stops and the server settles; a base taken under load lands
-        anywhere in the floods' swings (the vLLM worker's RSS moves 80 MB between them with no
-        trend), so the growth would compare a swing with a settled level. The pause counts
-        in ``--duration``."""
-        await asyncio.sleep(max(0.0, self.t0 + warmup_s - time.monotonic()))
-        paused = time.monotonic()
-        self.flowing.clear()
-        try:
-            drained = paused + self.args.hang_s
-            while self.in_flight and time.monotonic() < drained:
-                await asyncio.sleep(0.1)
-            await asyncio.sleep(self.args.settle_s)
-            base = await asyncio.to_thread(sample_instance, self.instance, self.now(), [])
-            self.samples.append(msgspec.structs.replace(base, settled=True))
-            print(_sample_line(base) + "  (settled base)", flush=True)
-        finally:
-            self.flowing.set()
+        flooder.cancel()
+        await asyncio.gather(flooder, return_exceptions=True)
 
     async def run(self) -> tuple[Sample, Sample]:
         start = sample_instance(self.instance, 0.0, [])
@@ -502,7 +461,7 @@ class Soak:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             sampler = asyncio.create_task(self.sampler())
-            await self.traffic(session, self.warmup_s)
+            await self.traffic(session)
             await sampler
         # Let the server finish what the cancelled/disconnected streams left, then look.
         await asyncio.sleep(self.args.settle_s)
