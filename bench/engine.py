@@ -76,6 +76,7 @@ from bench.lockstep import TEXTS
 from bench.report import environment, show, table, write_json
 from common.cpu_plan import VLLM_BIND_ENV, CpuPlan
 from common.mps import mps_active, pipe_directory
+from shm.layout import pid_alive
 from shm.ring import segment_path
 
 REAL_TIME_STEP_MS = 11.5
@@ -436,16 +437,6 @@ class GpuBusy:
                 self._nvml.nvmlShutdown()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class PhaseReader:
     """The per-phase totals an engine's vLLM processes write (llm_worker.vllm_ext.phase_timers)."""
 
@@ -476,7 +467,9 @@ class PhaseReader:
         while True:
             snaps = self._read()
             stale = [
-                pid for pid, snap in snaps.items() if snap.get("time", 0.0) < mark and _alive(pid)
+                pid
+                for pid, snap in snaps.items()
+                if snap.get("time", 0.0) < mark and pid_alive(pid)
             ]
             if not stale or time.monotonic() >= deadline:
                 return snaps

@@ -280,8 +280,9 @@ class CapacityModel:
 
     def lowest_bad(self) -> tuple[int, float, str] | None:
         """The smallest load found bad by any of the three measures as last measured: (n,
-        when, why). Within ``PROBE_S`` of ``when`` the limit stays below it; after, it may
-        try it again (and no further until it is measured good)."""
+        when, why). Within its memory (``BAD_MEMORY_S``, doubled at each verdict) of ``when``
+        the limit stays below it; after, it may try it again (and no further until it is
+        measured good)."""
         bad = [
             *self._rtf.bad(self.rtf_bound, "real-time factor"),
             *self._start.bad(self.start_budget_s, "start s"),
