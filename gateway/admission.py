@@ -32,7 +32,9 @@ The limits are the node's. With one gateway process they are counted here; with 
 slot and nobody on the node waits; queued requests are served in node-wide arrival order. A
 slot freed in one process goes to the oldest waiter of the node: the releasing process hands
 it over when that waiter is its own, otherwise the process holding the waiter takes it at
-its next poll (every ``POLL_S`` while it has waiters).
+its next poll (every ``POLL_S`` while it has waiters). A key's streams are the node's too: each
+process publishes its streams and waiters per key on the board, so a key's limit and its
+place in the fair order count what it holds in every gateway process.
 """
 
 from __future__ import annotations
@@ -42,10 +44,10 @@ import contextlib
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from gateway.errors import APIError
-from shm.admission import NOBODY, AdmissionBoard, Others
+from shm.admission import NOBODY, AdmissionBoard, KeyCounts, Others, key_id
 
 Gate = Callable[[], APIError | None]
 ReadyEngines = Callable[[], tuple[bool, ...]]
@@ -120,6 +122,10 @@ class Admission:
         self._key_limits = key_limits or KeyLimits()
         self.by_key: dict[str, int] = {}
         """Streams this process holds per API key (keys with none are not kept)."""
+        self._ids: dict[str, int] = {}
+        """Board ids (``shm.admission.key_id``) of the keys this process holds or queues."""
+        self.keys_unpublished = 0
+        """Keys the last publish could not fit on the board (counted only in this process)."""
         self._queues: dict[str, deque[_Waiter]] = {}
         """This process's queued requests, per key, in arrival order."""
         self._queued = 0
@@ -183,25 +189,57 @@ class Admission:
                 best, best_load = e, load
         return best
 
+    def _id(self, key: str) -> int:
+        kid = self._ids.get(key)
+        if kid is None:
+            kid = self._ids[key] = key_id(key)
+        return kid
+
+    def _key_counts(self) -> dict[int, KeyCounts]:
+        """This process's (active, queued) streams by key id, for the board; forgets the ids
+        of keys that hold and wait for nothing."""
+        counts: dict[int, KeyCounts] = {}
+        for key in list(self._ids):
+            held, waiting = self.by_key.get(key, 0), self._queued_of(key)
+            if held or waiting:
+                counts[self._ids[key]] = (held, waiting)
+            else:
+                del self._ids[key]
+        return counts
+
     @contextlib.contextmanager
-    def _node(self) -> Iterator[Others]:
-        """The other processes' counts, under the node's lock; this process's counts are
-        published when the block ends."""
+    def _node(self, key: str | None = None) -> Iterator[Others]:
+        """The other processes' counts, with those of ``key`` and of every key waiting here,
+        under the node's lock; this process's counts are published when the block ends."""
         if self._board is None:
             yield NOBODY
             return
+        asked: Iterable[int] = [self._id(k) for k in self._queues]
+        if key is not None:
+            asked = [*asked, self._id(key)]
         with self._board.locked():
-            others = self._board.others()
+            others = self._board.others(asked)
             try:
                 yield others
             finally:
-                self._board.publish(
+                self.keys_unpublished = self._board.publish(
                     self.active,
                     self._queued,
                     self._oldest(),
                     tuple(self.by_engine),
                     tuple(self.opinions) if self.learned else (),
+                    self._key_counts(),
                 )
+
+    def _node_held(self, key: str, others: Others) -> int:
+        """Streams ``key`` holds on the node (active, every process)."""
+        theirs = others.keys.get(self._ids[key], (0, 0)) if key in self._ids else (0, 0)
+        return self.by_key.get(key, 0) + theirs[0]
+
+    def _node_streams_of(self, key: str, others: Others) -> int:
+        """Streams ``key`` holds and waits for on the node."""
+        theirs = others.keys.get(self._ids[key], (0, 0)) if key in self._ids else (0, 0)
+        return self.by_key.get(key, 0) + self._queued_of(key) + theirs[0] + theirs[1]
 
     def node_counts(self) -> tuple[int, int]:
         """Active and queued streams of the whole node."""
@@ -237,8 +275,7 @@ class Admission:
             },
         )
 
-    def _key_busy(self, key: str, limit: int) -> APIError:
-        held = self.by_key.get(key, 0)
+    def _key_busy(self, held: int, limit: int) -> APIError:
         return APIError(
             429,
             "too_many_concurrent_requests",
@@ -282,11 +319,11 @@ class Admission:
                     self._take(engine, key)
                     return engine
         key_limit = self._key_limits.of(key)
-        if key_limit and self.by_key.get(key, 0) + self._queued_of(key) >= key_limit:
-            raise self._key_busy(key, key_limit)
         loop = asyncio.get_running_loop()
         wait_s = self.wait_limit_s()
-        with self._node() as others:
+        with self._node(key) as others:
+            if key_limit and (held := self._node_streams_of(key, others)) >= key_limit:
+                raise self._key_busy(held, key_limit)
             if self.learned:
                 self._take_opinions(others)
             nobody_waits = not self._queued and not others.queued
@@ -303,7 +340,7 @@ class Admission:
                 )
             if self.learned:
                 starts = self._departure_rate(time.monotonic()) * wait_s
-                if self._position(key) > max(1.0, starts):
+                if self._position(key, others) > max(1.0, starts):
                     raise self._busy(
                         "server_busy",
                         f"all {self.capacity()} streams the node holds in real time are busy "
@@ -326,18 +363,19 @@ class Admission:
             timer.cancel()
             self._forget(fut, key)
 
-    def _position(self, key: str) -> int:
+    def _position(self, key: str, others: Others) -> int:
         """Where a new request of ``key`` would be served in this process's queue: after its
         own key's waiting requests, and after the first request of every other waiting key
-        that holds no more streams than ``key`` will once those are served."""
+        that holds no more streams on the node than ``key`` will once those are served."""
         mine = self._queued_of(key)
-        held = self.by_key.get(key, 0) + mine
-        ahead = sum(1 for k in self._queues if k != key and self.by_key.get(k, 0) <= held)
+        held = self._node_held(key, others) + mine
+        ahead = sum(1 for k in self._queues if k != key and self._node_held(k, others) <= held)
         return mine + ahead + 1
 
     def _take(self, engine: int, key: str) -> None:
         self.by_engine[engine] += 1
         self.by_key[key] = self.by_key.get(key, 0) + 1
+        self._id(key)
 
     def _queued_of(self, key: str) -> int:
         q = self._queues.get(key)
@@ -377,9 +415,10 @@ class Admission:
                 )
             )
 
-    def _next_waiter(self) -> _Waiter | None:
+    def _next_waiter(self, others: Others) -> _Waiter | None:
         """The waiter whose turn it is: the oldest request of the waiting key that holds the
-        fewest streams (ties: the key with fewer requests waiting, then the older request).
+        fewest streams on the node (ties: the key with fewer requests waiting, then the older
+        request).
         Waiters that expired or were cancelled are dropped on the way. O(waiting keys): a
         few per process."""
         best: _Waiter | None = None
@@ -392,7 +431,7 @@ class Admission:
             if not q:
                 del self._queues[key]
                 continue
-            rank = (self.by_key.get(key, 0), len(q), q[0].since)
+            rank = (self._node_held(key, others), len(q), q[0].since)
             if best is None or rank < best_rank:
                 best, best_rank = q[0], rank
         return best
@@ -400,7 +439,7 @@ class Admission:
     def _grant(self, others: Others) -> None:
         """Hand free node slots to this process's waiters, the key holding the fewest streams
         first, while this process holds the node's oldest request."""
-        while (waiter := self._next_waiter()) is not None:
+        while (waiter := self._next_waiter(others)) is not None:
             engine = self._place(others)
             if engine is None:
                 return

@@ -8,11 +8,17 @@ and the 429s of any gateway say what the node can take. The segment
     slot i:  pid i64 | active i64 | queued i64 | oldest_wait_ns i64
              | active on engine 0..7: 8 x i64 | learned limit of engine 0..7: 8 x i64
              | (96 bytes unused)
+             | per-key table: KEY_ENTRIES x (key id i64 | active i64 | queued i64)
 
 The per-engine counts place each stream on one of the node's vLLM engines (``llm.engines``)
 by the streams every gateway holds there, so two gateways do not pile onto one engine. The
 learned limits (``gateway.admission = "learned"``) are each gateway's opinion of what each
 engine holds in real time (0: no fresh evidence); the node takes the lowest fresh one.
+The per-key table holds the streams (active and queued) each API key has in this gateway,
+under a stable 63-bit id of the key (``key_id``; 0 marks a free entry), so that a key's
+concurrency limit (``gateway.max_streams_per_key``) and the fair order between keys are the
+node's, not one process's. A gateway publishes its ``KEY_ENTRIES`` busiest keys; one with more
+keys at once counts the rest only locally (``Published.keys_left``).
 
 A slot is written only by its gateway (``index``), and only while that gateway holds an
 exclusive ``flock`` on the segment, so that "count the node, then take a slot" is atomic
@@ -30,9 +36,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -40,13 +47,27 @@ import numpy as np
 from shm.layout import MAX_ENGINES, pid_alive
 from shm.ring import SHM_DIR
 
-SLOT_BYTES = 256
+HEADER_BYTES = 256
+KEY_ENTRIES = 128
+"""API keys one gateway publishes at once (3 KiB of its slot)."""
+SLOT_BYTES = HEADER_BYTES + KEY_ENTRIES * 3 * 8
 _FIELDS = SLOT_BYTES // 8
 PID, ACTIVE, QUEUED, OLDEST = 0, 1, 2, 3
 ENGINE0 = 4
 """Index of engine 0's count in a slot; engine ``e``'s is ``ENGINE0 + e``."""
 LIMIT0 = ENGINE0 + MAX_ENGINES
 """Index of engine 0's learned limit in a slot."""
+KEYS0 = HEADER_BYTES // 8
+"""Index of the per-key table in a slot: entry ``k`` is ``KEYS0 + 3k .. KEYS0 + 3k + 2``."""
+KeyCounts = tuple[int, int]
+"""A key's (active, queued) streams."""
+
+
+def key_id(key: str) -> int:
+    """The key's id on the board: stable across processes (``hash()`` is salted per process),
+    positive and never 0 (a free entry). Keys are not stored, only this digest."""
+    n = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
+    return n or 1
 
 
 def segment_bytes(slots: int) -> int:
@@ -80,6 +101,9 @@ class Others(NamedTuple):
     """Their active streams on each engine."""
     limits: tuple[int, ...] = (0,) * MAX_ENGINES
     """The lowest learned limit of each engine among them (0: none has an opinion)."""
+    keys: Mapping[int, KeyCounts] = {}
+    """Their (active, queued) streams of the keys asked for (``others(keys=...)``) by key id;
+    a key they hold none of is absent."""
 
 
 NOBODY = Others(0, 0, 0, -1)
@@ -118,9 +142,12 @@ class AdmissionBoard:
             self._locked = False
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def others(self) -> Others:
-        """The other gateways' counts (lock held). Slots of dead processes are zeroed."""
+    def others(self, keys: Iterable[int] = ()) -> Others:
+        """The other gateways' counts (lock held), with those of the key ids ``keys``. Slots of
+        dead processes are zeroed."""
         assert self._locked, "others() needs the lock"
+        wanted = np.fromiter(keys, dtype=np.int64)
+        counts: dict[int, KeyCounts] = {}
         active = queued = 0
         oldest, oldest_index = 0, -1
         by_engine = np.zeros(MAX_ENGINES, dtype=np.int64)
@@ -142,6 +169,11 @@ class AdmissionBoard:
             t = int(slot[OLDEST])
             if t and (oldest == 0 or t < oldest):
                 oldest, oldest_index = t, i
+            if wanted.size:
+                table = slot[KEYS0:].reshape(KEY_ENTRIES, 3)
+                for kid, a, q in table[np.isin(table[:, 0], wanted)].tolist():
+                    held = counts.get(kid, (0, 0))
+                    counts[kid] = (held[0] + a, held[1] + q)
         return Others(
             active,
             queued,
@@ -149,6 +181,7 @@ class AdmissionBoard:
             oldest_index,
             tuple(int(n) for n in by_engine),
             tuple(int(n) for n in limits),
+            counts,
         )
 
     def publish(
@@ -158,10 +191,13 @@ class AdmissionBoard:
         oldest_wait_ns: int,
         by_engine: tuple[int, ...] = (),
         limits: tuple[int, ...] = (),
-    ) -> None:
+        keys: Mapping[int, KeyCounts] | None = None,
+    ) -> int:
         """Write this gateway's counts (lock held); ``by_engine``: its active streams on
         each engine (engines beyond it: none); ``limits``: its learned limit of each engine
-        (0 or missing: no opinion)."""
+        (0 or missing: no opinion); ``keys``: its (active, queued) streams by key id (None:
+        leave the table as it is). Returns how many keys did not fit (``KEY_ENTRIES``; the
+        busiest are published)."""
         assert self._locked, "publish() needs the lock"
         slot = self._slots[self.index]
         slot[ACTIVE] = active
@@ -173,6 +209,16 @@ class AdmissionBoard:
         opinions = slot[LIMIT0 : LIMIT0 + MAX_ENGINES]
         opinions[:] = 0
         opinions[: len(limits)] = limits
+        if keys is None:
+            return 0
+        table = slot[KEYS0:].reshape(KEY_ENTRIES, 3)
+        table[:] = 0
+        rows = list(keys.items())
+        if len(rows) > KEY_ENTRIES:
+            rows.sort(key=lambda kv: kv[1][0] + kv[1][1], reverse=True)
+        for k, (kid, (a, q)) in enumerate(rows[:KEY_ENTRIES]):
+            table[k] = (kid, a, q)
+        return max(0, len(rows) - KEY_ENTRIES)
 
     def close(self) -> None:
         """Give this gateway's slot back (its streams are over) and unmap. Idempotent."""

@@ -26,15 +26,17 @@ from test_gateway_process import start_gateway
 
 from bench.doubles.local_server import free_port
 from bench.doubles.synthetic_backend import SyntheticBackend
-from gateway.admission import POLL_S, Admission
+from gateway.admission import POLL_S, Admission, KeyLimits
 from gateway.errors import APIError
 from shm.admission import (
     ACTIVE,
     ENGINE0,
+    KEY_ENTRIES,
     PID,
     QUEUED,
     SLOT_BYTES,
     AdmissionBoard,
+    key_id,
     segment_bytes,
 )
 from shm.config import ShmConfig
@@ -66,7 +68,13 @@ def slots(lay: InstanceLayout) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.int64).reshape(-1, SLOT_BYTES // 8)[: lay.gateways].copy()
 
 
-def admission(lay: InstanceLayout, index: int, engines: int = 1, **kw: float) -> Admission:
+def admission(
+    lay: InstanceLayout,
+    index: int,
+    engines: int = 1,
+    key_limits: KeyLimits | None = None,
+    **kw: float,
+) -> Admission:
     limits = {"max_active": 2, "max_queued": 2, "queue_timeout_s": 5.0, "retry_after_s": 1}
     limits.update(kw)
     return Admission(
@@ -77,6 +85,7 @@ def admission(lay: InstanceLayout, index: int, engines: int = 1, **kw: float) ->
         gate=lambda: None,
         board=AdmissionBoard(lay.admission_segment, lay.gateways, index),
         engines=engines,
+        key_limits=key_limits,
     )
 
 
@@ -182,6 +191,79 @@ async def test_queue_timeout_cancel_and_drain_leave_the_node_counts_right(
     finally:
         a.close()
         b.close()
+
+
+async def test_a_keys_limit_counts_its_streams_in_every_gateway_process(
+    node: InstanceLayout,
+) -> None:
+    """gateway.max_streams_per_key is the node's: a key with one stream in each process is at
+    its limit of 2 in both; another key still gets in."""
+    keys = KeyLimits(default=2)
+    a = admission(node, 0, key_limits=keys, max_active=8)
+    b = admission(node, 1, key_limits=keys, max_active=8)
+    try:
+        await a.acquire("k")
+        await b.acquire("k")
+        for gw in (a, b):
+            with pytest.raises(APIError) as e:
+                await gw.acquire("k")
+            assert (e.value.status, e.value.code) == (429, "too_many_concurrent_requests")
+            assert e.value.headers()["current-concurrent-requests"] == "2"
+            assert e.value.headers()["maximum-concurrent-requests"] == "2"
+        await a.acquire("other")
+        b.release(key="k")
+        await a.acquire("k")  # the key's stream in the other process ended: room again
+        assert a.by_key == {"k": 2, "other": 1} and b.by_key == {}
+    finally:
+        a.close()
+        b.close()
+
+
+async def test_a_freed_slot_goes_to_the_key_holding_the_fewest_streams_on_the_node(
+    node: InstanceLayout,
+) -> None:
+    """The flooding key's streams are in process 0, its waiter in process 1: process 1 must
+    count them, or its older waiter of the flooding key would go first."""
+    a, b = (
+        admission(node, 0, max_active=3, max_queued=4),
+        admission(node, 1, max_active=3, max_queued=4),
+    )
+    try:
+        await a.acquire("flood")
+        await a.acquire("flood")
+        await b.acquire("other")
+        flood = asyncio.create_task(b.acquire("flood"))
+        await wait_until(lambda: b.queued == 1, what="the flood's waiter queued")
+        single = asyncio.create_task(b.acquire("single"))
+        await wait_until(lambda: b.queued == 2, what="the single key's waiter queued")
+        b.release(key="other")
+        await asyncio.wait_for(single, 1.0)
+        assert not flood.done() and b.by_key == {"single": 1}
+        a.release(key="flood")
+        await asyncio.wait_for(flood, 1.0)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_board_publishes_the_busiest_keys_when_a_gateway_has_more_than_fit(
+    node: InstanceLayout,
+) -> None:
+    mine, theirs = AdmissionBoard(node.admission_segment, 2, 0), None
+    try:
+        theirs = AdmissionBoard(node.admission_segment, 2, 1)
+        counts = {key_id(f"key-{i}"): (1, 0) for i in range(KEY_ENTRIES + 5)}
+        counts[key_id("busy")] = (3, 2)
+        with theirs.locked():
+            assert theirs.publish(0, 0, 0, keys=counts) == 6
+        with mine.locked():
+            seen = mine.others([key_id("busy"), key_id("key-0"), key_id("absent")]).keys
+        assert seen[key_id("busy")] == (3, 2) and key_id("absent") not in seen
+        assert key_id("key-0") == key_id("key-0") and key_id("") > 0
+    finally:
+        mine.close()
+        if theirs is not None:
+            theirs.close()
 
 
 KILLED_GATEWAY = """
