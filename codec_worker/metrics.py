@@ -53,6 +53,11 @@ LATE_WINDOWS = Counter(
     "orpheus_codec_late_windows_total",
     "Windows that were ready before their playback deadline but left the codec after it",
 )
+SHORT_LOOKAHEAD_WINDOWS = Counter(
+    "orpheus_codec_short_lookahead_windows_total",
+    "Windows decoded with the first window's shorter lookahead because the stream's playback "
+    "deadline was near (codec.late_lookahead_ms)",
+)
 STREAMS_FAILED = Counter(
     "orpheus_codec_streams_failed_total",
     "Streams the codec worker failed, by reason",

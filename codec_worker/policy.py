@@ -8,7 +8,9 @@ described by its ``WindowKey`` (context, hop, lookahead). The policy guarantees:
 - steady windows emit ``hop_frames * 2**k`` frames, up to ``max_hop_frames``, as the stream's
   backlog allows (the time axis of 2D batching), so their shapes come from a short list;
 - after END the rest is emitted with whatever lookahead remains: the utterance's last frame
-  is decoded against the same right edge as an offline decode.
+  is decoded against the same right edge as an offline decode;
+- a stream about to miss its playback deadline may emit one frame with the first window's
+  shorter lookahead (``late_key``) instead of waiting for the steady one.
 
 A stream has at most one window in flight, so its chunks leave in order.
 """
@@ -95,6 +97,8 @@ class Window:
     start: int
     """Absolute index of the window's first frame."""
     deadline: float
+    late: bool = False
+    """Taken with the shorter lookahead because the deadline was near (``late_key``)."""
 
 
 class WindowPolicy:
@@ -130,12 +134,17 @@ class WindowPolicy:
         return self.context + self.max_hop_frames + max(self.lookahead, self.first_lookahead)
 
     def hot_keys(self) -> list[WindowKey]:
-        """The first window's shape and the steady ones: what compilation warms."""
-        return [self.first_key(), *self.steady_keys()]
+        """The first window's shape, the steady ones and the late one: what compilation warms."""
+        late = [] if self.first_lookahead >= self.lookahead else [self.late_steady_key()]
+        return [self.first_key(), *self.steady_keys(), *late]
 
     def steady_keys(self) -> list[WindowKey]:
         """Shapes of windows in the middle of a stream (the hot shapes, warmed at start)."""
         return [WindowKey(self.context, h, self.lookahead) for h in self.hops]
+
+    def late_steady_key(self) -> WindowKey:
+        """``late_key``'s shape once a stream has its full context."""
+        return WindowKey(self.context, self.hops[0], self.first_lookahead)
 
     def first_key(self) -> WindowKey:
         return WindowKey(0, self.first_hop, self.first_lookahead)
@@ -160,6 +169,22 @@ class WindowPolicy:
             return None
         h = max(x for x in self.hops if x <= ready)
         return WindowKey(c, h, min(self.lookahead, avail - h))
+
+    def late_key(self, s: StreamState) -> WindowKey | None:
+        """A one-frame window with the first window's lookahead, for a live stream past its
+        first window whose steady window still waits for lookahead frames; None otherwise.
+
+        Right after the first chunk a stream has the least audio in hand, and its next steady
+        window needs ``lookahead`` frames beyond it where the first needed
+        ``first_lookahead``: the scheduler takes this window only when the deadline is near.
+        """
+        if s.end is not None or s.written == 0 or self.first_lookahead >= self.lookahead:
+            return None
+        hop = self.hops[0]
+        avail = s.received - s.scheduled
+        if not hop + self.first_lookahead <= avail < hop + self.lookahead:
+            return None
+        return WindowKey(min(self.context, s.scheduled), hop, self.first_lookahead)
 
     def can_grow(self, s: StreamState, key: WindowKey) -> bool:
         """Whether waiting for more frames would give ``s`` a longer window."""

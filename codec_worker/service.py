@@ -333,6 +333,8 @@ class CodecService:
             groups.setdefault(w.key, []).append(w)
             metrics.QUEUE_WAIT.observe(now - s.ready_since)
             metrics.WINDOW_HOP.observe(w.key.hop)
+            if w.late:
+                metrics.SHORT_LOOKAHEAD_WINDOWS.inc()
             if not math.isnan(s.play_start):
                 slack = min(slack, w.deadline - now)
                 if now > w.deadline > s.ready_since:

@@ -26,6 +26,11 @@ class CodecConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     hold_ahead_ms: float = 500.0
     """A stream this far ahead of its playback deadline waits until it can fill a max_hop_frames
     window (fewer, longer windows: less redundant context). Negative disables holding."""
+    late_lookahead_ms: float = 20.0
+    """A stream whose next frame is due at the gateway within the recent batch decode time plus
+    this margin does not wait for its steady lookahead: it emits one frame with
+    first_lookahead_frames (a seam like its first one) rather than a gap. Mostly a stream's
+    second window, which needs two more frames than its first. Negative: always wait."""
     compile: bool = False
     """torch.compile the decoder (GPU), warmed on every batch bucket."""
     compile_mode: str = "default"

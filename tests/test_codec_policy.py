@@ -26,10 +26,12 @@ CONFIGS = st.builds(
     cfg=CONFIGS,
     arrivals=st.lists(st.integers(0, 9), min_size=1, max_size=30),
     decode_every=st.lists(st.booleans(), min_size=1, max_size=30),
+    late=st.lists(st.booleans(), min_size=1, max_size=30),
 )
 def test_windows_cover_every_frame_once_in_order(
-    cfg: CodecConfig, arrivals: list[int], decode_every: list[bool]
+    cfg: CodecConfig, arrivals: list[int], decode_every: list[bool], late: list[bool]
 ) -> None:
+    """Also when the scheduler takes the short-lookahead late window whenever offered."""
     policy = WindowPolicy(cfg)
     s = StreamState(stream_id=1, gateway=0, seed=0, created=0.0)
     codes = np.arange(sum(arrivals) * 7, dtype=np.int16).reshape(-1, 7) % 4096
@@ -38,6 +40,12 @@ def test_windows_cover_every_frame_once_in_order(
 
     def decode_one() -> bool:
         key = policy.next_key(s)
+        if key is None and late[len(emitted) % len(late)]:
+            key = policy.late_key(s)
+            assert key is None or (key.hop, key.lookahead) == (
+                cfg.hop_frames,
+                policy.first_lookahead,
+            )
         if key is None:
             return False
         start = s.scheduled - key.context
@@ -95,3 +103,29 @@ def test_stream_buffer_keeps_only_the_frames_windows_still_need() -> None:
     assert s.received == 1000
     assert s.frames.shape[0] <= 64  # compacted in place, never grown without need
     assert np.array_equal(s.window_codes(996, 1000), np.full((4, 7), 199, np.int16))
+
+
+def test_late_key_offers_one_frame_with_the_first_lookahead_only_when_the_steady_one_waits() -> (
+    None
+):
+    policy = WindowPolicy(CodecConfig(lookahead_frames=2, first_lookahead_frames=1))
+    s = StreamState(stream_id=1, gateway=0, seed=0, created=0.0)
+    s.append(np.zeros((2, 7), np.int16), 0)
+    assert policy.late_key(s) is None  # no chunk written yet: the first window is the first key
+    s.scheduled = s.written = 1
+    assert policy.next_key(s) is None  # the steady window needs frames 2 and 3 as lookahead
+    assert policy.late_key(s) is None  # one frame beyond the emit cursor is not even enough
+    s.append(np.zeros((1, 7), np.int16), 0)
+    assert policy.next_key(s) is None
+    assert tuple(policy.late_key(s) or ()) == (1, 1, 1)
+    s.append(np.zeros((1, 7), np.int16), 0)
+    assert tuple(policy.next_key(s) or ()) == (1, 1, 2)
+    assert policy.late_key(s) is None  # the steady window is ready: nothing to cut
+    s.scheduled = s.written = 3
+    s.append(np.zeros((1, 7), np.int16), 0)
+    assert policy.late_key(s) == policy.late_steady_key()
+    assert policy.late_steady_key() in policy.hot_keys()  # compiled like the steady shapes
+    s.end = StreamEnd("stop", 5)
+    assert policy.late_key(s) is None  # after END the tail window ends at the utterance's edge
+    same = WindowPolicy(CodecConfig(lookahead_frames=1, first_lookahead_frames=1))
+    assert same.late_key(s) is None and len(same.hot_keys()) == 1 + len(same.steady_keys())

@@ -302,3 +302,21 @@ def test_a_stream_ahead_of_playback_is_held_for_a_longer_window() -> None:
     s.append(np.zeros((8, 7), np.int16), 0)  # now a full max_hop window is ready
     (w,) = sched.select([s], now)
     assert w.key.hop == 8
+
+
+def test_a_stream_about_to_miss_its_deadline_takes_the_short_lookahead_window() -> None:
+    cfg = CodecConfig(lookahead_frames=2, first_lookahead_frames=1, late_lookahead_ms=20.0)
+    sched = Scheduler(cfg, WindowPolicy(cfg))
+    sched.decode_estimate_s = 0.03
+    frame_s = 2048 / 24000
+    play_start = 10.0
+    # One chunk written, two frames more received: the steady window needs a third.
+    s = _ready_state(1, 3, play_start=play_start, written=1)
+    due = play_start + frame_s - 0.03 - 0.02
+    assert sched.select([s], due - 0.01) == []
+    assert sched.wakeup_at == pytest.approx(due)  # woken when it must act, not at a frame
+    (w,) = sched.select([s], due)
+    assert (w.key.hop, w.key.lookahead, w.late) == (1, 1, True)
+    never = CodecConfig(lookahead_frames=2, first_lookahead_frames=1, late_lookahead_ms=-1)
+    waits = Scheduler(never, WindowPolicy(never))
+    assert waits.select([_ready_state(2, 3, play_start=play_start, written=1)], due + 1) == []

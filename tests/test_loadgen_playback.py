@@ -31,6 +31,15 @@ def test_one_gap_then_catch_up_is_one_underrun() -> None:
     p = analyze_playback(times, [TENTH] * 6, jitter_buffer_s=0.1)
     assert p.underruns == 1
     assert p.worst_lag_s == pytest.approx(0.1)
+    assert p.first_gap_s == pytest.approx(0.3)  # the gap falls 0.3 s into the audio
+
+
+def test_first_gap_is_the_first_stall_not_the_worst() -> None:
+    times = [0.0, 0.1, 0.4, 0.4, 0.65]  # stalls at pieces 2 (0.1 s) and 4 (0.15 s)
+    p = analyze_playback(times, [TENTH] * 5, jitter_buffer_s=0.1)
+    assert p.first_gap_s == pytest.approx(0.2)
+    steady = analyze_playback([0.1 * i for i in range(5)], [TENTH] * 5, jitter_buffer_s=0.1)
+    assert steady.first_gap_s is None
 
 
 def test_jitter_buffer_absorbs_the_same_gap() -> None:

@@ -10,7 +10,9 @@ seconds in total. So
 - ``worst_lag_s`` (the largest lag against the fixed clock) is also the total stall
   time of a rebuffering player;
 - ``underruns`` is how many times that player stalls: the number of pieces whose lag
-  exceeds every earlier lag and zero (each is a new gap a listener hears).
+  exceeds every earlier lag and zero (each is a new gap a listener hears);
+- ``first_gap_s`` is where in the audio the first of them falls (whether streams break at
+  their start or in their middle points at different causes).
 
 A stream is playable when it has no underrun.
 """
@@ -28,6 +30,8 @@ class Playback(msgspec.Struct, frozen=True, kw_only=True):
     underruns: int
     worst_lag_s: float
     """Largest lateness against the fixed playback clock; <= 0 means never late."""
+    first_gap_s: float | None = None
+    """Audio position (seconds into the stream) of the first underrun; None without one."""
 
 
 def analyze_playback(
@@ -51,13 +55,16 @@ def analyze_playback(
     received = 0
     worst = float("-inf")
     underruns = 0
+    first_gap: float | None = None
     for t, n in zip(times, sizes, strict=True):
         if n <= 0:
             continue
-        first_sample = received // bytes_per_sample
-        lag = t - (start + first_sample / sample_rate)
+        position = received // bytes_per_sample / sample_rate
+        lag = t - (start + position)
         if lag > 0.0 and lag > worst:
             underruns += 1
+            if first_gap is None:
+                first_gap = position
         worst = max(worst, lag)
         received += n
-    return Playback(underruns=underruns, worst_lag_s=worst)
+    return Playback(underruns=underruns, worst_lag_s=worst, first_gap_s=first_gap)

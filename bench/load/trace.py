@@ -69,6 +69,8 @@ class StreamMetrics(msgspec.Struct, frozen=True, kw_only=True):
     audio_s: float
     underruns: int
     worst_lag_s: float
+    first_gap_s: float | None = None
+    """Audio position of the first underrun (bench.load.playback)."""
     send_lag_s: float | None
     """Actual send minus scheduled send: how far the generator itself fell behind."""
 
@@ -104,5 +106,6 @@ def stream_metrics(trace: StreamTrace, *, jitter_buffer_s: float) -> StreamMetri
         audio_s=audio,
         underruns=playback.underruns,
         worst_lag_s=playback.worst_lag_s,
+        first_gap_s=playback.first_gap_s,
         send_lag_s=trace.sent - trace.scheduled if trace.sent is not None else None,
     )

@@ -58,6 +58,10 @@ class OverloadLevel(msgspec.Struct, frozen=True, kw_only=True):
     """Refused requests by HTTP status."""
     errors: dict[str, int]
     """The most frequent messages of failed (not refused) requests."""
+    first_gap_s: Summary = msgspec.field(default_factory=lambda: Summary.of([]))
+    """Over the answered streams that underran: audio position of their first gap. Near 0
+    the streams break at their start (first chunk against the jitter buffer); spread out,
+    the node is short of rate."""
 
 
 def is_realtime(m: StreamMetrics, slo: Slo) -> bool:
@@ -119,6 +123,7 @@ def aggregate(run: LevelRun, slo: Slo, *, label: str, key: str | None = None) ->
                 MAX_ERROR_KINDS
             )
         ),
+        first_gap_s=Summary.of([m.first_gap_s for m in answered if m.first_gap_s is not None]),
     )
 
 

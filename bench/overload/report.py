@@ -72,6 +72,10 @@ def _ms(s: Summary, *qs: str) -> str:
     return "/".join("-" if math.isnan(getattr(s, q)) else f"{getattr(s, q) * 1000:.0f}" for q in qs)
 
 
+def _s(s: Summary, *qs: str) -> str:
+    return "/".join("-" if math.isnan(getattr(s, q)) else f"{getattr(s, q):.2f}" for q in qs)
+
+
 def _row(lv: OverloadLevel) -> tuple[str, ...]:
     return (
         lv.label,
@@ -84,6 +88,7 @@ def _row(lv: OverloadLevel) -> tuple[str, ...]:
         str(lv.failed),
         _ms(lv.ttfb_s, "p50", "p99"),
         fmt(lv.audio_s_per_s),
+        _s(lv.first_gap_s, "p50", "p90"),
     )
 
 
@@ -98,6 +103,7 @@ COLUMNS = (
     "failed",
     "TTFB ms p50/p99",
     "audio s/s",
+    "first gap s p50/p90",
 )
 
 
