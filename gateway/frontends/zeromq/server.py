@@ -374,7 +374,7 @@ class ZmqFrontend:
 
     async def _serve(self, msg: Speak, req: _Request) -> None:
         on_abort = req.task.cancel if req.task is not None else None
-        with self._gateway.links.open(Api.ZMQ, on_abort, key=msg.api_key) as link:
+        with self._gateway.links.open(Api.ZMQ, on_abort, key=msg.api_key or "") as link:
             req.link = link
             try:
                 await self._serve_on(msg, req, link)
