@@ -87,16 +87,22 @@ demo: $(RUN_STAMP)
 # Every pytest line prints its 25 slowest tests, so the suite's growth is seen when it happens.
 PYTEST_OPTS := -q -ra --durations=25
 
+# The whole suite in two runs that together select every test once: what starts no engine on
+# two workers (as `make check`), then what starts one (tests marked `engine`), one at a time:
+# engine start-ups are CPU-bound and timing-sensitive, and two at once on two cores gain nothing.
 test: install checkov install-vllm025
 	-scripts/vllm033/fetch_source.sh $(VLLM033_SRC)
-	VLLM033_SOURCE_DIR=$(VLLM033_SRC) $(BIN)/python -m pytest $(PYTEST_OPTS)
+	@echo "== the tests that start no engine"
+	TESTS_NO_ENGINE=1 VLLM033_SOURCE_DIR=$(VLLM033_SRC) $(BIN)/python -m pytest $(PYTEST_OPTS) $(CHECK_JOBS) -m "not engine"
+	@echo "== the tests that start an engine"
+	VLLM033_SOURCE_DIR=$(VLLM033_SRC) $(BIN)/python -m pytest $(PYTEST_OPTS) -m engine
 	@echo "== the engine-facing tests again, on vLLM 0.25.1 (the GPU machine's version)"
 	$(VENV025)/bin/python -m pytest $(PYTEST_OPTS) $(VLLM025_TESTS)
 
 # The inner loop: every test that starts no vLLM engine (tests marked `engine` are
 # deselected; one that starts an engine unmarked fails there: tests/conftest.py), in minutes.
 # Two pytest-xdist workers where it is installed: these tests mostly wait (subprocesses,
-# sockets, timeouts), and two workers took 208 s where one took 327 (docs/performance.md).
+# sockets, timeouts), and two workers took 212 s where one took 429 (docs/performance.md).
 CHECK_JOBS = $(shell $(BIN)/python -c "import xdist" 2>/dev/null && echo "-n 2")
 
 check: install
