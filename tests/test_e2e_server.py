@@ -104,7 +104,10 @@ def test_same_seed_same_audio(server: Server) -> None:
 
     The codec's window layout follows its backlog (longer windows when it is behind), so two
     decodes of the same codes can differ by a few LSB near window edges (measured: 12 at most
-    out of an RMS of 7500). Another seed samples other codes: samples differ by thousands.
+    out of an RMS of 7500); a stream running late may decode a seam with the first window's
+    shorter lookahead (codec.late_lookahead_ms, this server's default), which differs by up to
+    ~700 LSB at that seam. Another seed samples other codes: samples differ by thousands
+    where they do.
     """
     body = {"model": "tts-1", "input": "Deterministic.", "voice": "tara",
             "response_format": "pcm", "max_tokens": 7 * 6, "seed": 123}  # fmt: skip
@@ -112,9 +115,10 @@ def test_same_seed_same_audio(server: Server) -> None:
     b = asyncio.run(_speech(server.url, body))[1]
     c = asyncio.run(_speech(server.url, {**body, "seed": 124}))[1]
     assert len(a) == len(b) == len(c) == 6 * BYTES_PER_FRAME
-    seam_lsb = 1 << 7  # 0.4 % of full scale
-    assert _max_abs_diff(a, b) < seam_lsb, "same seed: same codes, PCM equal up to seam rounding"
-    assert _max_abs_diff(a, c) > 8 * seam_lsb, "another seed: other codes, other audio"
+    seam_lsb = 1 << 10  # 3 % of full scale: a late window's seam
+    assert _max_abs_diff(a, b) < seam_lsb, "same seed: same codes, PCM equal up to seams"
+    # Measured 5,689 for seeds 123 and 124 (the tiny model's codes differ in a few frames).
+    assert _max_abs_diff(a, c) > 2 * seam_lsb, "another seed: other codes, other audio"
 
 
 def test_bad_voice_is_a_400_and_server_stays_healthy(server: Server) -> None:

@@ -57,7 +57,9 @@ def _config(tmp: Path, model: Path, state: Path) -> Path:
 @pytest.fixture(scope="module")
 def server(model: Path, state: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     cfg = _config(tmp_path_factory.mktemp("cfg"), model, state)
-    srv = start_server(model, "--config", str(cfg), zmq=True)
+    # No late windows (codec.late_lookahead_ms): the same-seed comparisons below need the same
+    # window layout in both runs, and a late window's seam differs by hundreds of LSB.
+    srv = start_server(model, "--config", str(cfg), "--set", "codec.late_lookahead_ms=-1", zmq=True)
     yield srv
     if srv.proc.poll() is None:
         assert stop_server(srv) == 0
