@@ -10,11 +10,13 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
 - ``link``: every write to a client, one ``ClientLink`` per connection (``ClientLinks``):
   the stall watchdog's clock, the audio bytes, the abort; audio that outlives its unit too
 - ``readiness``: whether the gateway can take a stream (``/ready``, admission's gate)
-- ``streams`` / ``pcm_pump``: PCM ring records routed into bounded per-stream buffers
+- ``streams`` / ``pcm_pump``: PCM ring records routed into bounded per-stream buffers (the
+  registry carries audio and says when a stream leaves it; it sends nothing upstream)
+- ``upstream``: a stream's life in the llm workers (``Upstream``, the one sender of its
+  submit, appends and cancel, one control PUSH per engine)
 - ``pauses``: a request's text cut at its break tags, its runs spoken in turn with the
   pauses' silence between them
-- ``admission``, ``cluster``, ``upstream``: slots and the queue (fair between keys);
-  ClusterStatus; control PUSH
+- ``admission``, ``cluster``: slots and the queue (fair between keys); ClusterStatus
 - ``capacity``: each engine's real-time limit, learned from the streams' audio
 - ``schemas``, ``voices``, ``errors``: request validation, voice names, JSON errors
 - ``voice_languages``: the languages of the checkpoint and of each voice (a request's

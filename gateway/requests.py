@@ -10,9 +10,11 @@ request on its connection's ``ClientLink`` (``gateway.link``) and drives the
         request.complete()
 
 Entering admits the request (or raises ``APIError`` 429/503) and places it on an engine
-(``gateway.admission``), allocates a stream id and sends ``LlmSubmit`` to that engine, where
-its appends and its cancel go too; leaving frees the slot, cancels upstream work if the stream had not
-finished, records the outcome (``outcome_of``), the metrics and the stream's log line.
+(``gateway.admission``), opens its stream in the registry and has ``gateway.upstream`` (the
+one sender of a stream's submit, appends and cancel, all to that engine) submit it; leaving
+frees the slot, lets the stream go (if its worker stream had not ended, the registry's
+``on_leave`` has ``gateway.upstream`` cancel it), records the outcome (``outcome_of``), the
+metrics and the stream's log line.
 
 The contract is split by lifetime: the connection's ``ClientLink`` owns every write (the
 stall watchdog's clock, the bytes, the abort), the request owns admission, its stream, its
@@ -185,7 +187,7 @@ class ActiveRequest:
     def fail(self, error: StreamError) -> None:
         """Fail the request's stream (cancelled upstream); its front end learns it from
         ``next_chunks``."""
-        self._tracker.registry.fail(self.stream, error, cancel_upstream=True, discard_pending=True)
+        self._tracker.registry.fail(self.stream, error, discard_pending=True)
 
     def drop(self, why: str) -> None:
         """Drop a client that stopped reading: fail the stream and tear down the connection
@@ -225,7 +227,7 @@ class RequestTracker:
         self.upstream = upstream
         self.metrics = metrics
         self.active: set[ActiveRequest] = set()
-        self._engine_active = metrics.engine_gauges(len(upstream.channels))
+        self._engine_active = metrics.engine_gauges(upstream.engines)
         self.loop: asyncio.AbstractEventLoop  # set by ``start``
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -331,8 +333,8 @@ class RequestTracker:
             text, text_open = runs.next_run(self._silence(stream)) or ("", text_open)
         try:
             if not stream.done:  # (a pause's silence past the buffer's limit failed it)
-                self.upstream.engine(engine).submit(
-                    stream.stream_id,
+                self.upstream.submit(
+                    stream,
                     text,
                     params.voice,
                     params.sampling,
@@ -341,10 +343,7 @@ class RequestTracker:
                 )
         except UpstreamUnavailable as e:
             self.registry.fail(
-                stream,
-                StreamError("upstream_unavailable", str(e), 503),
-                cancel_upstream=False,
-                discard_pending=True,
+                stream, StreamError("upstream_unavailable", str(e), 503), discard_pending=True
             )
             self.admission.release(engine, request.link.key)
             self.metrics.count_request(request.api, "upstream_error")
@@ -387,21 +386,18 @@ class RequestTracker:
         text, text_open = run
         if stream.done or (text_open and not text.strip()):
             return None  # failed (a pause's silence left unread), or no words to speak yet
-        stream_id = self.registry.reopen(stream)
+        self.registry.reopen(stream)
         stream.last_record_at = self.loop.time()
         params = request.params
         runs.in_workers = True
         try:
-            self.upstream.engine(stream.engine).submit(
-                stream_id, text, params.voice, params.sampling,
+            self.upstream.submit(
+                stream, text, params.voice, params.sampling,
                 text_open=text_open, traceparent=runs.traceparent,
             )  # fmt: skip
         except UpstreamUnavailable as e:
             self.registry.fail(
-                stream,
-                StreamError("upstream_unavailable", str(e), 503),
-                cancel_upstream=False,
-                discard_pending=False,
+                stream, StreamError("upstream_unavailable", str(e), 503), discard_pending=False
             )
         return None
 
@@ -472,15 +468,15 @@ class RequestTracker:
         stream.last_record_at = self.loop.time()  # the open text's idle clock too
         if not text and not final:
             return  # all of it held back by the front end (normalisation, dictionaries)
-        upstream = self.upstream.engine(stream.engine)
+        upstream = self.upstream
         try:
             if request.runs is None:
-                upstream.append_text(stream.stream_id, text, final=final)
+                upstream.append_text(stream, text, final=final)
             else:  # break tags end the run in the workers (gateway.pauses)
                 pieces = split_breaks(text, None) if has_breaks(text) else [text]
                 runs = request.runs
                 for piece, last in runs.append(pieces, final, self._silence(stream)):
-                    upstream.append_text(stream.stream_id, piece, final=last)
+                    upstream.append_text(stream, piece, final=last)
                 if not runs.in_workers and (end := self._start_run(request, runs)) is not None:
                     stream.finish(end)  # the text ended after a pause: nothing more to say
         except UpstreamUnavailable as e:
@@ -506,10 +502,6 @@ class RequestTracker:
                 # the client neither finishes it nor adds to it, and it holds a slot.
                 idle = now - stream.last_record_at
                 if stream.text_closed and idle > idle_s:
-                    self.registry.fail(
-                        stream, upstream_timeout, cancel_upstream=True, discard_pending=True
-                    )
+                    self.registry.fail(stream, upstream_timeout, discard_pending=True)
                 elif not stream.text_closed and idle > text_idle_s:
-                    self.registry.fail(
-                        stream, text_timeout, cancel_upstream=True, discard_pending=True
-                    )
+                    self.registry.fail(stream, text_timeout, discard_pending=True)

@@ -83,10 +83,11 @@ class Gateway:
         self.limits = RequestLimits.of(config.llm)
         """The sampling fields' limits, the llm_worker's (``build_params`` checks them)."""
         self.upstream = Upstream([layout.engine_control(e) for e in range(layout.engines)])
-        """One control channel per vLLM engine; a stream's messages go to its engine's."""
+        """Every stream's life in the llm workers: the one sender of its submit, appends and
+        cancel, each to its engine's control channel."""
         self.registry = StreamRegistry(
             index,
-            self.upstream,
+            self.upstream.stream_left,
             metrics,
             max_buffered_bytes=int(g.max_buffered_seconds * BYTES_PER_SECOND),
             retry_after_s=g.retry_after_s,
@@ -209,7 +210,7 @@ class Gateway:
         return False
 
     def _fail_everything(self, code: str, message: str) -> None:
-        self.registry.fail_all(StreamError(code, message, 503), cancel_upstream=True)
+        self.registry.fail_all(StreamError(code, message, 503))
         self.links.abort_writers()
 
     # -- state -----------------------------------------------------------------------------
@@ -244,7 +245,6 @@ class Gateway:
             why = lost.describe()
             n = self.registry.fail_all(
                 StreamError("worker_restarted", f"{why}; the stream was lost, retry it", 503),
-                cancel_upstream=True,
                 engines=None if lost.codec else lost.engines,
             )
             log.warning("%s: failed %d streams in flight", why, n)

@@ -7,9 +7,11 @@ WebSocket, a ZeroMQ client). Nothing here blocks or awaits: a slow consumer only
 own buffer, up to a limit past which that stream alone is dropped.
 
 A stream leaves the registry when it ends (``END``), fails (``ERROR``, a sequence gap, a
-slow client, a timeout, a worker restart) or its consumer lets go. Records that arrive
-for a stream id the registry does not hold are dropped and counted (they belong to a
-stream that was cancelled or failed a moment ago).
+slow client, a timeout, a worker restart) or its consumer lets go; the registry tells its
+``on_leave`` which, and why when it left before its worker stream ended (the one owner of
+the worker stream, ``gateway.upstream``, cancels it then: the registry sends nothing).
+Records that arrive for a stream id the registry does not hold are dropped and counted
+(they belong to a stream that was cancelled or failed a moment ago).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from gateway.metrics import GatewayMetrics
-from gateway.upstream import Upstream
 from shm.messages import UNDECODABLE
 from shm.records import (
     BYTES_PER_SAMPLE,
@@ -184,20 +185,25 @@ class PcmStream:
                 self._waiter = None
 
 
+Leave = Callable[[PcmStream, str | None], None]
+"""Told each stream that leaves the registry: None when its worker stream ended (its END or
+ERROR came), else why it left before that (the workers may still produce it)."""
+
+
 class StreamRegistry:
     """Stream ids of one gateway and the streams they name."""
 
     def __init__(
         self,
         gateway_index: int,
-        upstream: Upstream,
+        on_leave: Leave,
         metrics: GatewayMetrics,
         *,
         max_buffered_bytes: int,
         retry_after_s: int | None = None,
     ) -> None:
         self._index = gateway_index
-        self._upstream = upstream
+        self._on_leave = on_leave
         self._metrics = metrics
         self._max_buffered = max_buffered_bytes
         self._retry_after_s = retry_after_s
@@ -226,8 +232,9 @@ class StreamRegistry:
 
     def reopen(self, stream: PcmStream) -> int:
         """Route the next worker stream of ``stream`` (a request's next run of text) to it:
-        a new stream id, its sequence from 0; the old id is no longer routed."""
-        self._streams.pop(stream.stream_id, None)
+        a new stream id, its sequence from 0. The old id left with its END; were it still
+        routed, it leaves now (its worker stream cancelled)."""
+        self._leave(stream, "cancelled")
         self._counter += 1
         stream.stream_id = make_stream_id(self._index, self._counter & STREAM_COUNTER_MASK)
         stream.next_seq = 0
@@ -247,29 +254,29 @@ class StreamRegistry:
         else:
             stream.push(bytes(n))
 
-    def release(self, stream: PcmStream, reason: str) -> None:
-        """The consumer is done with ``stream``: if upstream still works on it, cancel it."""
+    def _leave(self, stream: PcmStream, reason: str | None) -> None:
+        """Stop routing ``stream``'s id, if it still is, and tell ``on_leave``."""
         if self._streams.get(stream.stream_id) is stream:
             del self._streams[stream.stream_id]
-            self._upstream.engine(stream.engine).cancel(stream.stream_id, reason)
+            self._on_leave(stream, reason)
 
-    def fail(
-        self,
-        stream: PcmStream,
-        error: StreamError,
-        *,
-        cancel_upstream: bool,
-        discard_pending: bool,
+    def release(self, stream: PcmStream, reason: str) -> None:
+        """The consumer is done with ``stream``: it leaves (for ``reason``) unless it did."""
+        self._leave(stream, reason)
+
+    def fail(self, stream: PcmStream, error: StreamError, *, discard_pending: bool) -> None:
+        """Fail ``stream``: it leaves, for ``error.code``."""
+        self._fail(stream, error, discard_pending=discard_pending, reason=error.code)
+
+    def _fail(
+        self, stream: PcmStream, error: StreamError, *, discard_pending: bool, reason: str | None
     ) -> None:
         if error.code in RETRYABLE_CODES and error.retry_after_s is None:
             # Whichever process noticed the restart (the gateway, the codec worker, the llm
             # worker itself), the client hears when to retry, as for any other 503 here.
             error = msgspec.structs.replace(error, retry_after_s=self._retry_after_s)
         stream.fail(error, discard_pending=discard_pending)
-        if self._streams.get(stream.stream_id) is stream:
-            del self._streams[stream.stream_id]
-            if cancel_upstream:
-                self._upstream.engine(stream.engine).cancel(stream.stream_id, error.code)
+        self._leave(stream, reason)
 
     def drop_slow_client(self, stream: PcmStream, why: str) -> None:
         """Fail ``stream`` because its client does not read, and tear the connection down."""
@@ -279,17 +286,15 @@ class StreamRegistry:
         if stream.done:  # all its audio arrived, but the client does not take it
             stream.error = stream.error or error
         else:
-            self.fail(stream, error, cancel_upstream=True, discard_pending=True)
+            self.fail(stream, error, discard_pending=True)
         if stream.on_abort is not None:
             stream.on_abort()
 
-    def fail_all(
-        self, error: StreamError, *, cancel_upstream: bool, engines: frozenset[int] | None = None
-    ) -> int:
+    def fail_all(self, error: StreamError, *, engines: frozenset[int] | None = None) -> int:
         """Fail every stream (of ``engines`` only, when given)."""
         streams = [s for s in self._streams.values() if engines is None or s.engine in engines]
         for s in streams:
-            self.fail(s, error, cancel_upstream=cancel_upstream, discard_pending=True)
+            self.fail(s, error, discard_pending=True)
         return len(streams)
 
     # -- the hot path ----------------------------------------------------------------------
@@ -344,6 +349,7 @@ class StreamRegistry:
             self._sequence_error(stream, seq, what="END")
             return
         del self._streams[stream.stream_id]
+        self._on_leave(stream, None)
         if stream.on_end is not None:
             final = stream.on_end(end)
             if final is None:
@@ -356,8 +362,7 @@ class StreamRegistry:
             err = error_decoder.decode(payload)
         except UNDECODABLE as e:
             err = StreamError("upstream_error", f"undecodable ERROR record: {e}", 502)
-        # The upstream already dropped the stream: no Cancel.
-        self.fail(stream, err, cancel_upstream=False, discard_pending=False)
+        self._fail(stream, err, discard_pending=False, reason=None)  # it ended the worker stream
 
     def _sequence_error(self, stream: PcmStream, seq: int, what: str = "PCM") -> None:
         self._metrics.sequence_errors.inc()
@@ -366,15 +371,9 @@ class StreamRegistry:
         self.fail(
             stream,
             StreamError("pcm_sequence_error", msg, 502),
-            cancel_upstream=True,
             discard_pending=False,
         )
 
     def _bad_record(self, stream: PcmStream, msg: str) -> None:
         log.error("stream %#x: %s", stream.stream_id, msg)
-        self.fail(
-            stream,
-            StreamError("bad_record", msg, 502),
-            cancel_upstream=True,
-            discard_pending=False,
-        )
+        self.fail(stream, StreamError("bad_record", msg, 502), discard_pending=False)

@@ -24,7 +24,7 @@ from gateway.errors import APIError
 from gateway.frontends.openai.sse import delta_event, done_event
 from gateway.metrics import GatewayMetrics
 from gateway.schemas import decode_speech_request, speech_params
-from gateway.streams import StreamFailed, StreamRegistry
+from gateway.streams import PcmStream, StreamFailed, StreamRegistry
 from gateway.voices import ENGLISH_VOICES, VoiceCatalog
 from orpheus_wire.zeromq import endpoint_for
 from shm.messages import LlmCancel, llm_control_decoder
@@ -202,28 +202,29 @@ async def test_admission_gate_refuses_with_its_error() -> None:
 
 
 # -- stream registry -------------------------------------------------------------------------
-class _Control:
-    """Records what the registry would send upstream (the registry's only collaborator):
-    the one engine's channel of an ``Upstream``."""
+class _Leaves:
+    """What the registry tells its ``on_leave`` (in the gateway, ``Upstream.stream_left``,
+    which cancels the worker streams that left early: tests/test_gateway_upstream.py)."""
 
     def __init__(self) -> None:
-        self.cancels: list[tuple[int, str]] = []
+        self.calls: list[tuple[int, str | None]] = []
 
-    def engine(self, index: int) -> _Control:
-        assert index == 0, "the registry's streams were opened on engine 0"
-        return self
+    def __call__(self, stream: PcmStream, reason: str | None) -> None:
+        self.calls.append((stream.stream_id, reason))
 
-    def cancel(self, stream_id: int, reason: str) -> None:
-        self.cancels.append((stream_id, reason))
+    @property
+    def early(self) -> list[tuple[int, str | None]]:
+        """The streams that left before their worker stream ended, and why."""
+        return [c for c in self.calls if c[1] is not None]
 
 
 def _registry(
     max_bytes: int = 1 << 20, retry_after_s: int | None = None
-) -> tuple[StreamRegistry, _Control, GatewayMetrics]:
-    ctl = _Control()
+) -> tuple[StreamRegistry, _Leaves, GatewayMetrics]:
+    left = _Leaves()
     m = GatewayMetrics(CollectorRegistry())
-    reg = StreamRegistry(3, ctl, m, max_buffered_bytes=max_bytes, retry_after_s=retry_after_s)  # type: ignore[arg-type]
-    return reg, ctl, m
+    reg = StreamRegistry(3, left, m, max_buffered_bytes=max_bytes, retry_after_s=retry_after_s)
+    return reg, left, m
 
 
 def _pcm(sid: int, seq: int, n: int = 8) -> Record:
@@ -237,7 +238,7 @@ def _end(sid: int, seq: int) -> Record:
 
 
 async def test_registry_routes_in_order_and_ends() -> None:
-    reg, ctl, _ = _registry()
+    reg, left, _ = _registry()
     a, b = reg.open(0.0), reg.open(0.0)
     assert gateway_of(a.stream_id) == 3 and a.stream_id != b.stream_id
     reg.dispatch([_pcm(a.stream_id, 0), _pcm(b.stream_id, 0), _pcm(a.stream_id, 1)], 1.0)
@@ -245,9 +246,10 @@ async def test_registry_routes_in_order_and_ends() -> None:
     reg.dispatch([_end(a.stream_id, 2)], 2.0)
     assert await a.next_chunks() == []
     assert a.end is not None and len(reg) == 1
-    reg.release(a, "client_disconnected")  # already ended: nothing to cancel
+    reg.release(a, "client_disconnected")  # already left, with its END
     reg.release(b, "client_disconnected")
-    assert ctl.cancels == [(b.stream_id, "client_disconnected")]
+    reg.release(b, "client_disconnected")  # a stream leaves once
+    assert left.calls == [(a.stream_id, None), (b.stream_id, "client_disconnected")]
 
 
 def _error(sid: int, err: StreamError) -> Record:
@@ -261,9 +263,7 @@ async def test_registry_says_when_to_retry_a_stream_lost_to_a_restart() -> None:
     reg.dispatch([_error(a.stream_id, StreamError("worker_restarted", "died; retry", 503))], 0.0)
     reg.dispatch([_error(b.stream_id, StreamError("bad_request", "no", 400))], 0.0)
     # ... and from the gateway's own view of the cluster.
-    reg.fail(
-        c, StreamError("worker_restarted", "gone", 503), cancel_upstream=True, discard_pending=True
-    )
+    reg.fail(c, StreamError("worker_restarted", "gone", 503), discard_pending=True)
     got = []
     for s in (a, b, c):
         with pytest.raises(StreamFailed) as e:
@@ -277,14 +277,14 @@ async def test_registry_says_when_to_retry_a_stream_lost_to_a_restart() -> None:
 
 
 async def test_registry_fails_a_stream_on_a_sequence_gap_only() -> None:
-    reg, ctl, m = _registry()
+    reg, left, m = _registry()
     a, b = reg.open(0.0), reg.open(0.0)
     reg.dispatch([_pcm(a.stream_id, 0), _pcm(a.stream_id, 2), _pcm(b.stream_id, 0)], 0.0)
     assert len(await a.next_chunks()) == 1  # the audio before the gap is delivered
     with pytest.raises(StreamFailed) as e:
         await a.next_chunks()
     assert e.value.error.code == "pcm_sequence_error"
-    assert ctl.cancels == [(a.stream_id, "pcm_sequence_error")]
+    assert left.early == [(a.stream_id, "pcm_sequence_error")]
     assert len(await b.next_chunks()) == 1 and not b.done
     assert m.registry.get_sample_value("orpheus_gateway_pcm_sequence_errors_total") == 1
     # Later records of the failed stream are dropped and counted.
@@ -293,7 +293,7 @@ async def test_registry_fails_a_stream_on_a_sequence_gap_only() -> None:
 
 
 async def test_registry_error_record_and_garbage_payloads() -> None:
-    reg, ctl, _ = _registry()
+    reg, left, _ = _registry()
     a, b, c = reg.open(0.0), reg.open(0.0), reg.open(0.0)
     err = msgspec.msgpack.encode(StreamError("bad_request", "unknown voice 'x'", 400))
     reg.dispatch(
@@ -311,11 +311,12 @@ async def test_registry_error_record_and_garbage_payloads() -> None:
         with pytest.raises(StreamFailed) as e:
             await s.next_chunks()
         assert e.value.error.code == "bad_record"
-    assert sorted(ctl.cancels) == sorted([(b.stream_id, "bad_record"), (c.stream_id, "bad_record")])
+    assert sorted(left.early) == sorted([(b.stream_id, "bad_record"), (c.stream_id, "bad_record")])
+    assert (a.stream_id, None) in left.calls, "an ERROR record ends the worker stream: no cancel"
 
 
 async def test_registry_drops_a_slow_client_and_tears_it_down() -> None:
-    reg, ctl, m = _registry(max_bytes=20)
+    reg, left, m = _registry(max_bytes=20)
     a = reg.open(0.0)
     aborted: list[bool] = []
     a.on_abort = lambda: aborted.append(True)
@@ -323,7 +324,7 @@ async def test_registry_drops_a_slow_client_and_tears_it_down() -> None:
     with pytest.raises(StreamFailed) as e:
         await a.next_chunks()
     assert e.value.error.code == "slow_client" and aborted == [True]
-    assert ctl.cancels == [(a.stream_id, "slow_client")]
+    assert left.early == [(a.stream_id, "slow_client")]
     assert m.registry.get_sample_value("orpheus_gateway_slow_client_drops_total") == 1
 
 
