@@ -726,7 +726,7 @@ async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
             voice=voice, kind="model", sampling=vs, seed=None, total_tokens=args.tokens
         )
         counter = sampling.hooks.acquire()
-        kwargs = sampling.hooks.kwargs(vs.repetition_penalty, counter)
+        kwargs = sampling.hooks.kwargs(vs, counter)
         chars = len(TEXTS[0])
         stop_id = generation.space.end_of_speech
 

@@ -152,6 +152,7 @@ class LlmStream:
     text: TextStream | None
     """Open text (``text_open``): more may arrive. None once the text is complete."""
     sampling_kwargs: dict[str, Any] | None = None
+    """The requests' sampling keywords, built once when the stream starts (sampling hooks)."""
     prefix: tuple[int, ...] | None = None
     """A custom voice's prompt prefix (its reference turn), fixed when the stream starts."""
     lora: LoRARequest | None = None
@@ -305,7 +306,7 @@ class LLMService:
         s = LlmStream(msg.stream_id, plan, row, pieces, budgets, text)
         s.prefix, s.lora, s.speaker = prefix, lora, speaker
         s.counter = self._sampling.acquire()
-        s.sampling_kwargs = self._sampling.kwargs(plan.sampling.repetition_penalty, s.counter)
+        s.sampling_kwargs = self._sampling.kwargs(plan.sampling, s.counter)
         self._streams[s.stream_id] = s
         M.ACTIVE_STREAMS.inc()
         if self.tracing is not None and msg.traceparent:
