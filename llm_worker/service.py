@@ -11,7 +11,7 @@ out as one continuous stream.
 
 One task, the *pump*, is the only writer of the code ring. It wakes when the engine has
 delivered a step's outputs (:meth:`LLMService.on_step`, called by the engine's step hook:
-:class:`llm_worker.engine.StepHook`), takes every live stream's new tokens, maps them all to
+:class:`llm_worker.step_hooks.StepHook`), takes every live stream's new tokens, maps them all to
 frames in one vectorised call, stages one CODES record per stream that completed frames, and
 publishes them with one head update. Control handlers never write the ring: their END/ERROR
 records go through an outbox the pump flushes after the step's CODES, so a stream's records

@@ -796,7 +796,8 @@ async def _continuous(
 async def test_generation_engine_feeds_token_ids_and_relays_steps() -> None:
     from vllm.inputs.engine import tokens_input
 
-    from llm_worker.engine import GenerationEngine, StepHook, StepRelay
+    from llm_worker.engine import GenerationEngine
+    from llm_worker.step_hooks import StepHook, StepRelay
 
     calls: list[tuple[Any, ...]] = []
 
