@@ -296,7 +296,7 @@ def not_applicable(name: str, device: str) -> str | None:
 
 def engine_config(args: argparse.Namespace, variant: str, max_num_seqs: int) -> Any:
     """The server's ``LLMConfig`` of one of ``args.engine_count`` engines sharing the device:
-    ``llm.engines`` is K, so ``llm_worker.engine.engine_args`` gives it its share as it does
+    ``llm.engines`` is K, so ``llm_worker.engine_args.engine_args`` gives it its share as it does
     in the server (on CUDA ``gpu_memory_utilization / K``, and ``kv_cache_memory_bytes / K``
     where set; on CPU the KV cache follows its own ``max_num_seqs``)."""
     from orchestrator.settings import load_config
@@ -703,7 +703,8 @@ async def run_level(
 async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
     """Build this engine (its share of the device), say ready, then run the levels the
     parent asks for until it says quit."""
-    from llm_worker.engine import GenerationEngine, describe_engine
+    from llm_worker.engine import GenerationEngine
+    from llm_worker.engine_info import describe_engine
     from llm_worker.engine_plan import plan_engine
     from llm_worker.prompt import PromptBuilder
     from llm_worker.requests import RequestPlan, segment_params
@@ -726,7 +727,7 @@ async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
             voice=voice, kind="model", sampling=vs, seed=None, total_tokens=args.tokens
         )
         counter = sampling.hooks.acquire()
-        kwargs = sampling.hooks.kwargs(vs.repetition_penalty, counter)
+        kwargs = sampling.hooks.kwargs(vs, counter)
         chars = len(TEXTS[0])
         stop_id = generation.space.end_of_speech
 

@@ -236,7 +236,7 @@ class LoraBench:
         from vllm.lora.request import LoRARequest
 
         from bench.doubles.tiny_model import write_random_lora
-        from llm_worker.engine import LORA_CPU_FIX
+        from llm_worker.engine_args import LORA_CPU_FIX
         from llm_worker.prompt import PromptBuilder
 
         self.args = args

@@ -5,13 +5,17 @@ warm-up and ready). Modules, each with one job:
 
 - ``service``: ``LLMService``, the streams' state machine and the per-step publisher
 - ``output``: ``RingSink``, the only writer of the code ring
-- ``engine``: ``GenerationEngine`` (owns ``AsyncLLM``; add, the one way in, which converts
-  a prompt to the output head's ids; abort; the step hook)
+- ``engine``: ``GenerationEngine``, the running engine (owns ``AsyncLLM``; add, the one way
+  in, which converts a prompt to the output head's ids; abort; the step listener)
+- ``step_hooks``: how the worker learns a step's outputs are delivered (stats on or off)
 - ``requests``, ``prompt``, ``text``: a request's plan, its prompt ids, its text pieces
 - ``codes``, ``repetition``: tokens to frames for all streams at once; the repetition guard
-- ``engine_plan``, ``sampling_setup``: the engine's plan (its model runner, its logits
-  processors and their per-stream hooks, its output head)
-- ``output_head``: which output head (the audio-only head or the checkpoint's)
+- the engine's set-up, before it exists: ``engine_plan``, ``sampling_setup``,
+  ``output_head`` (its model runner, its logits processors and their per-stream hooks,
+  which output head: the audio-only head or the checkpoint's), then ``engine_args`` (its
+  ``AsyncEngineArgs`` and KV sizing, after ``engine_env``: the device check and the
+  environment vLLM reads)
+- ``engine_info``: what the startup log says vLLM built
 - ``warmup``: the warm-up batch before ready (every batch size the sampler switches at)
 - ``custom_voices``, ``lora``: zero-shot and LoRA voices
 - ``model_info``: the model's voices

@@ -8,8 +8,9 @@ chosen together before the engine exists (each choice depends on the one before)
 3. The output head (``llm.output_head``, :mod:`llm_worker.output_head`): the audio head needs
    our tensor penalty on the V1 runner.
 
-:class:`llm_worker.engine.GenerationEngine` is started from the plan and confirms vLLM ran
-the runner the plan was made for (:meth:`EnginePlan.check_runner`).
+The engine's arguments are built from the plan (:func:`llm_worker.engine_args.
+prepare_engine_args`); :class:`llm_worker.engine.GenerationEngine` is started from them and
+confirms vLLM ran the runner the plan was made for (:meth:`EnginePlan.check_runner`).
 """
 
 from __future__ import annotations

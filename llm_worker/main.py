@@ -44,7 +44,8 @@ from common.tracing import Tracing, setup_tracing
 from common.zmq_recv import incoming, incoming_multipart
 from llm_worker import metrics as M
 from llm_worker.custom_voices import ZeroShotVoices
-from llm_worker.engine import GenerationEngine, describe_engine
+from llm_worker.engine import GenerationEngine
+from llm_worker.engine_info import describe_engine
 from llm_worker.engine_plan import EnginePlan, plan_engine
 from llm_worker.lora import LoraVoices
 from llm_worker.model_info import ModelInfo, load_model_info

@@ -22,6 +22,7 @@ from common.limits import SEED_MAX, LimitError, RequestLimits
 from common.llm_config import LLMConfig, VoiceSampling
 from llm_worker.model_info import ModelInfo
 from llm_worker.vllm_ext import tokens as T
+from llm_worker.vllm_ext.sampling.plan import sampling_kwargs as engine_sampling
 from shm.messages import LlmSubmit, SamplingOverrides
 from shm.records import FRAME_CODES
 from shm.voices import VoiceKind, VoiceLookup
@@ -46,8 +47,9 @@ class RequestPlan(msgspec.Struct, frozen=True):
     kind: VoiceKind
     """Which kind of voice it is (``VoiceLookup``): the model's, a LoRA or a custom voice."""
     sampling: VoiceSampling
-    """The voice's defaults with the request's overrides (:func:`resolve_sampling`): vLLM
-    ``SamplingParams`` keywords, spread into every segment's (:func:`segment_params`)."""
+    """The voice's defaults with the request's overrides (:func:`resolve_sampling`), made
+    ``SamplingParams`` keywords once per stream
+    (:func:`llm_worker.vllm_ext.sampling.plan.sampling_kwargs`)."""
     seed: int | None
     total_tokens: int | None
     """Exact audio tokens for the whole stream (the client fixed the length): end of speech
@@ -154,8 +156,9 @@ def segment_params(
     The segment has ``chars`` characters of text and a prompt of ``prompt_len`` ids;
     ``budget`` is its exact share of ``plan.total_tokens`` (None: capped by text length).
     ``stop_id`` is end-of-speech as the engine numbers it (the output head's token space).
-    ``sampling_kwargs`` come from the sampling package (its repetition penalty and
-    ``extra_args``); None uses vLLM's built-in repetition penalty.
+    ``sampling_kwargs`` are the stream's sampling keywords, built once by the sampling
+    package (:func:`~llm_worker.vllm_ext.sampling.plan.sampling_kwargs`, through the
+    service's hooks); None: ``plan.sampling`` with vLLM's built-in repetition penalty.
     """
     room = config.max_model_len - prompt_len
     if room < FRAME_CODES:
@@ -168,13 +171,10 @@ def segment_params(
     max_tokens = min(max_tokens, room // FRAME_CODES * FRAME_CODES)
     if max_tokens < 1:
         raise BadRequest("max_tokens leaves this segment no audio token")
-    sampling = msgspec.structs.asdict(plan.sampling)
-    if sampling_kwargs is not None:
-        # The sampling package's own repetition penalty replaces vLLM's (its extra_args).
-        del sampling["repetition_penalty"]
-        sampling.update(sampling_kwargs)
+    if sampling_kwargs is None:
+        sampling_kwargs = engine_sampling(plan.sampling)
     return SamplingParams(
-        **sampling,
+        **sampling_kwargs,
         max_tokens=max_tokens,
         # A fixed length ignores end of speech: min_tokens masks the stop ids until the
         # budget is spent (so 128258 is never sampled and no frame is lost to it).

@@ -11,7 +11,7 @@ out as one continuous stream.
 
 One task, the *pump*, is the only writer of the code ring. It wakes when the engine has
 delivered a step's outputs (:meth:`LLMService.on_step`, called by the engine's step hook:
-:class:`llm_worker.engine.StepHook`), takes every live stream's new tokens, maps them all to
+:class:`llm_worker.step_hooks.StepHook`), takes every live stream's new tokens, maps them all to
 frames in one vectorised call, stages one CODES record per stream that completed frames, and
 publishes them with one head update. Control handlers never write the ring: their END/ERROR
 records go through an outbox the pump flushes after the step's CODES, so a stream's records
@@ -152,6 +152,7 @@ class LlmStream:
     text: TextStream | None
     """Open text (``text_open``): more may arrive. None once the text is complete."""
     sampling_kwargs: dict[str, Any] | None = None
+    """The requests' sampling keywords, built once when the stream starts (sampling hooks)."""
     prefix: tuple[int, ...] | None = None
     """A custom voice's prompt prefix (its reference turn), fixed when the stream starts."""
     lora: LoRARequest | None = None
@@ -305,7 +306,7 @@ class LLMService:
         s = LlmStream(msg.stream_id, plan, row, pieces, budgets, text)
         s.prefix, s.lora, s.speaker = prefix, lora, speaker
         s.counter = self._sampling.acquire()
-        s.sampling_kwargs = self._sampling.kwargs(plan.sampling.repetition_penalty, s.counter)
+        s.sampling_kwargs = self._sampling.kwargs(plan.sampling, s.counter)
         self._streams[s.stream_id] = s
         M.ACTIVE_STREAMS.inc()
         if self.tracing is not None and msg.traceparent:

@@ -96,7 +96,7 @@ async def warm_up(
         plan = RequestPlan(voice=voice, kind="model", sampling=vs, seed=i, total_tokens=tokens)
         params = segment_params(
             config, plan, 0, len(text), len(prompt), tokens,
-            hooks.kwargs(vs.repetition_penalty, None), engine.space.end_of_speech,
+            hooks.kwargs(vs, None), engine.space.end_of_speech,
         )  # fmt: skip
         await engine.run(f"warmup-{i}", prompt, params)
 

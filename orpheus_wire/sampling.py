@@ -7,9 +7,10 @@ becomes by one conversion (``gateway.schemas.sampling_overrides``).
 Their limits are ``common.limits``' (the llm_worker's, keyed by these names), checked by
 ``gateway.schemas.build_params``; the voices' defaults are ``common.llm_config.
 VoiceSampling``. Every name but ``max_tokens`` and ``seed`` is a keyword of vLLM's
-``SamplingParams``, passed on as it is (``llm_worker.requests.segment_params``). A new
-field goes at the end: these are msgpack maps on the ZeroMQ wire, and an older client's
-messages must keep decoding.
+``SamplingParams``, which the llm_worker builds in one place
+(``llm_worker.vllm_ext.sampling.plan.sampling_kwargs``: there the repetition penalty takes
+vLLM's path or the worker's tensor penalty's). A new field goes at the end: these are
+msgpack maps on the ZeroMQ wire, and an older client's messages must keep decoding.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ _SHARED = (
 
 
 def sync_llm(args: AsyncEngineArgs, *extra: str) -> LLM:
-    """An offline engine built from ``args`` (``llm_worker.engine.engine_args``): the shared
+    """An offline engine built from ``args`` (``llm_worker.engine_args.engine_args``): the shared
     fields plus ``extra`` (the feature under test), with a fixed engine seed."""
     note_engine_start("offline engine")
     return LLM(**{k: getattr(args, k) for k in (*_SHARED, *extra)}, seed=0)

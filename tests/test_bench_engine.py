@@ -35,7 +35,7 @@ from bench.engine import (
     summarize_engine,
     variant_overrides,
 )
-from llm_worker.engine import OutputLoopHook
+from llm_worker.step_hooks import OutputLoopHook
 
 LEGACY_LEVEL_KEYS = {
     "variant", "streams", "step_ms_p50", "step_ms_p99", "engine_cpu_ms_per_step",
@@ -135,7 +135,7 @@ def test_streams_split_evenly_over_the_engines(streams: int, engines: int) -> No
 def test_each_engine_gets_its_share_of_the_device_as_in_the_server() -> None:
     """The bench's engine is configured as one of the server's K engines: the server's
     ``engine_args`` splits the device, the server's CPU plan the cores."""
-    from llm_worker.engine import engine_args
+    from llm_worker.engine_args import engine_args
 
     def args(device: str, engines: int) -> SimpleNamespace:
         return SimpleNamespace(model="m", engine_count=engines, tokens=100, lever_head="full",

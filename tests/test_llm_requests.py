@@ -16,6 +16,7 @@ from llm_worker.requests import (
     split_budget,
 )
 from llm_worker.vllm_ext import tokens as T
+from llm_worker.vllm_ext.sampling import ModelRunner, SamplingPlan, sampling_kwargs
 from shm.messages import LlmSubmit, SamplingOverrides
 
 INFO = ModelInfo(voices=("tara", "leo"), emotion_tags=("laugh",), source="test")
@@ -163,6 +164,25 @@ def test_segment_params_respect_max_model_len_and_sampling_kwargs() -> None:
     assert p.max_tokens == 21  # what fits in max_model_len, whole frames
     with pytest.raises(BadRequest, match="max_model_len"):
         segment_params(CONFIG, plan, 0, chars=5, prompt_len=1020)
-    ours = {"repetition_penalty": 1.0, "extra_args": {"orpheus": {"repetition_penalty": 1.1}}}
+    v1 = SamplingPlan(runner=ModelRunner.V1, tensor_penalty=True, constrain_audio=False)
+    ours = sampling_kwargs(plan.sampling, v1)
     p = segment_params(CONFIG, plan, 0, chars=5, prompt_len=20, sampling_kwargs=ours)
-    assert p.repetition_penalty == 1.0 and p.extra_args == ours["extra_args"]
+    assert p.repetition_penalty == 1.0, "the tensor penalty's: vLLM's list path stays off"
+    assert p.extra_args == {"orpheus": {"repetition_penalty": 1.1}}
+    assert (p.temperature, p.top_p, p.top_k) == (0.6, 0.8, 0)
+
+
+def test_sampling_kwargs_name_the_penalty_once() -> None:
+    """Every sampling field reaches vLLM once: the penalty on one path, never both."""
+    vs = VoiceSampling(temperature=0.5, top_p=0.9, repetition_penalty=1.3, top_k=7)
+    builtin = sampling_kwargs(vs)
+    assert builtin == msgspec.structs.asdict(vs)
+    v2 = SamplingPlan(runner=ModelRunner.V2, tensor_penalty=False, constrain_audio=False)
+    assert sampling_kwargs(vs, v2) == builtin
+    v1 = SamplingPlan(runner=ModelRunner.V1, tensor_penalty=True, constrain_audio=False)
+    ours = sampling_kwargs(vs, v1)
+    assert ours == {
+        **builtin,
+        "repetition_penalty": 1.0,
+        "extra_args": {"orpheus": {"repetition_penalty": 1.3}},
+    }

@@ -25,7 +25,7 @@ from llm_fakes import (
 from prometheus_client import REGISTRY
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from common.llm_config import LLMConfig
+from common.llm_config import LLMConfig, VoiceSampling
 from llm_worker import metrics as M
 from llm_worker.model_info import ModelInfo
 from llm_worker.requests import BadRequest, length_cap
@@ -690,8 +690,8 @@ class Hooks(SamplingHooks):
         self.n += 1
         return f"slot-{self.n}"
 
-    def kwargs(self, repetition_penalty: float, counter: Any) -> dict[str, Any] | None:
-        return {"repetition_penalty": repetition_penalty, "extra_args": {"slot": counter}}
+    def kwargs(self, sampling: VoiceSampling, counter: Any) -> dict[str, Any]:
+        return {**super().kwargs(sampling, counter), "extra_args": {"slot": counter}}
 
     def release(self, counter: Any) -> int:
         self.released.append(counter)
@@ -796,7 +796,8 @@ async def _continuous(
 async def test_generation_engine_feeds_token_ids_and_relays_steps() -> None:
     from vllm.inputs.engine import tokens_input
 
-    from llm_worker.engine import GenerationEngine, StepHook, StepRelay
+    from llm_worker.engine import GenerationEngine
+    from llm_worker.step_hooks import StepHook, StepRelay
 
     calls: list[tuple[Any, ...]] = []
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from common.llm_config import LLMConfig
-from llm_worker.engine import ONEDNN_CACHE_ENV, bound_onednn_cache
+from llm_worker.engine_env import ONEDNN_CACHE_ENV, bound_onednn_cache
 
 
 def test_the_cap_goes_into_the_environment_vllm_hands_down() -> None:

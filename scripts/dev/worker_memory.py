@@ -115,12 +115,11 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                 k = rng.randrange(len(prompts))
                 budget = rng.randint(4, 100) * 7
                 plan = RequestPlan(
-                    voice=voice, kind="model", temperature=vs.temperature, top_p=vs.top_p,
-                    repetition_penalty=vs.repetition_penalty, seed=None, total_tokens=budget,
+                    voice=voice, kind="model", sampling=vs, seed=None, total_tokens=budget,
                 )  # fmt: skip
 
                 def make_params(counter: Any, plan: Any = plan, k: int = k) -> Any:
-                    kwargs = sampling.hooks.kwargs(vs.repetition_penalty, counter)
+                    kwargs = sampling.hooks.kwargs(vs, counter)
                     return segment_params(
                         cfg, plan, 0, len(pool[k]), len(prompts[k]), plan.total_tokens, kwargs,
                         generation.space.end_of_speech,

@@ -1,6 +1,7 @@
 """Sampling for Orpheus on vLLM: tensor-based repetition penalty and the audio-token constraint.
 
-Entry point: ``plan`` (``SamplingPlan``: which path the worker runs, decided once at start).
+Entry point: ``plan`` (``SamplingPlan``: which path the worker runs, decided once at start;
+``plan.sampling_kwargs``: a request's sampling as ``SamplingParams`` keywords, built once).
 Prevented-token counts reach the worker through a ``PreventedBoard`` (``counters``).
 
 - ``runner``: which vLLM model runner (V1 or V2), chosen and pinned before the engine starts
@@ -15,7 +16,7 @@ Prevented-token counts reach the worker through a ``PreventedBoard`` (``counters
 from llm_worker.vllm_ext.sampling.args import EXTRA_ARGS_KEY, RequestArgs
 from llm_worker.vllm_ext.sampling.counters import Counter, CounterSlots, PreventedBoard
 from llm_worker.vllm_ext.sampling.hooks import PlanHooks, SamplingHooks
-from llm_worker.vllm_ext.sampling.plan import SamplingPlan, detect_model_runner
+from llm_worker.vllm_ext.sampling.plan import SamplingPlan, detect_model_runner, sampling_kwargs
 from llm_worker.vllm_ext.sampling.runner import (
     ModelRunner,
     RunnerChoice,
@@ -39,4 +40,5 @@ __all__ = [
     "detect_model_runner",
     "pin_model_runner",
     "prepare_sampler_environment",
+    "sampling_kwargs",
 ]

@@ -1,9 +1,10 @@
 """The sampling package's per-stream side, as the llm service needs it.
 
-A stream takes a slot on the prevented-token board when it starts (``acquire``), passes the
-sampling arguments that switch the package's processors on to each of its segments' vLLM
-requests (``kwargs``), and gives the slot back when it ends (``release``, which returns how
-many invalid audio tokens the constraint prevented for it).
+A stream takes a slot on the prevented-token board when it starts (``acquire``), builds its
+requests' sampling keywords once from its resolved sampling (``kwargs``, through
+:func:`~llm_worker.vllm_ext.sampling.plan.sampling_kwargs`), and gives the slot back when it
+ends (``release``, which returns how many invalid audio tokens the constraint prevented for
+it).
 
 :class:`SamplingHooks` is the default: vLLM's own repetition penalty, no constraint, no
 board. :class:`PlanHooks` is the one the worker runs: a :class:`SamplingPlan`'s request
@@ -15,6 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.llm_config import VoiceSampling
+from llm_worker.vllm_ext.sampling.plan import sampling_kwargs
+
 
 class SamplingHooks:
     """The default: vLLM's own repetition penalty and no constraint."""
@@ -23,9 +27,9 @@ class SamplingHooks:
         """The new stream's slot on the prevented-token board (None: it has none)."""
         return None
 
-    def kwargs(self, repetition_penalty: float, counter: Any) -> dict[str, Any] | None:
-        """``SamplingParams`` keywords for the stream's requests (None: vLLM's penalty)."""
-        return None
+    def kwargs(self, sampling: VoiceSampling, counter: Any) -> dict[str, Any]:
+        """The ``SamplingParams`` sampling keywords of the stream's requests."""
+        return sampling_kwargs(sampling)
 
     def release(self, counter: Any) -> int:
         """Give the slot back; returns the invalid tokens prevented for its stream."""
@@ -43,8 +47,8 @@ class PlanHooks(SamplingHooks):
     def acquire(self) -> Any:
         return self._slots.acquire() if self._slots is not None else None
 
-    def kwargs(self, repetition_penalty: float, counter: Any) -> dict[str, Any] | None:
-        return self._plan.request_kwargs(repetition_penalty=repetition_penalty, counter=counter)
+    def kwargs(self, sampling: VoiceSampling, counter: Any) -> dict[str, Any]:
+        return sampling_kwargs(sampling, self._plan, counter)
 
     def release(self, counter: Any) -> int:
         return self._slots.release(counter) if self._slots is not None else 0

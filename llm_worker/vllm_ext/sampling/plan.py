@@ -24,8 +24,13 @@ Usage in the worker::
                                    v2_processors=choice.v2_processors)
     engine_args = AsyncEngineArgs(..., logits_processors=plan.logits_processors())
     log.info("sampling: %s", plan.describe())
-    params = SamplingParams(temperature=..., top_p=..., stop_token_ids=[T.END_OF_SPEECH],
-                            **plan.request_kwargs(repetition_penalty=1.1, counter=counter))
+    params = SamplingParams(max_tokens=..., stop_token_ids=[T.END_OF_SPEECH],
+                            **sampling_kwargs(voice_sampling, plan, counter))
+
+:func:`sampling_kwargs` is the one place a request's sampling (``VoiceSampling``: the voice's
+defaults with the request's overrides, checked against ``common.limits`` where the request
+arrived) becomes ``SamplingParams`` keywords: the fields vLLM takes as they are, and the
+repetition penalty on the path the plan runs (vLLM's own, or ours through ``extra_args``).
 """
 
 from __future__ import annotations
@@ -33,13 +38,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from common.llm_config import LLMConfig
+from common.llm_config import LLMConfig, VoiceSampling
 from llm_worker.vllm_ext.sampling.args import RequestArgs
 from llm_worker.vllm_ext.sampling.counters import SINK, Counter
 from llm_worker.vllm_ext.sampling.runner import ModelRunner, actual_model_runner
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+
+PASSED_ON = tuple(f for f in VoiceSampling.__struct_fields__ if f != "repetition_penalty")
+"""The sampling fields that are ``SamplingParams`` keywords as they are; the repetition
+penalty's path is the plan's (:meth:`SamplingPlan.request_kwargs`)."""
 
 
 def detect_model_runner(vllm_config: VllmConfig) -> ModelRunner:
@@ -142,3 +151,20 @@ class SamplingPlan:
         else:
             constraint = "off"
         return f"{runner}; repetition penalty: {penalty}; audio-token constraint: {constraint}"
+
+
+def sampling_kwargs(
+    sampling: VoiceSampling, plan: SamplingPlan | None = None, counter: Counter | None = None
+) -> dict[str, Any]:
+    """A request's ``SamplingParams`` keywords for ``sampling``: its fields, the repetition
+    penalty applied where ``plan`` runs it and the constraint's arguments (``counter``: the
+    stream's slot on the prevented-token board). ``plan`` None: vLLM's own penalty, no
+    constraint. Built once per stream; each segment adds its length, seed and stop id."""
+    kwargs: dict[str, Any] = {f: getattr(sampling, f) for f in PASSED_ON}
+    if plan is None:
+        kwargs["repetition_penalty"] = sampling.repetition_penalty
+    else:
+        kwargs |= plan.request_kwargs(
+            repetition_penalty=sampling.repetition_penalty, counter=counter
+        )
+    return kwargs

