@@ -13,7 +13,7 @@ A zero-shot voice is made here, in four steps:
    whether its codes (one frame per 2048 samples) leave room in ``llm.max_model_len``;
 3. the codec worker encodes it with SNAC's encoder (``EncodeRequest`` over its ROUTER
    ``layout.encode``; the gateway never touches torch);
-4. the codes and the transcript are stored in the state directory (:mod:`shm.voices`),
+4. the codes and the transcript are stored in the state directory (:mod:`store.voices`),
    where every gateway and the llm_worker read them. The voice's id is its name in lower
    case; from then on it is a ``voice`` in every API.
 """
@@ -54,7 +54,7 @@ from shm.messages import (
     encode_reply_decoder,
 )
 from shm.records import CODE_DTYPE, FRAME_CODES
-from shm.voices import (
+from store.voices import (
     ID_RE,
     LoraRegistry,
     TooManyVoices,
@@ -254,7 +254,7 @@ class CustomVoices:
     def zero_shot(self) -> bool:
         return bool(self.config.llm.zero_shot)
 
-    # The gateway's view of the voices ``shm.voices.VoiceLookup`` asks about (before
+    # The gateway's view of the voices ``store.voices.VoiceLookup`` asks about (before
     # admission, in the order the llm_worker asks its own): a stat or two, no file is read.
     def is_lora(self, vid: str) -> bool:
         """Whether ``vid`` is a LoRA voice: configured, or loaded at run time (its entry in

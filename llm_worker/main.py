@@ -64,7 +64,7 @@ from shm.messages import (
 )
 from shm.records import RecordKind
 from shm.ring import RingWriter
-from shm.voices import LoraRegistry, VoiceStore
+from store.voices import LoraRegistry, VoiceStore
 
 log = logging.getLogger(__name__)
 

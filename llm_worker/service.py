@@ -77,7 +77,7 @@ from shm.records import (
     StreamStart,
     record_encoder,
 )
-from shm.voices import VoiceLookup
+from store.voices import VoiceLookup
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -197,7 +197,7 @@ class LLMService:
             None if loras is None else (lambda v: loras.get(v) is not None),
             None if custom is None else custom.has,
         )
-        """The voices this worker takes, looked up in the gateway's order (shm.voices)."""
+        """The voices this worker takes, looked up in the gateway's order (store.voices)."""
         self._engine = engine
         self._space = engine.space
         self._sink = sink

@@ -36,7 +36,7 @@ from llm_worker.requests import BadRequest, plan_request
 from llm_worker.vllm_ext import tokens as T
 from shm.layout import InstanceLayout
 from shm.messages import LlmSubmit
-from shm.voices import (
+from store.voices import (
     LoraEntry,
     LoraRegistry,
     TooManyVoices,
@@ -237,7 +237,7 @@ def test_plan_accepts_a_custom_voice_only_when_the_worker_knows_it() -> None:
 
 
 def test_one_lookup_order_for_every_process(tmp_path: Path) -> None:
-    """shm.voices.VoiceLookup: the model's voices, then LoRA, then custom; one message."""
+    """store.voices.VoiceLookup: the model's voices, then LoRA, then custom; one message."""
     asked: list[str] = []
 
     def lora(v: str) -> bool:

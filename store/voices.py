@@ -2,7 +2,7 @@
 a state directory that every gateway and the llm_worker read.
 
 One file per voice, ``<state_dir>/voices/<id>.voice`` (a msgpack :class:`VoiceRecord`: the
-transcript and the reference audio's SNAC code frames), a ``shm.durable.RecordDir``: written
+transcript and the reference audio's SNAC code frames), a ``store.durable.RecordDir``: written
 atomically and *linked* to its final name (two gateways creating the same name race safely:
 one wins, the other answers 409); creation holds the directory's lock so that the voice
 limit holds across processes. Deleting unlinks the file: a stream that already started
@@ -25,9 +25,9 @@ from typing import Literal, NamedTuple
 import msgspec
 import numpy as np
 
-from shm.durable import RecordDir, write_file
 from shm.messages import UNDECODABLE
 from shm.records import CODE_DTYPE, FRAME_BYTES, FRAME_CODES
+from store.durable import RecordDir, write_file
 
 VOICE_SUFFIX = ".voice"
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
