@@ -54,9 +54,9 @@ from shm.messages import (
     encode_reply_decoder,
 )
 from shm.records import CODE_DTYPE, FRAME_CODES
+from store.lora import LoraRegistry
 from store.voices import (
     ID_RE,
-    LoraRegistry,
     TooManyVoices,
     VoiceExists,
     VoicesConfig,

@@ -64,7 +64,8 @@ from shm.messages import (
 )
 from shm.records import RecordKind
 from shm.ring import RingWriter
-from store.voices import LoraRegistry, VoiceStore
+from store.lora import LoraRegistry
+from store.voices import VoiceStore
 
 log = logging.getLogger(__name__)
 

@@ -36,9 +36,8 @@ from llm_worker.requests import BadRequest, plan_request
 from llm_worker.vllm_ext import tokens as T
 from shm.layout import InstanceLayout
 from shm.messages import LlmSubmit
+from store.lora import LoraEntry, LoraRegistry
 from store.voices import (
-    LoraEntry,
-    LoraRegistry,
     TooManyVoices,
     VoiceExists,
     VoiceLookup,
