@@ -39,6 +39,7 @@ from aiohttp import BodyPartReader, web
 
 from common.config import ServeConfig
 from common.languages import UnknownLanguage, language_tag
+from common.voice_lookup import lora_unavailable, zero_shot_unsupported
 from gateway.errors import APIError
 from shm.layout import InstanceLayout
 from shm.messages import (
@@ -62,10 +63,8 @@ from store.voices import (
     VoicesConfig,
     VoiceStore,
     VoiceSummary,
-    lora_unavailable,
     new_record,
     voice_id,
-    zero_shot_unsupported,
 )
 
 log = logging.getLogger(__name__)
@@ -254,7 +253,7 @@ class CustomVoices:
     def zero_shot(self) -> bool:
         return bool(self.config.llm.zero_shot)
 
-    # The gateway's view of the voices ``store.voices.VoiceLookup`` asks about (before
+    # The gateway's view of the voices ``common.voice_lookup.VoiceLookup`` asks about (before
     # admission, in the order the llm_worker asks its own): a stat or two, no file is read.
     def is_lora(self, vid: str) -> bool:
         """Whether ``vid`` is a LoRA voice: configured, or loaded at run time (its entry in

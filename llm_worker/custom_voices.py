@@ -14,9 +14,10 @@ import logging
 
 import msgspec
 
+from common.voice_lookup import zero_shot_unsupported
 from llm_worker.prompt import PromptBuilder
 from llm_worker.requests import BadRequest
-from store.voices import VoiceStore, zero_shot_unsupported
+from store.voices import VoiceStore
 
 log = logging.getLogger(__name__)
 

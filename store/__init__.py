@@ -4,7 +4,6 @@
 the wire contract below it (``shm``) only the code frame's constants and the decode guard.
 
 - ``durable``: records in the state directory (locked changes, whole-file writes)
-- ``voices``: the ``[voices]`` table; custom (zero-shot) voices on disk, and which voice a
-  name is (``voices.VoiceLookup``)
+- ``voices``: the ``[voices]`` table; custom (zero-shot) voices on disk
 - ``lora``: the LoRA voices loaded at run time (``lora.LoraRegistry``)
 """
