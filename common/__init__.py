@@ -1,10 +1,13 @@
 """The floor every process stands on. It imports no process package (orchestrator,
-gateway, llm_worker, codec_worker); the wire contract below it is ``shm``.
+gateway, llm_worker, codec_worker); below it are the durable state, ``store``, and the wire
+contract, ``shm``.
 
 - ``config``: ``ServeConfig``, the whole server's configuration, made of the tables of
   ``llm_config``, ``codec_config``, ``gateway_config``, ``jobs_config``, ``text_config`` (and ``shm.config``,
-  ``shm.voices``)
+  ``store.voices``)
 - ``limits``: the sampling fields' limits, checked by the gateway and the llm worker alike
+- ``voice_lookup``: which voice a name is (the model's, LoRA, custom) and the messages of
+  its refusals, the same in the gateway and the llm worker
 - ``cpu_plan``: which cores each process (and each engine) runs on when the model runs on CPU
 - ``mps``: whether NVIDIA's Multi-Process Service is active for this process (several engines
   on one GPU overlap only under it)

@@ -1,8 +1,9 @@
 """The whole server's configuration: one TOML file, then environment, then flags.
 
 Each process's section has its own module here (``llm_config.py``, ``codec_config.py``,
-``gateway_config.py``; the transport's ``shm.config`` and ``shm.voices``); this module
-composes them. It must stay import-light: every process imports it.
+``gateway_config.py``; the transport's ``shm.config``, the state directory's
+``store.voices``); this module composes them. It must stay import-light: every process
+imports it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from common.jobs_config import JobsConfig
 from common.llm_config import LLMConfig
 from common.text_config import TextConfig
 from shm.config import ShmConfig
-from shm.voices import VoicesConfig
+from store.voices import VoicesConfig
 
 
 class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

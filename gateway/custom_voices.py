@@ -13,7 +13,7 @@ A zero-shot voice is made here, in four steps:
    whether its codes (one frame per 2048 samples) leave room in ``llm.max_model_len``;
 3. the codec worker encodes it with SNAC's encoder (``EncodeRequest`` over its ROUTER
    ``layout.encode``; the gateway never touches torch);
-4. the codes and the transcript are stored in the state directory (:mod:`shm.voices`),
+4. the codes and the transcript are stored in the state directory (:mod:`store.voices`),
    where every gateway and the llm_worker read them. The voice's id is its name in lower
    case; from then on it is a ``voice`` in every API.
 """
@@ -39,6 +39,7 @@ from aiohttp import BodyPartReader, web
 
 from common.config import ServeConfig
 from common.languages import UnknownLanguage, language_tag
+from common.voice_lookup import lora_unavailable, zero_shot_unsupported
 from gateway.errors import APIError
 from shm.layout import InstanceLayout
 from shm.messages import (
@@ -54,18 +55,16 @@ from shm.messages import (
     encode_reply_decoder,
 )
 from shm.records import CODE_DTYPE, FRAME_CODES
-from shm.voices import (
+from store.lora import LoraRegistry
+from store.voices import (
     ID_RE,
-    LoraRegistry,
     TooManyVoices,
     VoiceExists,
     VoicesConfig,
     VoiceStore,
     VoiceSummary,
-    lora_unavailable,
     new_record,
     voice_id,
-    zero_shot_unsupported,
 )
 
 log = logging.getLogger(__name__)
@@ -254,7 +253,7 @@ class CustomVoices:
     def zero_shot(self) -> bool:
         return bool(self.config.llm.zero_shot)
 
-    # The gateway's view of the voices ``shm.voices.VoiceLookup`` asks about (before
+    # The gateway's view of the voices ``common.voice_lookup.VoiceLookup`` asks about (before
     # admission, in the order the llm_worker asks its own): a stat or two, no file is read.
     def is_lora(self, vid: str) -> bool:
         """Whether ``vid`` is a LoRA voice: configured, or loaded at run time (its entry in

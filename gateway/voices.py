@@ -3,7 +3,7 @@
 A request's voice is resolved and checked here, before admission (``gateway.schemas``): its
 *shape* (nothing but a plain identifier may reach the prompt ``"{voice}: {text}"``), an
 alias to its model voice, then that the voice is one the llm_worker takes, looked up by
-``shm.voices.VoiceLookup``: a voice of the model (``llm.voices``, resolved once by the
+``common.voice_lookup.VoiceLookup``: a voice of the model (``llm.voices``, resolved once by the
 orchestrator from the model's configuration), a LoRA voice, a custom voice (``is_lora`` and
 ``is_custom``: ``CustomVoices``'). The llm_worker makes the same decision again, with the same
 lookup and the same message, when the stream starts (a voice deleted in between is its 400).
@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import msgspec
 
+from common.voice_lookup import VoiceLookup
 from gateway.errors import APIError
-from shm.voices import VoiceLookup
 
 ENGLISH_VOICES = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")
 """Voices of the English Orpheus checkpoints, used when the configuration names none."""

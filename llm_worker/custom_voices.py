@@ -1,7 +1,7 @@
 """Custom voices in the llm_worker: zero-shot voices from the state directory.
 
 A request names a custom voice by its id; the worker reads ``<state_dir>/voices/<id>.voice``
-(written by a gateway, :mod:`shm.voices`) and builds the voice's prompt prefix once. The
+(written by a gateway, :mod:`store.voices`) and builds the voice's prompt prefix once. The
 prefix is cached by the file's (inode, mtime), checked with one ``stat`` per request: a
 voice deleted, or deleted and made again under the same id, is seen at once by every
 worker (a restarted one included). A stream keeps the prefix it started with: deleting a
@@ -14,9 +14,10 @@ import logging
 
 import msgspec
 
+from common.voice_lookup import zero_shot_unsupported
 from llm_worker.prompt import PromptBuilder
 from llm_worker.requests import BadRequest
-from shm.voices import VoiceStore, zero_shot_unsupported
+from store.voices import VoiceStore
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Voices come from ``[llm] lora_voices`` (name -> adapter) and from the admin API, which loads
 and unloads adapters at run time (``POST /v1/admin/lora``, ``DELETE /v1/admin/lora/{name}``,
 forwarded by a gateway over ROUTER ``layout.engine_admin(e)``). Run-time voices are written to the
-state directory (:class:`shm.voices.LoraRegistry`): a restarted worker loads them again and
+state directory (:class:`store.lora.LoraRegistry`): a restarted worker loads them again and
 every gateway lists them. Workers sharing the state directory (several pods on one volume)
 follow each other's loads and unloads: ``LoraVoices.sync``, every ``llm.lora_sync_s``.
 
@@ -32,14 +32,8 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from common.llm_config import LLMConfig
 from llm_worker.model_info import find_model_file
 from shm.messages import AdminReply, AdminRequest, LoraLoad, LoraSync, LoraUnload
-from shm.voices import (
-    LoraEntry,
-    LoraRegistry,
-    LoraScan,
-    LoraSignature,
-    VoiceStore,
-    voice_id,
-)
+from store.lora import LoraEntry, LoraRegistry, LoraScan, LoraSignature
+from store.voices import VoiceStore, voice_id
 
 log = logging.getLogger(__name__)
 

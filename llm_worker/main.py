@@ -65,7 +65,8 @@ from shm.messages import (
 )
 from shm.records import RecordKind
 from shm.ring import RingWriter
-from shm.voices import LoraRegistry, VoiceStore
+from store.lora import LoraRegistry
+from store.voices import VoiceStore
 
 log = logging.getLogger(__name__)
 

@@ -51,7 +51,7 @@ CANOPY_VOICES = {
 }
 """The voices of Canopy Labs' multilingual research checkpoints (French; German; Spanish and
 Italian, one checkpoint), by language. Their Korean, Hindi and Mandarin voices are named in
-their own scripts, which a voice name here cannot be (``shm.voices.ID_RE``): not listed."""
+their own scripts, which a voice name here cannot be (``store.voices.ID_RE``): not listed."""
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---", re.S)
 _CARD_LANGUAGE = re.compile(r"^language:[ \t]*(\S.*)?$((?:\n[ \t]*-[ \t]*\S+)*)", re.M)
 

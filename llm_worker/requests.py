@@ -3,7 +3,7 @@
 Nothing here touches the engine: a request that fails validation is answered with a 400
 before any engine work. The rules are the gateway's too (it checks them before admission):
 the sampling fields' limits are ``common.limits``, the voice lookup and its message
-``shm.voices.VoiceLookup``; here they are the last line of defence (ZeroMQ internal clients
+``common.voice_lookup.VoiceLookup``; here they are the last line of defence (ZeroMQ internal clients
 that bypass a gateway, a voice deleted after admission, bugs). One utterance becomes one or
 more *segments* (pieces of text, :mod:`llm_worker.text`), each a vLLM request, generated in
 order.
@@ -20,12 +20,12 @@ from vllm.sampling_params import RequestOutputKind
 
 from common.limits import SEED_MAX, LimitError, RequestLimits
 from common.llm_config import LLMConfig, VoiceSampling
+from common.voice_lookup import VoiceKind, VoiceLookup
 from llm_worker.model_info import ModelInfo
 from llm_worker.vllm_ext import tokens as T
 from llm_worker.vllm_ext.sampling.plan import sampling_kwargs as engine_sampling
 from shm.messages import LlmSubmit, SamplingOverrides
 from shm.records import FRAME_CODES
-from shm.voices import VoiceKind, VoiceLookup
 
 EMPTY_TEXT = "empty_input"
 """The error code of a request with no text to speak: the gateway's for a blank input."""

@@ -49,6 +49,7 @@ import numpy as np
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from common.llm_config import LLMConfig
+from common.voice_lookup import VoiceLookup
 from llm_worker import metrics as M
 from llm_worker.codes import FrameAssembler
 from llm_worker.custom_voices import ZeroShotVoices
@@ -77,7 +78,6 @@ from shm.records import (
     StreamStart,
     record_encoder,
 )
-from shm.voices import VoiceLookup
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -198,7 +198,7 @@ class LLMService:
             None if loras is None else (lambda v: loras.get(v) is not None),
             None if custom is None else custom.has,
         )
-        """The voices this worker takes, looked up in the gateway's order (shm.voices)."""
+        """The voices this worker takes, looked up in the gateway's order (common.voice_lookup)."""
         self._engine = engine
         self._space = engine.space
         self._sink = sink

@@ -21,7 +21,7 @@ from common.config import ServeConfig
 from common.languages import UnknownLanguage, language_tag
 from common.limits import MAX_TOKENS_MIN, sampling_problem
 from shm.layout import MAX_ENGINES
-from shm.voices import ID_RE as VOICE_ID_RE
+from store.voices import ID_RE as VOICE_ID_RE
 
 ENV_PREFIX = "ORPHEUS_"
 # Variables under the prefix that are not configuration keys: the child spec and the

@@ -72,7 +72,8 @@ def _with_model_voices(cfg: ServeConfig) -> ServeConfig:
     info = load_model_info(cfg.llm)
     # The config check compares LoRA voice names with ``llm.voices`` only when that is set; a
     # LoRA voice named like one of the model's own would be shadowed by it (the model's voices
-    # are looked up first, shm.voices.VoiceLookup), so it is refused here, once they are known.
+    # are looked up first, common.voice_lookup.VoiceLookup), so it is refused here, once they
+    # are known.
     shadowed = sorted(n for n in cfg.llm.lora_voices if n.strip().lower() in info.voices)
     if shadowed:
         raise ValueError(

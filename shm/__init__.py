@@ -1,4 +1,5 @@
-"""The wire contract between the processes (the contract with clients is ``orpheus_wire``).
+"""The wire contract between the processes (the contract with clients is ``orpheus_wire``;
+what outlives them, on disk, is ``store``).
 
 - ``ring``: single-producer single-consumer rings in POSIX shared memory, ZeroMQ doorbells
 - ``records``: the rings' record kinds and payloads, and the constants both ends agree on
@@ -6,6 +7,5 @@
 - ``layout``: where an instance's segments and sockets live (from its name alone)
 - ``segments``: their lifecycle (created, unlinked, a dead instance's removed)
 - ``admission``: node-wide admission counters of several gateway processes
-- ``config``, ``voices``: the ``[shm]`` and ``[voices]`` tables; custom voices on disk
-- ``durable``: records in the durable state directory (locked changes, whole-file writes)
+- ``config``: the ``[shm]`` table (ring sizes, the socket directory, the consumers' wait)
 """

@@ -26,6 +26,7 @@ from codec_worker.encoder import EncodeServer, VoiceEncoder
 from codec_worker.levels import frames_to_levels
 from codec_worker.snac_model import SNAC_24KHZ, SNAC_24KHZ_SMALL, fuse_weight_norm
 from common.llm_config import LLMConfig
+from common.voice_lookup import VoiceLookup, unknown_voice
 from gateway.custom_voices import decode_reference
 from gateway.errors import APIError
 from llm_worker.codes import FrameAssembler
@@ -36,18 +37,8 @@ from llm_worker.requests import BadRequest, plan_request
 from llm_worker.vllm_ext import tokens as T
 from shm.layout import InstanceLayout
 from shm.messages import LlmSubmit
-from shm.voices import (
-    LoraEntry,
-    LoraRegistry,
-    TooManyVoices,
-    VoiceExists,
-    VoiceLookup,
-    VoicesConfig,
-    VoiceStore,
-    new_record,
-    unknown_voice,
-    voice_id,
-)
+from store.lora import LoraEntry, LoraRegistry
+from store.voices import TooManyVoices, VoiceExists, VoicesConfig, VoiceStore, new_record, voice_id
 
 RATE = 24_000
 
@@ -237,7 +228,7 @@ def test_plan_accepts_a_custom_voice_only_when_the_worker_knows_it() -> None:
 
 
 def test_one_lookup_order_for_every_process(tmp_path: Path) -> None:
-    """shm.voices.VoiceLookup: the model's voices, then LoRA, then custom; one message."""
+    """common.voice_lookup.VoiceLookup: the model's voices, then LoRA, then custom; one message."""
     asked: list[str] = []
 
     def lora(v: str) -> bool:

@@ -27,7 +27,7 @@ from shm.layout import InstanceLayout
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
-PROJECT = ("gateway", "common", "shm", "orpheus_wire", "llm_worker", "codec_worker")
+PROJECT = ("gateway", "common", "store", "shm", "orpheus_wire", "llm_worker", "codec_worker")
 
 
 async def test_the_soak_mix_leaves_no_cycle_of_ours(layout: InstanceLayout) -> None:

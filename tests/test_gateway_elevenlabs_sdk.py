@@ -33,7 +33,7 @@ from gateway.audio.formats import ELEVENLABS_FORMATS
 from shm.layout import InstanceLayout
 from shm.messages import LlmSubmit
 from shm.records import StreamError
-from shm.voices import VoicesConfig, VoiceStore, new_record
+from store.voices import VoicesConfig, VoiceStore, new_record
 
 pytestmark = pytest.mark.timeout(90)
 

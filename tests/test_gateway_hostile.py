@@ -33,7 +33,7 @@ from gateway.browser_guard import BrowserGuard
 from gateway.custom_voices import confined_lora_path
 from gateway.listener import FD_RESERVE, connection_limit
 from shm.layout import InstanceLayout
-from shm.voices import VoicesConfig
+from store.voices import VoicesConfig
 
 pytestmark = pytest.mark.timeout(90)
 SPEECH = {"model": "tts-1", "input": "Hello there.", "voice": "alloy", "max_tokens": 70}

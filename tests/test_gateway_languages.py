@@ -26,7 +26,8 @@ from common.llm_config import LLMConfig
 from common.text_config import TextConfig
 from orpheus_client.zmq_client import AsyncClient, SpeechError
 from shm.layout import InstanceLayout
-from shm.voices import LoraEntry, LoraRegistry, VoicesConfig
+from store.lora import LoraEntry, LoraRegistry
+from store.voices import VoicesConfig
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -84,7 +84,7 @@ async def test_playground_makes_a_custom_voice_from_an_uploaded_clip(
     from codec_worker.encoder import EncodeServer, VoiceEncoder
     from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
     from common.llm_config import LLMConfig
-    from shm.voices import VoicesConfig
+    from store.voices import VoicesConfig
 
     t = np.arange(int(3.5 * 16_000)) / 16_000
     (tmp_path / "me.wav").write_bytes(wav_bytes(0.3 * np.sin(2 * np.pi * 200 * t), 16_000))

@@ -29,7 +29,7 @@ from common.text_config import TextConfig
 from gateway.text.pls import parse_pls
 from orpheus_client.zmq_client import AsyncClient
 from shm.layout import InstanceLayout
-from shm.voices import VoicesConfig
+from store.voices import VoicesConfig
 
 pytestmark = pytest.mark.timeout(90)
 

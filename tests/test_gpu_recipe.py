@@ -257,7 +257,7 @@ IMPORT_TO_DIST = {
 }
 RUNTIME_PACKAGES = (
     "orpheus_serve", "bench", "orchestrator", "orpheus_client", "llm_worker", "codec_worker",
-    "gateway", "common", "shm", "orpheus_wire",
+    "gateway", "common", "store", "shm", "orpheus_wire",
 )  # fmt: skip
 
 

@@ -528,7 +528,7 @@ def test_voice_state_is_on_a_persistent_volume_every_pod_shares(
     pod = one(objs, "Deployment")["spec"]["template"]["spec"]
     env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
 
-    # The directory as the server in the pod resolves it (shm.voices.resolve_state_dir).
+    # The directory as the server in the pod resolves it (store.voices.resolve_state_dir).
     state = cfg.voices.state_dir
     if state.startswith("~"):
         state = env.get("HOME", "/") + state[1:]

@@ -16,7 +16,7 @@ from llm_worker.output_head import PLUGIN_GROUP, PLUGIN_NAME, PLUGIN_TARGET
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("orpheus_serve", "bench", "orchestrator", "orpheus_client", "llm_worker",
-            "codec_worker", "gateway", "common", "shm", "orpheus_wire")  # fmt: skip
+            "codec_worker", "gateway", "common", "store", "shm", "orpheus_wire")  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """One wire contract: the gateway refuses, before admission, everything the llm_worker would
-refuse, with the same message (``common.limits``, ``shm.voices.VoiceLookup``), and what it
+refuse, with the same message (``common.limits``, ``common.voice_lookup.VoiceLookup``), and what it
 admits the worker serves. Both processes' real functions, no server."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 
 from common.limits import RequestLimits, sampling_problem
 from common.llm_config import LLMConfig, VoiceSampling
+from common.voice_lookup import VoiceLookup
 from gateway.errors import APIError
 from gateway.schemas import build_params
 from gateway.voices import VoiceCatalog
 from llm_worker.model_info import ModelInfo
 from llm_worker.requests import BadRequest, RequestPlan, plan_request
 from shm.messages import LlmSubmit, SamplingOverrides, control_encoder, llm_control_decoder
-from shm.voices import VoiceLookup
 
 INFO = ModelInfo(voices=("tara", "leo"), emotion_tags=(), source="test")
 LORA = {"ada"}

@@ -224,7 +224,7 @@ async def test_pipecat_elevenlabs_websocket_with_a_dictionary_and_normalisation(
     )
 
     from common.text_config import TextConfig
-    from shm.voices import VoicesConfig
+    from store.voices import VoicesConfig
 
     serve = {"voices": VoicesConfig(state_dir=str(tmp_path)), "text": TextConfig()}
     async with running_gateway(layout, serve=serve) as h, aiohttp.ClientSession() as s:

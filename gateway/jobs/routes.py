@@ -43,7 +43,7 @@ from gateway.schemas import (
 from gateway.service import Gateway
 from gateway.text.breaks import Pause, cap_ms, join_breaks
 from shm.records import SAMPLE_RATE
-from shm.voices import resolve_state_dir
+from store.voices import resolve_state_dir
 
 PATH = "/v1/audio/jobs"
 DELETE_WAIT_S = 5.0

@@ -34,9 +34,9 @@ from typing import BinaryIO, Literal
 
 import msgspec
 
-from shm.durable import fsync_dir
 from shm.messages import SamplingOverrides
 from shm.records import SAMPLE_RATE
+from store.durable import fsync_dir
 
 JobStateName = Literal["queued", "running", "done", "failed", "cancelled"]
 FINISHED: frozenset[str] = frozenset({"done", "failed", "cancelled"})

@@ -2,7 +2,7 @@
 
 One file per dictionary, ``<state_dir>/pronunciation/<id>.json``: its name, owner and every
 version kept (each change makes a new version with a new id; the oldest are dropped past
-``text.max_dictionary_versions``). The directory is a ``shm.durable.RecordDir``, as the
+``text.max_dictionary_versions``). The directory is a ``store.durable.RecordDir``, as the
 custom voices' is: records are linked (creation: never replaces) or renamed (a new version)
 into place whole, and every change holds the directory's lock so that the count limit and
 read-modify-write updates hold across gateway processes (and nodes sharing the volume). A
@@ -24,7 +24,7 @@ from pathlib import Path
 import msgspec
 
 from gateway.text.lexicon import AliasRule
-from shm.durable import RecordDir
+from store.durable import RecordDir
 
 ID_RE = re.compile(r"^[A-Za-z0-9]{8,40}$")
 SUFFIX = ".json"

@@ -25,6 +25,7 @@ PACKAGES = (
     "llm_worker",
     "codec_worker",
     "common",
+    "store",
     "shm",
     "orpheus_wire",
 )

@@ -42,7 +42,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 PACKAGES = (
-    "orpheus_wire", "shm", "common", "orchestrator", "orpheus_client", "llm_worker",
+    "orpheus_wire", "shm", "store", "common", "orchestrator", "orpheus_client", "llm_worker",
     "codec_worker", "gateway", "bench", "orpheus_serve",
 )  # fmt: skip
 SKIP_MODULES = ("bench.load.baseline.__main__", "orpheus_serve.__main__")

@@ -11,7 +11,7 @@ A ``RecordDir`` is one directory of records, one file each, ``<id><suffix>``:
   processes inside ``locked()``, an ``flock`` on the directory's ``.lock``;
 - only ``<id><suffix>`` with a valid id is a record (not the lock, not a temporary file).
 
-The custom voices (``shm.voices.VoiceStore``) and the pronunciation dictionaries
+The custom voices (``store.voices.VoiceStore``) and the pronunciation dictionaries
 (``gateway.text.store``) are each a ``RecordDir`` with their own encoding and rules; the
 LoRA registry writes with ``write_file``, the jobs (``gateway.jobs.store``, files streamed
 in) fsync their directories with ``fsync_dir``.
