@@ -231,15 +231,18 @@ class Admission:
                     self._key_counts(),
                 )
 
+    def _theirs(self, key: str, others: Others) -> KeyCounts:
+        """``key``'s (active, queued) streams in the other processes."""
+        kid = self._ids.get(key)
+        return others.keys.get(kid, (0, 0)) if kid is not None else (0, 0)
+
     def _node_held(self, key: str, others: Others) -> int:
         """Streams ``key`` holds on the node (active, every process)."""
-        theirs = others.keys.get(self._ids[key], (0, 0)) if key in self._ids else (0, 0)
-        return self.by_key.get(key, 0) + theirs[0]
+        return self.by_key.get(key, 0) + self._theirs(key, others)[0]
 
     def _node_streams_of(self, key: str, others: Others) -> int:
         """Streams ``key`` holds and waits for on the node."""
-        theirs = others.keys.get(self._ids[key], (0, 0)) if key in self._ids else (0, 0)
-        return self.by_key.get(key, 0) + self._queued_of(key) + theirs[0] + theirs[1]
+        return self._node_held(key, others) + self._queued_of(key) + self._theirs(key, others)[1]
 
     def node_counts(self) -> tuple[int, int]:
         """Active and queued streams of the whole node."""

@@ -358,3 +358,16 @@ def test_overload_runs_two_arms_against_real_servers(tiny_model: Path, tmp_path:
         highest = max(highest, limit)
         assert active.get(t, 0) <= highest, (t, active.get(t), highest)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_result_files_name_the_command_relative_to_the_directory_run_from(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from bench.load.servers import recorded_argv
+
+    monkeypatch.chdir(tmp_path)
+    exe = str(tmp_path / ".venv" / "bin" / "orpheus-serve")
+    assert recorded_argv([exe, "serve", "--port", "1"]) == [
+        os.path.join(".venv", "bin", "orpheus-serve"), "serve", "--port", "1",
+    ]  # fmt: skip
+    assert recorded_argv(["/usr/bin/orpheus-serve", "serve"]) == ["/usr/bin/orpheus-serve", "serve"]

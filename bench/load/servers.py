@@ -118,6 +118,15 @@ ORPHEUS_SERVE = str(Path(sys.executable).parent / "orpheus-serve")
 """The command of this environment (the one that runs the benchmark)."""
 
 
+def recorded_argv(argv: list[str]) -> list[str]:
+    """``argv`` as a result file records it: a command under the current directory is named
+    relative to it, so that committed results name no path of the machine that ran them."""
+    exe = Path(argv[0])
+    if exe.is_absolute() and exe.is_relative_to(Path.cwd()):
+        return [str(exe.relative_to(Path.cwd())), *argv[1:]]
+    return list(argv)
+
+
 def orpheus_serve_argv(
     model: str, codec_model: str | None, device: str, port: int, extra: list[str] | None = None
 ) -> list[str]:

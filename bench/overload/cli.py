@@ -40,7 +40,7 @@ from bench.load.cli import (
 )
 from bench.load.progress import LevelProgress
 from bench.load.runner import LevelPlan, run_closed
-from bench.load.servers import ServerFailed, ServerProcess, orpheus_serve_argv
+from bench.load.servers import ServerFailed, ServerProcess, orpheus_serve_argv, recorded_argv
 from bench.load.session import LevelSpec, NotReady, Target, check_ready, offer_level
 from bench.load.summary import LevelRun, Slo
 from bench.load.texts import Corpus, load_corpus
@@ -347,7 +347,7 @@ def run_arm(
     return ArmResult(
         name=arm.name,
         overrides=arm.overrides,
-        argv=argv,
+        argv=recorded_argv(argv),
         log=str(server.log_path),
         ready_after_s=server.ready_after_s,
         warmup_level=warmup,
