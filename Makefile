@@ -88,8 +88,9 @@ demo: $(RUN_STAMP)
 PYTEST_OPTS := -q -ra --durations=25
 
 # The whole suite in two runs that together select every test once: what starts no engine on
-# two workers (as `make check`), then what starts one (tests marked `engine`), one at a time:
-# engine start-ups are CPU-bound and timing-sensitive, and two at once on two cores gain nothing.
+# three workers (as `make check`), then what starts one (tests marked `engine`), one at a time:
+# each server's CPU plan puts its vLLM processes on core 0, so two start-ups at once took 57 s
+# where one took 32, and the engine tests time real-time streams (docs/performance.md).
 test: install checkov install-vllm025
 	-scripts/vllm033/fetch_source.sh $(VLLM033_SRC)
 	@echo "== the tests that start no engine"
@@ -101,9 +102,12 @@ test: install checkov install-vllm025
 
 # The inner loop: every test that starts no vLLM engine (tests marked `engine` are
 # deselected; one that starts an engine unmarked fails there: tests/conftest.py), in minutes.
-# Two pytest-xdist workers where it is installed: these tests mostly wait (subprocesses,
-# sockets, timeouts), and two workers took 212 s where one took 429 (docs/performance.md).
-CHECK_JOBS = $(shell $(BIN)/python -c "import xdist" 2>/dev/null && echo "-n 2")
+# Three pytest-xdist workers where it is installed: these tests mostly wait (subprocesses,
+# sockets, timeouts), so more workers than cores pay: on 2 cores one worker took 429 s, two
+# 203 s, three 160-162 s, four 141 s (docs/performance.md, the suite's fourth pass). Three keep
+# `make check` under 3 minutes with one worker's less contention than four for the tests that
+# time real work.
+CHECK_JOBS = $(shell $(BIN)/python -c "import xdist" 2>/dev/null && echo "-n 3")
 
 check: install
 	TESTS_NO_ENGINE=1 $(BIN)/python -m pytest $(PYTEST_OPTS) $(CHECK_JOBS) -m "not engine"

@@ -1,7 +1,7 @@
 """Drive one engine with the soak's shapes and record how vLLM's processes' memory moves.
 
-The engine is built as the llm worker builds it (:func:`llm_worker.sampling_setup.
-setup_sampling`, :meth:`llm_worker.engine.GenerationEngine.start`, the ``--device`` profile
+The engine is built as the llm worker builds it (:func:`llm_worker.engine_plan.plan_engine`,
+:meth:`llm_worker.engine.GenerationEngine.start`, the ``--device`` profile
 of the server's configuration), in this process; vLLM's engine core and worker are its
 children. Waves of requests follow one another until ``--duration``: each wave has a random
 number of streams (1 to ``--max-streams``; every ``--flood-every``-th wave all of them, like
@@ -86,17 +86,16 @@ async def one(
 
 async def drive(args: argparse.Namespace) -> dict[str, Any]:
     from llm_worker.engine import GenerationEngine
+    from llm_worker.engine_plan import plan_engine
     from llm_worker.prompt import PromptBuilder
     from llm_worker.requests import RequestPlan, segment_params
-    from llm_worker.sampling_setup import setup_sampling
     from orchestrator.settings import load_config
 
     llm = {"model": args.model, "max_num_seqs": args.max_streams, "max_model_len": 1024}
     cfg = load_config(None, {"device": args.device, "llm": llm}).llm
-    sampling = setup_sampling(cfg, "worker-memory", args.device)
-    generation = GenerationEngine.start(
-        cfg, args.device, sampling.logits_processors, head=sampling.head
-    )
+    plan = plan_engine(cfg, f"worker-memory-{os.getpid()}", args.device)
+    sampling = plan.sampling
+    generation = GenerationEngine.start(cfg, args.device, plan)
     rng = random.Random(args.seed)
     builder = PromptBuilder.from_pretrained(cfg.tokenizer or cfg.model)
     voice = cfg.default_voice
