@@ -49,3 +49,62 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     the codec and the gateways to the rest, so that a codec window never waits behind vLLM's
     busy processes (common/cpu_plan.py). Nothing is done on CUDA, with one core, or when
     ``VLLM_CPU_OMP_THREADS_BIND`` is set."""
+
+
+INTERNAL_KEYS: dict[str, str] = {
+    # [llm]: engine switches chosen by "auto", and constants of the model or measured once
+    "llm.async_scheduling": "an A/B switch of `bench engine`; used wherever vLLM supports it",
+    "llm.model_runner": "`auto` pins the runner the sampling plan needs; `bench engine` varies it",
+    "llm.output_head": "`auto` picks the audio head where it applies; `bench engine` varies it",
+    "llm.tensor_penalties": "an A/B switch of `bench penalties`",
+    "llm.constrain_audio_tokens": "an A/B switch of the benches; off speaks invalid codes",
+    "llm.enable_prefix_caching": "an A/B switch; off makes every custom voice's prompt cost again",
+    "llm.engine_stats": "an A/B switch of `bench engine` (the `vllm:*` metrics go with it)",
+    "llm.cpu_onednn_cache": "the CPU build's memory bound, measured (docs/performance.md)",
+    "llm.cpu_heap_trim_s": "the CPU build's memory bound, measured (docs/performance.md)",
+    "llm.max_cpu_loras": "vLLM's own default (`max_loras`) is what the LoRA voices need",
+    "llm.lora_sync_s": "how often workers compare their adapters; no operator trade-off",
+    "llm.max_tokens_per_char": "a property of the model: about 7 frames a second of speech",
+    "llm.min_max_tokens": "a property of the model: the shortest text's audio budget",
+    "llm.max_chars_per_segment": "a property of the model: the piece it speaks without looping",
+    "llm.repetition_guard_frames": "a property of the model: its runaway loops' shape",
+    "llm.ring_full_timeout_s": "a code ring full this long means a stuck codec, not load",
+    "llm.seed": "the tests' determinism; a request's own seed is the client's control",
+    # [codec]: the decode windows' shape, chosen by measurement (`bench codec --sweep`)
+    "codec.context_frames": "measured with `bench codec --sweep` (docs/performance.md)",
+    "codec.hop_frames": "measured with `bench codec --sweep` (docs/performance.md)",
+    "codec.lookahead_frames": "measured with `bench codec --sweep` (docs/performance.md)",
+    "codec.first_hop_frames": "measured with `bench codec --sweep` (docs/performance.md)",
+    "codec.max_hop_frames": "measured with `bench codec --sweep` (docs/performance.md)",
+    "codec.max_wait_ms": "the batching window, measured with `bench codec`",
+    "codec.hold_ahead_ms": "the scheduler's pacing, measured with `bench overload`",
+    "codec.late_lookahead_ms": "the scheduler's late window, measured with `bench overload`",
+    "codec.batch_buckets": "follows `codec.max_batch`; the compiled shapes",
+    "codec.noise_seed": "the tests' determinism",
+    "codec.threads": "the CPU profile sets it; nothing to choose on a GPU",
+    "codec.pcm_stall_timeout_s": "a PCM ring full this long means a stuck gateway, not load",
+    # [gateway]
+    "gateway.realtime_margin": "learned admission's safety margin, measured with `bench overload`",
+    "gateway.upstream_idle_timeout_s": "a worker silent this long is a fault the supervisor sees",
+    "gateway.ws_max_queued_sentences": "`ws_max_queued_chars` is the bound clients meet first",
+    "gateway.http_error_log_interval_s": "log rate limiting; no operator trade-off",
+    "gateway.retry_after_s": "the clients' retry pace, measured with `bench overload`",
+    # [shm]
+    "shm.spin_us": "the rings' wake-up cost, measured with `bench ring`",
+    "shm.recheck_ms": "the rings' lost-doorbell bound, measured with `bench ring`",
+    # [voices]
+    "voices.silence_dbfs": "what a silent clip is; no operator trade-off",
+    "voices.encode_timeout_s": "a clip's encode this long means a stuck codec, not load",
+    # [jobs]
+    "jobs.streams_per_job": "`jobs.reserve_streams` and `max_running_jobs` bound jobs' share",
+    "jobs.unit_max_chars": "a property of the model, as `llm.max_chars_per_segment`",
+    "jobs.unit_retries": "retries of a worker fault; no operator trade-off",
+    "jobs.join_fade_ms": "what joins units without a click; no operator trade-off",
+    "jobs.poll_s": "how often gateways look for jobs; no operator trade-off",
+    # [text]
+    "text.max_dictionary_versions": "`text.max_dictionaries` is the bound operators set",
+    "text.max_pls_bytes": "one call's input bound; `text.max_dictionary_rules` bounds the rules",
+}
+"""Keys an operator has no reason to set, each with why: they still load from the file, the
+environment and ``--set`` (tests and benchmarks set them), and docs/configuration.md lists
+them apart, as internal: they may change or go without notice."""

@@ -23,7 +23,7 @@ import sys
 import types
 import typing
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
-from common.config import ServeConfig  # noqa: E402
+from common.config import INTERNAL_KEYS, ServeConfig  # noqa: E402
 from orchestrator.settings import CPU_PROFILE, ENV_PREFIX  # noqa: E402
 
 DOC = ROOT / "docs" / "configuration.md"
@@ -220,6 +220,17 @@ def sections() -> list[tuple[str, str, list[Option]]]:
     return out
 
 
+def unknown_internal_keys() -> list[str]:
+    """``INTERNAL_KEYS`` entries that name no option (a key renamed or removed)."""
+    keys = {o.key for o in options() if not o.is_table}
+    return sorted(k for k in INTERNAL_KEYS if k not in keys)
+
+
+def operator_keys() -> list[str]:
+    """The options an operator sets: every key but the tables and ``INTERNAL_KEYS``."""
+    return [o.key for o in options() if not o.is_table and o.key not in INTERNAL_KEYS]
+
+
 def undocumented() -> list[str]:
     """Options without a description (the sections themselves are described by their module)."""
     return [o.key for o in options() if not o.doc and "." in o.key]
@@ -274,9 +285,28 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+INTERNAL_INTRO = (
+    "Keys an operator has no reason to set (`INTERNAL_KEYS` in `common/config.py` says why for "
+    "each): constants of the model, the decode windows and the rings chosen by measurement, "
+    "A/B switches of the benchmarks, and fault timeouts. They load like the others (file, "
+    "environment, `--set`: the tests and benchmarks set them) but may change or go without "
+    "notice."
+)
+
+
 def render_option_tables() -> str:
     lines: list[str] = []
-    for title, intro, rows in sections():
+    internal = [
+        replace(o, doc=f"{o.doc} *Internal: {INTERNAL_KEYS[o.key]}.*")
+        for o in options()
+        if o.key in INTERNAL_KEYS
+    ]
+    tables = [
+        (title, intro, [o for o in rows if o.key not in INTERNAL_KEYS])
+        for title, intro, rows in sections()
+    ]
+    tables.append(("Internal keys", INTERNAL_INTRO, internal))
+    for title, intro, rows in tables:
         lines += [f"### {title}", ""]
         if intro:
             lines += [intro, ""]
@@ -343,7 +373,9 @@ def render_generated() -> str:
         "Types are the Python types of the Structs; `X | None` options are unset by default "
         "and are left out of the TOML file to stay unset (TOML has no null; in the "
         "environment and `--set` write `null`). The CPU profile column shows the default "
-        'under `device = "cpu"` where it differs.\n\n'
+        'under `device = "cpu"` where it differs. '
+        f"{len(operator_keys())} keys are for operators; the {len(INTERNAL_KEYS)} internal "
+        "ones are listed last.\n\n"
         f"{render_option_tables()}"
         "## Flags of `orpheus-serve serve`\n\n"
         f"{render_flags()}\n"
@@ -368,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     problems = [f"no description for option {k}" for k in undocumented()]
     problems += [f"DESCRIPTIONS names no option: {k}" for k in stale_descriptions()]
+    problems += [f"INTERNAL_KEYS names no option: {k}" for k in unknown_internal_keys()]
     for msg in problems:
         print(f"gen_config_docs: {msg}", file=sys.stderr)
     current = args.doc.read_text() if args.doc.exists() else ""
