@@ -16,17 +16,17 @@ CHECKOV_VERSION := 3.3.30
 # torch 2.11.0 (scripts/vllm025/make_env.sh says why). The engine-facing tests run on both.
 VENV025 := .venv-vllm025
 STAMP025 := $(VENV025)/.installed
-VLLM025_TESTS := tests/test_llm_sampling_runner.py tests/test_llm_sampling_plan.py \
-  tests/test_llm_output_head.py tests/test_llm_output_head_engine.py tests/test_llm_warmup.py \
-  tests/test_vllm_source_compat.py \
-  tests/test_llm_sampling_processors.py tests/test_llm_sampling_engine.py \
-  tests/test_llm_worker_process.py tests/test_llm_service.py tests/test_llm_output.py \
-  tests/test_request_limits.py tests/test_llm_cpu_seed.py \
-  tests/test_e2e_server.py::test_pcm_byte_count_matches_frames_generated \
-  tests/test_e2e_server.py::test_client_disconnect_cancels_into_vllm
+VLLM025_TESTS := tests/llm/test_llm_sampling_runner.py tests/llm/test_llm_sampling_plan.py \
+  tests/llm/test_llm_output_head.py tests/llm/test_llm_output_head_engine.py tests/llm/test_llm_warmup.py \
+  tests/llm/test_vllm_source_compat.py \
+  tests/llm/test_llm_sampling_processors.py tests/llm/test_llm_sampling_engine.py \
+  tests/llm/test_llm_worker_process.py tests/llm/test_llm_service.py tests/llm/test_llm_output.py \
+  tests/llm/test_request_limits.py tests/llm/test_llm_cpu_seed.py \
+  tests/e2e/test_e2e_server.py::test_pcm_byte_count_matches_frames_generated \
+  tests/e2e/test_e2e_server.py::test_client_disconnect_cancels_into_vllm
 
 # vLLM 0.33 (what `pip install vllm` gives on an H100) cannot run here: its source is checked
-# instead (tests/test_vllm_source_compat.py). Without network those cases skip with the reason.
+# instead (tests/llm/test_vllm_source_compat.py). Without network those cases skip with the reason.
 VLLM033_SRC ?= $(HOME)/.cache/orpheus-serve/vllm-0.33.0-src
 
 .PHONY: install install-vllm025 checkov demo test check test-vllm025 lint rehearse bench-codec bench-penalties bench-gateway clean
@@ -79,7 +79,7 @@ checkov: $(CHECKOV_STAMP)
 $(CHECKOV_STAMP): Makefile
 	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
 	$(CHECKOV_VENV)/bin/python -m pip install -q checkov==$(CHECKOV_VERSION) && touch $(CHECKOV_STAMP) \
-	  || echo "checkov not installed: tests/test_kubernetes.py will skip its security checks"
+	  || echo "checkov not installed: tests/deploy/test_kubernetes.py will skip its security checks"
 
 demo: $(RUN_STAMP)
 	@$(BIN)/python -m orpheus_serve.demo

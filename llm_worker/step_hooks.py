@@ -58,7 +58,7 @@ class OutputLoopHook:
     ``get_output_async`` calls ``on_step`` at the top of each pass, i.e. after the previous
     step was delivered, the moment :class:`StepHook` is called with stats on. Installed
     before the first request (the loop starts with it) and on the instance only;
-    tests/test_vllm_source_compat.py checks the loop in every supported vLLM.
+    tests/llm/test_vllm_source_compat.py checks the loop in every supported vLLM.
     """
 
     __slots__ = ("_fetch", "_on_step")

@@ -8,7 +8,7 @@ section with every option's name, type, default, CPU-profile default and descrip
 ``orpheus-serve serve`` flags. The rest of the page is written by hand.
 
 An option's description is its attribute docstring in the Struct (the string literal under the
-field), or else its entry in ``DESCRIPTIONS`` below. ``tests/test_config_settings.py`` fails when an
+field), or else its entry in ``DESCRIPTIONS`` below. ``tests/orchestrator/test_config_settings.py`` fails when an
 option has neither, when a ``DESCRIPTIONS`` entry names no option, or when the document
 differs from what this script generates.
 """

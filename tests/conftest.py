@@ -1,3 +1,7 @@
+"""What every test area shares (tests/<area>/ mirrors the code: gateway, llm, codec, shm,
+common, orchestrator, e2e, deploy, bench, docs; the harnesses are in tests/harness/): the
+engine mark, the tiny model written once per run, and a private shared-memory layout."""
+
 from __future__ import annotations
 
 import os
@@ -5,17 +9,11 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from shm.layout import InstanceLayout
 from shm.segments import destroy_instance
-
-if TYPE_CHECKING:
-    from e2e_harness import Server
-
-    from bench.doubles.otlp_receiver import OtlpReceiver
 
 ENGINE_MARK = "engine"
 """Tests that start a vLLM engine (a server, a worker, an offline engine) or write the tiny
@@ -66,35 +64,3 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from e2e_harness import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-@pytest.fixture(scope="session")
-def otlp_receiver() -> Iterator[OtlpReceiver]:
-    """The OTLP/HTTP receiver ``default_server`` exports its spans to."""
-    from bench.doubles.otlp_receiver import OtlpReceiver
-
-    with OtlpReceiver() as r:
-        yield r
-
-
-@pytest.fixture(scope="session")
-def default_server(tiny_model: Path, otlp_receiver: OtlpReceiver) -> Iterator[Server]:
-    """The real server in its default configuration, with a ZeroMQ endpoint and its traces
-    exported to ``otlp_receiver``, shared by every module that only makes requests of it.
-
-    Its users must leave it as they found it: no process killed or stopped, no setting or
-    voice changed, every stream they open ended (a test that kills or reconfigures starts
-    its own server). Stopped at the session's end: SIGTERM exits 0 and leaves no segment."""
-    from e2e_harness import start_server, stop_server
-
-    mp = pytest.MonkeyPatch()
-    mp.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_receiver.url)  # the workers inherit it
-    mp.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
-    mp.delenv("OTEL_SDK_DISABLED", raising=False)
-    try:
-        srv = start_server(tiny_model, zmq=True)
-    finally:
-        mp.undo()
-    yield srv
-    assert stop_server(srv) == 0, "SIGTERM stops the server cleanly"
-    assert srv.segments_left() == [], "shared-memory segments left behind"

@@ -1,6 +1,6 @@
 """The front ends served over HTTP and WebSocket, in the order their routes are added.
 
-Adding a protocol, every step it takes (tests/test_architecture.py fails on a step left out
+Adding a protocol, every step it takes (tests/docs/test_architecture.py fails on a step left out
 where the code can tell):
 
 1. A package ``gateway.frontends.<name>`` with ``routes(gateway) -> list[web.RouteDef]``.
@@ -18,9 +18,9 @@ where the code can tell):
    of the others stay as they are, dashboards and alerts select on them).
 4. The package in the ``frontends-independent`` contract of ``.importlinter`` (front ends
    import none of each other; what two share moves to ``shared`` or ``utterance``).
-5. Tests: a file of its own against the synthetic backend (``tests/gateway_harness.py``,
-   as ``tests/test_gateway_baseten.py``), with the protocol's real client package where one
-   exists; its routes in ``ROUTES`` of ``tests/test_architecture.py``; a streaming protocol
+5. Tests: a file of its own against the synthetic backend (``tests/harness/gateway_harness.py``,
+   as ``tests/gateway/test_gateway_baseten.py``), with the protocol's real client package where one
+   exists; its routes in ``ROUTES`` of ``tests/docs/test_architecture.py``; a streaming protocol
    in ``bench protocols`` (``bench/protocols.py``).
 6. Docs: its section in docs/api.md, its row in README's API table and in the front ends'
    table of docs/architecture.md.

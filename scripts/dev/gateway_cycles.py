@@ -2,14 +2,14 @@
 
 The soak's own clients (``bench.load.soak.Soak``: complete, disconnecting, WebSocket barge-in,
 slow reader, bad requests, floods past admission) run for ``--duration`` seconds against the
-gateway of ``tests/gateway_harness.py`` (the real gateway and the synthetic backend in this
+gateway of ``tests/harness/gateway_harness.py`` (the real gateway and the synthetic backend in this
 process, on uvloop as served) while the collector keeps everything it finds unreachable
 (``gc.DEBUG_SAVEALL``). Then: the garbage by type, and for each type asked for
 (``--trace``) one cycle through it, link by link (the attribute or key of each reference)::
 
     PYTHONPATH=. python scripts/dev/gateway_cycles.py --duration 20
 
-``tests/test_gateway_cycles.py`` is the check that the project's code leaves none; this is
+``tests/gateway/test_gateway_cycles.py`` is the check that the project's code leaves none; this is
 how to find where one comes from (docs/performance.md, "Memory over hours").
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 import uvloop
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "harness"))
 from gateway_harness import running_gateway
 
 from bench.load.soak import Soak, build_parser

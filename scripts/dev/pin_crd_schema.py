@@ -4,7 +4,7 @@
 (as released upstream), keeps the ``openAPIV3Schema`` of its served version ``VERSION`` (e.g.
 ``v1``) without the ``description`` texts, and writes it to ``OUT.yaml`` under a header that
 names the group, kind, version and ``SOURCE`` (the repository, tag and path it came from).
-tests/test_kubernetes_inference_gateway.py validates the rendered objects against these files
+tests/deploy/test_kubernetes_inference_gateway.py validates the rendered objects against these files
 (strictly: an object schema with properties takes no other field). Run it again with the new
 upstream file when the pinned release changes.
 """

@@ -109,7 +109,7 @@ stage_model() {
   run_for 240 30 "$PY" scripts/gpu/make_random_orpheus.py "$MODEL" --device "$DEVICE" \
     ${MODEL_FLAGS:---speaks-codes} | tee "$WORK/make_model.json" | tail -25
   # The 28-token check (28/28 valid on the H100, 2026-11-23) is the CPU tests' job now
-  # (tests/test_gpu_recipe.py): opt-in here with MODEL_CHECK=1.
+  # (tests/deploy/test_gpu_recipe.py): opt-in here with MODEL_CHECK=1.
   if [[ -n ${MODEL_CHECK:-} ]] && grep -q '"speaks_codes": true' "$MODEL/config.json" 2>/dev/null; then
     log "checking that the model emits valid codes unconstrained"
     run_for 90 30 "$PY" scripts/gpu/make_random_orpheus.py "$MODEL" --device "$DEVICE" --check \

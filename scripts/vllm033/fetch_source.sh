@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetches vLLM 0.33's Python source (the version `pip install vllm` gives on an H100 today)
-# so that tests/test_vllm_source_compat.py can check the project against it on a CPU machine.
+# so that tests/llm/test_vllm_source_compat.py can check the project against it on a CPU machine.
 #
 #   scripts/vllm033/fetch_source.sh DEST [VERSION]
 #

@@ -1,0 +1,188 @@
+"""The real server for end-to-end tests: `orpheus-serve serve` on CPU with the tiny model and
+SNAC's real architecture (random weights), started as a subprocess and stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from bench.doubles.local_server import free_port, wait_ready
+from bench.load.servers import ORPHEUS_SERVE, orpheus_serve_argv
+from orchestrator import proctree
+from shm.records import SAMPLES_PER_FRAME
+from shm.ring import SHM_DIR
+
+EXE = ORPHEUS_SERVE
+BYTES_PER_FRAME = SAMPLES_PER_FRAME * 2
+START_TIMEOUT_S = 600.0  # vLLM's CPU start-up on a busy 2-core machine
+
+NO_ENGINE_ENV = "TESTS_NO_ENGINE"
+"""Set by `make check`: a test that starts an engine there fails, saying to mark it."""
+ENGINE_STARTS: Counter[tuple[str, str]] = Counter()
+"""Engine start-ups of this test run by (test module, what started): each costs 35 s to
+3 min on a CPU, so the run's summary prints them (tests/conftest.py)."""
+
+
+def note_engine_start(what: str) -> None:
+    """Count one vLLM engine start-up (a server, a worker restart, an offline engine)."""
+    if os.environ.get(NO_ENGINE_ENV):
+        pytest.fail(f"this test starts an engine ({what}): mark it `engine` (tests/conftest.py)")
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").split("::")[0]
+    ENGINE_STARTS[(test, what)] += 1
+
+
+def engine_starts_summary() -> str:
+    """One line per test module: the engine start-ups it made, and the run's total."""
+    by_module: dict[str, list[str]] = {}
+    for (test, what), n in sorted(ENGINE_STARTS.items()):
+        by_module.setdefault(test, []).append(f"{n} {what}")
+    lines = [f"engine start-ups: {sum(ENGINE_STARTS.values())}"]
+    lines += [f"  {test}: {', '.join(parts)}" for test, parts in by_module.items()]
+    return "\n".join(lines)
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, zmq_endpoint: str) -> None:
+        self.proc = proc
+        self.url = url
+        self.zmq_endpoint = zmq_endpoint
+        self.log_path: Path | None = None
+        """Where the server's stdout and stderr go, when the test gave it a file."""
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Seconds until ``/ready`` answers 200 (again); fails at once if the orchestrator
+        exited (it must survive worker faults)."""
+        return wait_ready(self.url, self.proc.poll, timeout_s, interval_s=0.25)
+
+    @property
+    def instance(self) -> str:
+        return f"orpheus-{self.proc.pid}"
+
+    def segments_left(self) -> list[str]:
+        return [n for n in os.listdir(SHM_DIR) if n.startswith(self.instance)]
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of `name` whose labels include `labels`."""
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if not line.startswith(name) or line.startswith("#"):
+                continue
+            m = re.match(r"^([^{\s]+)(\{[^}]*\})?\s+(\S+)", line)
+            if not m or m.group(1) != name:
+                continue
+            text = m.group(2) or ""
+            if all(f'{k}="{v}"' in text for k, v in labels.items()):
+                total += float(m.group(3))
+        return total
+
+
+def instance_pids(instance: str, sessions: set[int] | None = None) -> list[int]:
+    """Live processes of an instance ``orpheus-<orchestrator pid>``
+    (``orchestrator.proctree.instance_processes``; ``sessions``: its workers' sessions, noted
+    while the orchestrator lived, to look after it died)."""
+    return proctree.instance_processes(int(instance.rsplit("-", 1)[1]), sessions)
+
+
+def child_pid(orchestrator_pid: int, role: str) -> int:
+    """The pid of the orchestrator's child running `role` (llm, codec, gateway)."""
+    out = subprocess.run(
+        # Children retitle themselves "orpheus-serve <role>" (setproctitle) once started.
+        ["pgrep", "-P", str(orchestrator_pid), "-f", f"(orchestrator\\.child |orpheus-serve ){role}"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 1, f"expected one {role} child, found {pids}"
+    return pids[0]
+
+
+def rss_bytes(pids: list[int]) -> int:
+    """Sum of the resident set sizes (VmRSS) of the processes."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+def wait_no_instance_pids(
+    instance: str, timeout_s: float, sessions: set[int] | None = None
+) -> list[int]:
+    """Wait until no process of the instance is alive; returns those left at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while (left := instance_pids(instance, sessions)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def wait_segments_gone(names: set[str], timeout_s: float) -> set[str]:
+    """Wait until none of these /dev/shm segments exists; returns those left at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = {n for n in names if os.path.exists(os.path.join(SHM_DIR, n))}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def make_tiny_model(out: Path) -> Path:
+    subprocess.run([EXE, "tiny-model", str(out)], check=True)
+    return out
+
+
+def start_server(
+    model: Path,
+    *extra: str,
+    zmq: bool = False,
+    codec_model: bool = True,
+    log: IO[bytes] | None = None,
+    admission: str = "fixed",
+) -> Server:
+    """Start the server on free loopback ports and wait until ``/ready``.
+
+    ``codec_model=False`` leaves out ``--codec-model`` (the server finds ``model/snac``);
+    ``log``: where the server's stdout and stderr go (a file; default: inherited);
+    ``admission``: ``gateway.admission``. These tests start several streams at once on a
+    two-core CPU that holds about two in real time, and check what happens to each of them
+    (placement, faults, cleanup), so they admit by a fixed count unless asked; learned
+    admission against the real engine is tested in tests/bench/test_overload_bench.py."""
+    port = free_port()
+    zmq_endpoint = f"tcp://127.0.0.1:{free_port()}" if zmq else ""
+    codec = str(model / "snac") if codec_model else None
+    zmq_set = ["--set", f"gateway.zmq_endpoint={zmq_endpoint}"] if zmq else []
+    admission_set = ["--set", f"gateway.admission={admission}"]
+    cmd = orpheus_serve_argv(str(model), codec, "cpu", port, [*admission_set, *extra, *zmq_set])
+    note_engine_start("server")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+    srv = Server(proc, f"http://127.0.0.1:{port}", zmq_endpoint)
+    try:
+        srv.wait_ready(START_TIMEOUT_S)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return srv
+
+
+def stop_server(srv: Server) -> int:
+    """SIGTERM (a drain); returns the exit code. The caller checks it and the segments."""
+    if srv.proc.poll() is None:
+        srv.proc.send_signal(signal.SIGTERM)
+    return srv.proc.wait(120)

@@ -1,0 +1,130 @@
+"""TEST FIXTURE for the gateway tests: a gateway in the test's event loop, fed by
+``bench.doubles.synthetic_backend`` (a stand-in for the llm_worker + codec_worker that speaks the
+real control socket and writes the real PCM ring). The real end-to-end tests, with vLLM
+and SNAC, are elsewhere (tests/test_e2e_*.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from bench.doubles.synthetic_backend import SyntheticBackend
+from common.config import ServeConfig
+from common.gateway_config import GatewayConfig
+from common.text_config import TextConfig
+from common.tracing import Tracing
+from gateway import malformed_http
+from gateway.app import build_app
+from gateway.frontends.zeromq.server import ZmqFrontend
+from gateway.listener import ConnectionGuard, Listener, app_runner, listen
+from gateway.main import reuseport_socket
+from gateway.metrics import GatewayMetrics
+from gateway.service import Gateway
+from shm.layout import InstanceLayout
+from shm.records import SAMPLE_RATE
+from shm.ring import create_ring, unlink_ring
+
+RING_BYTES = 4 << 20
+BYTES_PER_FRAME = 2048 * 2
+
+
+@dataclass
+class Harness:
+    gateway: Gateway
+    backend: SyntheticBackend
+    config: ServeConfig
+    layout: InstanceLayout
+    port: int
+    guard: ConnectionGuard
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        value = self.gateway.metrics.registry.get_sample_value(name, labels or {})
+        return 0.0 if value is None else value
+
+
+async def wait_until(cond: Callable[[], bool], timeout_s: float = 5.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or cond}")
+        await asyncio.sleep(0.01)
+
+
+def serve_config(**gateway: Any) -> ServeConfig:
+    """The harness's configuration. Text normalisation is off: the synthetic backend reads
+    commands in the text ("error-after-2") and its audio is one frame per character, both of
+    which normalisation would change; the tests of normalisation turn it on. Admission is
+    ``fixed`` unless asked: the synthetic backend's pace is set by the test, not by a load, so
+    a learned limit would measure nothing (tests/gateway/test_gateway_capacity.py asks for it)."""
+    gateway.setdefault("admission", "fixed")
+    return ServeConfig(
+        device="cpu", gateway=GatewayConfig(**gateway), text=TextConfig(normalization="off")
+    )
+
+
+@asynccontextmanager
+async def running_gateway(
+    layout: InstanceLayout,
+    *,
+    backend: dict[str, Any] | None = None,
+    serve: dict[str, Any] | None = None,
+    tracing: Tracing | None = None,
+    **gateway_cfg: Any,
+) -> AsyncIterator[Harness]:
+    """A gateway serving HTTP on a free port, with a synthetic backend behind it."""
+    ep = layout.pcm_ring(0)
+    create_ring(ep, RING_BYTES)
+    be = SyntheticBackend(layout, **(backend or {})).start()
+    if gateway_cfg.pop("zmq", False):
+        gateway_cfg["zmq_endpoint"] = f"ipc://{layout.socket_dir}/zmq-clients"
+    config = serve_config(**gateway_cfg)
+    if serve:  # other sections of the configuration ([voices], [llm], ...)
+        config = msgspec.structs.replace(config, **serve)
+    gw = Gateway(config, layout, 0, GatewayMetrics(CollectorRegistry()), tracing)
+    runner: web.AppRunner | None = None
+    listener: Listener | None = None
+    zmq_front: ZmqFrontend | None = None
+    zmq_task: asyncio.Task[None] | None = None
+    try:
+        await gw.start()
+        if config.gateway.zmq_endpoint:
+            zmq_front = ZmqFrontend(gw, config.gateway.zmq_endpoint)
+            zmq_task = asyncio.create_task(zmq_front.run())
+        runner = app_runner(
+            build_app(gw), config.gateway, **malformed_http.server_options(config.gateway)
+        )
+        await runner.setup()
+        sock = reuseport_socket("127.0.0.1", 0)
+        port = sock.getsockname()[1]
+        listener = await listen(runner, sock, config.gateway, gw.metrics)
+        if be.status is not None and be.status.llm_ready:
+            await wait_until(lambda: gw.readiness().ready, what="gateway ready")
+        yield Harness(gw, be, config, layout, port, listener.guard)
+    finally:
+        if zmq_front is not None and zmq_task is not None:
+            await zmq_front.close()
+            zmq_task.cancel()
+            await asyncio.gather(zmq_task, return_exceptions=True)
+        if listener is not None:
+            listener.close()
+        if runner is not None:
+            await runner.cleanup()
+        await gw.close()
+        be.stop()
+        unlink_ring(ep)
+
+
+def pcm_seconds(n_bytes: int) -> float:
+    return n_bytes / 2 / SAMPLE_RATE

@@ -1,0 +1,228 @@
+"""Process-tree clean-up with real processes (no vLLM): a worker's group and what it forked
+die with it, and the shared-memory segments only they had mapped are unlinked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator import proctree
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(120)
+
+# A "worker": leads its own session, forks a grandchild (as vLLM forks its EngineCore) that
+# creates a POSIX shared-memory segment the way vLLM's broadcast queue does (registered with
+# multiprocessing's resource tracker, itself one more process of the group), then both sleep.
+WORKER = textwrap.dedent(
+    """
+    import multiprocessing as mp, os, sys, time
+    from multiprocessing import shared_memory
+    sys.path.insert(0, {root!r})
+    if {pdeathsig}:
+        from orchestrator.child import _die_with_parent
+        _die_with_parent()
+
+    def engine(name, ready):
+        seg = shared_memory.SharedMemory(name=name, create=True, size=1 << 20)
+        seg.buf[:] = b"x" * (1 << 20)  # touch every page: the segment holds real memory
+        if {untracked}:  # nobody but the orchestrator's clean-up can unlink it
+            from multiprocessing import resource_tracker
+            resource_tracker.unregister(seg._name, "shared_memory")
+        ready.send(os.getpid())
+        time.sleep(600)
+
+    if __name__ == "__main__":
+        ctx = mp.get_context("fork")
+        a, b = ctx.Pipe()
+        # A named semaphore registered with the resource tracker (as vLLM's spawn-context
+        # locks are): /dev/shm/sem.mp-*. The tracker starts here, before the fork, so the
+        # engine holds its pipe too and it outlives a kill -9 of the worker.
+        lock = mp.get_context("spawn").Lock()
+        p = ctx.Process(target=engine, args=({name!r}, b))
+        p.start()
+        print(a.recv(), lock._semlock.name, flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def _start_worker(
+    tmp: Path, name: str, *, pdeathsig: bool, untracked: bool = False
+) -> tuple[subprocess.Popen[str], int, str]:
+    script = tmp / "worker.py"
+    script.write_text(
+        WORKER.format(root=str(ROOT), name=name, pdeathsig=pdeathsig, untracked=untracked)
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert proc.stdout is not None
+    engine_pid, sem = proc.stdout.readline().split()
+    return proc, int(engine_pid), "sem." + sem.lstrip("/")
+
+
+def _wait_dead(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not proctree.alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def segment_name() -> Iterator[str]:
+    name = f"psm_test_{os.getpid()}_{os.urandom(3).hex()}"
+    yield name
+    try:
+        os.unlink(f"/dev/shm/{name}")
+    except FileNotFoundError:
+        pass
+
+
+@pytest.mark.parametrize("untracked", [False, True], ids=["tracked", "untracked"])
+def test_kill_tree_after_kill_9_kills_the_orphans_and_frees_their_segment(
+    tmp_path: Path, segment_name: str, untracked: bool
+) -> None:
+    """tracked: the resource tracker, killed last, unlinks what was registered with it;
+    untracked: kill_tree unlinks the segment the dead tree had mapped."""
+    proc, engine_pid, sem = _start_worker(
+        tmp_path, segment_name, pdeathsig=False, untracked=untracked
+    )
+    try:
+        tree = {proc.pid} | proctree.descendants([proc.pid])
+        assert engine_pid in tree and len(tree) >= 3, "worker, engine and resource tracker"
+        assert segment_name in proctree.shm_mappings(tree)
+        before = proctree.shm_bytes()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        # The failure the issue measured: the engine outlives its worker, segment and all.
+        time.sleep(0.3)
+        assert proctree.alive(engine_pid)
+        assert os.path.exists(f"/dev/shm/{segment_name}")
+        assert os.path.exists(f"/dev/shm/{sem}")
+
+        result = proctree.kill_tree(proc.pid)
+        assert engine_pid in result.killed and result.survivors == []
+        assert not proctree.alive(engine_pid)
+        assert all(not proctree.alive(p) for p in tree)
+        assert not os.path.exists(f"/dev/shm/{segment_name}")
+        assert not os.path.exists(f"/dev/shm/{sem}"), "the semaphore is unlinked too"
+        if untracked:
+            assert result.unlinked == [segment_name] and result.freed_bytes >= 1 << 20
+        assert proctree.shm_bytes() <= before - (1 << 20) + (256 << 10)  # others may write
+    finally:
+        proctree.kill_tree(proc.pid)
+
+
+def test_kill_tree_keeps_segments_still_mapped_elsewhere_and_the_keep_prefix(
+    tmp_path: Path, segment_name: str
+) -> None:
+    from multiprocessing import shared_memory
+
+    proc, _, _ = _start_worker(tmp_path, segment_name, pdeathsig=False, untracked=True)
+    mine = shared_memory.SharedMemory(name=segment_name)  # this process maps it too
+    try:
+        result = proctree.kill_tree(proc.pid)
+        assert result.unlinked == [], "a segment a live process maps is not unlinked"
+        assert os.path.exists(f"/dev/shm/{segment_name}")
+    finally:
+        mine.close()
+        proctree.kill_tree(proc.pid)
+    proc.wait()
+
+    proc2, _, _ = _start_worker(tmp_path, segment_name + "b", pdeathsig=False, untracked=True)
+    try:
+        result = proctree.kill_tree(proc2.pid, keep_prefix=segment_name)
+        assert result.unlinked == [] and os.path.exists(f"/dev/shm/{segment_name}b")
+    finally:
+        proctree.kill_tree(proc2.pid)
+        proc2.wait()
+        os.unlink(f"/dev/shm/{segment_name}b")
+
+
+def test_children_forked_by_a_worker_die_with_it(tmp_path: Path, segment_name: str) -> None:
+    """orchestrator.child's at-fork hook: a forked engine gets SIGTERM when its worker dies,
+    even when no orchestrator is left to clean up."""
+    proc, engine_pid, _ = _start_worker(tmp_path, segment_name, pdeathsig=True)
+    try:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert _wait_dead(engine_pid, 10), "the forked engine died with its worker"
+    finally:
+        proctree.kill_tree(proc.pid)
+
+
+def test_subreaper_adopts_orphans_and_reaps_them(tmp_path: Path) -> None:
+    script = tmp_path / "reaper.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, subprocess, sys, time
+            sys.path.insert(0, {str(ROOT)!r})
+            from orchestrator import proctree
+            assert proctree.become_subreaper()
+            mid = subprocess.Popen([sys.executable, "-c",
+                "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
+                "'import time; time.sleep(600)']); print(p.pid, flush=True)"],
+                stdout=subprocess.PIPE, text=True)
+            orphan = int(mid.stdout.readline())
+            mid.wait()
+            time.sleep(0.2)
+            assert proctree.read_proc(orphan).ppid == os.getpid(), "adopted"
+            assert proctree.orphans([mid.pid]) == {{orphan}}
+            os.kill(orphan, 9)
+            time.sleep(0.2)
+            assert proctree.reap_orphans([mid.pid]) == [orphan]
+            assert proctree.read_proc(orphan) is None, "reaped, not a zombie"
+            print("ok")
+            """
+        )
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_read_proc_reads_pid_ppid_pgid_and_state() -> None:
+    me = proctree.read_proc(os.getpid())
+    assert me is not None and me.ppid == os.getppid() and me.pgid == os.getpgrp()
+    assert me.state in "RS"
+    assert proctree.read_proc(2**22 + 12345) is None
+
+
+def test_a_process_spawned_by_a_worker_is_protected_too(tmp_path: Path) -> None:
+    """multiprocessing "spawn" (vLLM's EngineCore and Workers on this build) imports the
+    worker's main module, orchestrator.child, as __mp_main__: that import gives the spawned
+    process PDEATHSIG and tolerant stdio (its tqdm bar on a full log disk killed the engine's
+    start at every restart)."""
+    script = tmp_path / "spawned.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import ctypes, runpy, signal, sys
+            sys.path.insert(0, {str(ROOT)!r})
+            runpy.run_module("orchestrator.child", run_name="__mp_main__")
+            from orchestrator.logs import TolerantStream
+            assert isinstance(sys.stderr, TolerantStream) and isinstance(sys.stdout, TolerantStream)
+            sig = ctypes.c_int()
+            ctypes.CDLL("libc.so.6").prctl(2, ctypes.byref(sig))  # PR_GET_PDEATHSIG
+            assert sig.value == signal.SIGTERM, sig.value
+            from tqdm import tqdm
+            for _ in tqdm(range(3), desc="Loading safetensors checkpoint shards"):
+                pass
+            print("ok", file=sys.stderr)
+            """
+        )
+    )
+    with open("/dev/full", "wb") as full:
+        r = subprocess.run([sys.executable, str(script)], stdout=full, stderr=full, timeout=60)
+    assert r.returncode == 0
