@@ -3,7 +3,12 @@
 Process entry point: ``main`` (``llm_worker.main.run``: sockets, rings, the engine's start,
 warm-up and ready). Modules, each with one job:
 
-- ``service``: ``LLMService``, the streams' state machine and the per-step publisher
+- ``service``: ``LLMService``, which wires the three rooms of a stream's life and runs the
+  pump after each engine step: ``intake`` (``LlmSubmit``/``AppendText``/``Cancel`` in, each
+  segment's request started), ``publisher`` (each step's frames out to the code ring, then
+  the endings), ``lifecycle`` (the one owner of a stream's life: opened, segments live and
+  ended, closed with exactly one END or ERROR); ``stream`` is the state they share and the
+  engine as they see it
 - ``output``: ``RingSink``, the only writer of the code ring
 - ``engine``: ``GenerationEngine``, the running engine (owns ``AsyncLLM``; add, the one way
   in, which converts a prompt to the output head's ids; abort; the step listener)

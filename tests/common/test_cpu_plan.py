@@ -64,7 +64,14 @@ def test_a_child_applies_its_part_before_torch_chooses_its_threads() -> None:
         "print(json.dumps([sorted(os.sched_getaffinity(0)), torch.get_num_threads(),"
         " os.environ.get('VLLM_CPU_OMP_THREADS_BIND')]))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in (VLLM_BIND_ENV, "OMP_NUM_THREADS")}
+    # LD_PRELOAD: vLLM's CPU platform preloads its libgomp into this process's environment
+    # once a test here has built an engine configuration, and torch then counts its threads
+    # by that OpenMP; the orchestrator's children start from an environment vLLM never saw.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (VLLM_BIND_ENV, "OMP_NUM_THREADS", "LD_PRELOAD")
+    }
     cores = os.sched_getaffinity(0)
     plan = cpu_plan("cpu", "auto", cores, environ=env)
     assert plan is not None

@@ -1,6 +1,6 @@
 """Fakes that drive :class:`llm_worker.service.LLMService` without vLLM's engine or a ring.
 
-- :class:`FakeEngine`: the service's :class:`~llm_worker.service.Engine`. ``add`` returns a
+- :class:`FakeEngine`: the service's :class:`~llm_worker.stream.Engine`. ``add`` returns a
   collector that behaves like vLLM's ``RequestOutputCollector`` with DELTA outputs (deltas
   merge while unread; an exception put there is raised by ``get_nowait``). A test delivers a
   step's tokens with ``emit`` and then runs ``service.pump()``.
