@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "harness"))
-from llm_fakes import FakeEngine, FakePrompts, MemorySink, audio  # noqa: E402
+from llm_fakes import FakeEngine, FakePrompts, MemorySink, audio
 
-from common.llm_config import LLMConfig  # noqa: E402
-from llm_worker.model_info import ModelInfo  # noqa: E402
-from llm_worker.service import LLMService  # noqa: E402
-from shm.messages import LlmSubmit  # noqa: E402
+from common.llm_config import LLMConfig
+from llm_worker.model_info import ModelInfo
+from llm_worker.service import LLMService
+from shm.messages import LlmSubmit
 
 INFO = ModelInfo(voices=("tara",), emotion_tags=(), source="bench", zero_shot=False)
 
@@ -66,9 +66,7 @@ def main() -> int:
     p.add_argument("--label", default="")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
-    rows = [
-        asyncio.run(level(int(n), args.steps, args.repeats)) for n in args.streams.split(",")
-    ]
+    rows = [asyncio.run(level(int(n), args.steps, args.repeats)) for n in args.streams.split(",")]
     print(f"{'streams':>8} {'pump µs/step (median, best of repeats)':>40}  {args.label}")
     for row in rows:
         print(f"{row['streams']:>8} {row['pump_us_median']:>40.1f}")
