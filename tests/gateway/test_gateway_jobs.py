@@ -512,7 +512,10 @@ async def test_say_file_survives_ctrl_c_and_resumes(layout: InstanceLayout, tmp_
     chapter = tmp_path / "chapter.txt"
     chapter.write_text(TEXT)
     out = tmp_path / "chapter.pcm"
-    async with jobs_gateway(layout, tmp_path / "jobs", backend={"realtime": True}) as h:
+    # Each unit's first audio 2 s after it starts: the job cannot end before the Ctrl-C lands,
+    # however late a loaded machine delivers it (in real time alone the job took about 1 s).
+    backend = {"realtime": True, "first_chunk_delay_s": 2.0}
+    async with jobs_gateway(layout, tmp_path / "jobs", backend=backend) as h:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "orpheus_serve", "say", "--file", str(chapter), "-o", str(out),
             "--url", h.url, "--api-key", KEY_A, "--max-tokens", str(7 * FRAMES),
