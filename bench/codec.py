@@ -50,7 +50,7 @@ from codec_worker.output import CollectingSink
 from codec_worker.policy import WindowPolicy
 from codec_worker.service import CodecService
 from codec_worker.snac_model import SNAC_24KHZ, fuse_weight_norm, load_snac
-from common.codec_config import CodecConfig
+from common.config.codec import CodecConfig
 from shm.records import SAMPLE_RATE, SAMPLES_PER_FRAME, RecordKind, StreamEnd, record_encoder
 from shm.ring import Record
 

@@ -38,8 +38,8 @@ from bench.doubles.http_client import CHUNK_BYTES, LevelResult, LevelSpec, clien
 from bench.report import environment, show, table, write_json
 from bench.synthetic_gateway import SyntheticGateway
 from common.config import ServeConfig
-from common.gateway_config import GatewayConfig
-from common.llm_config import LLMConfig
+from common.config.gateway import GatewayConfig
+from common.config.llm import LLMConfig
 from shm.config import ShmConfig
 from shm.records import SAMPLE_RATE
 

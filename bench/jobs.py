@@ -40,8 +40,8 @@ from bench.gateway import header
 from bench.report import show, table, write_json
 from bench.synthetic_gateway import SyntheticGateway
 from common.config import ServeConfig
-from common.gateway_config import GatewayConfig
-from common.jobs_config import JobsConfig
+from common.config.gateway import GatewayConfig
+from common.config.jobs import JobsConfig
 from shm.config import ShmConfig
 from shm.records import SAMPLE_RATE, SAMPLES_PER_FRAME
 

@@ -52,7 +52,7 @@ class Bench:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import EngineArgs, LLMEngine
 
-        from common.llm_config import LLMConfig
+        from common.config.llm import LLMConfig
         from llm_worker.prompt import PromptBuilder
         from llm_worker.vllm_ext.sampling import (
             ModelRunner,

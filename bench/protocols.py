@@ -37,8 +37,8 @@ from bench.gateway import header
 from bench.report import show, table, write_json
 from bench.synthetic_gateway import SyntheticGateway
 from common.config import ServeConfig
-from common.gateway_config import GatewayConfig
-from common.text_config import TextConfig
+from common.config.gateway import GatewayConfig
+from common.config.text import TextConfig
 from shm.config import ShmConfig
 
 PROTOCOLS = (

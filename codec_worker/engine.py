@@ -26,7 +26,7 @@ from torch import nn
 
 from codec_worker.decoder import WindowDecoder, WindowKey, WindowPlan
 from codec_worker.host_memory import HeapBound
-from common.codec_config import CodecConfig
+from common.config.codec import CodecConfig
 from shm.records import CODE_DTYPE, FRAME_CODES
 
 log = logging.getLogger(__name__)

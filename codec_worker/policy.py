@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from codec_worker.decoder import WindowKey
-from common.codec_config import CodecConfig
+from common.config.codec import CodecConfig
 from shm.records import CODE_DTYPE, FRAME_CODES, SAMPLE_RATE, SAMPLES_PER_FRAME, StreamEnd
 
 FRAME_S = SAMPLES_PER_FRAME / SAMPLE_RATE

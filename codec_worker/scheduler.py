@@ -24,7 +24,7 @@ import math
 from collections.abc import Iterable
 
 from codec_worker.policy import StreamState, Window, WindowPolicy
-from common.codec_config import CodecConfig
+from common.config.codec import CodecConfig
 
 _EWMA = 0.2
 

@@ -46,7 +46,7 @@ from codec_worker.noise import decode_seed
 from codec_worker.output import RecordSink
 from codec_worker.policy import StreamState, Window, WindowPolicy
 from codec_worker.scheduler import Scheduler
-from common.codec_config import CodecConfig
+from common.config.codec import CodecConfig
 from shm.records import (
     CODE_DTYPE,
     FRAME_BYTES,

@@ -2,9 +2,9 @@
 gateway, llm_worker, codec_worker); below it are the durable state, ``store``, and the wire
 contract, ``shm``.
 
-- ``config``: ``ServeConfig``, the whole server's configuration, made of the tables of
-  ``llm_config``, ``codec_config``, ``gateway_config``, ``jobs_config``, ``text_config`` (and ``shm.config``,
-  ``store.voices``)
+- ``config``: the configuration package: ``ServeConfig``, the whole server's configuration,
+  made of one module per section (``config.llm``, ``config.codec``, ``config.gateway``,
+  ``config.jobs``, ``config.text``; and ``shm.config``, ``store.voices``)
 - ``limits``: the sampling fields' limits, checked by the gateway and the llm worker alike
 - ``voice_lookup``: which voice a name is (the model's, LoRA, custom) and the messages of
   its refusals, the same in the gateway and the llm worker

@@ -37,7 +37,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 from msgspec import Meta
 
-from common.llm_config import LLMConfig, VoiceSampling
+from common.config.llm import LLMConfig, VoiceSampling
 from orpheus_wire.sampling import SamplingFields
 from shm.records import FRAME_CODES
 

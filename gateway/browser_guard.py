@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from common.gateway_config import GatewayConfig
+from common.config.gateway import GatewayConfig
 from gateway.errors import APIError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -28,7 +28,7 @@ from typing import Any, cast
 
 from aiohttp import web
 
-from common.gateway_config import GatewayConfig
+from common.config.gateway import GatewayConfig
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
 

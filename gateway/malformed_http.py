@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.log import server_logger
 
-from common.gateway_config import GatewayConfig
+from common.config.gateway import GatewayConfig
 
 MAX_CLIENTS = 4096
 """Client addresses remembered (least recently logged forgotten first)."""

@@ -39,7 +39,7 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from common.gateway_config import GatewayConfig
+from common.config.gateway import GatewayConfig
 from gateway.admission import Admission
 from gateway.errors import APIError
 from gateway.link import ClientLink

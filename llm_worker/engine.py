@@ -25,7 +25,7 @@ from vllm.lora.request import LoRARequest
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.output_processor import RequestOutputCollector
 
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from llm_worker.engine_args import prepare_engine_args
 from llm_worker.step_hooks import OutputLoopHook, StepHook, StepRelay
 from llm_worker.vllm_ext.token_space import TokenSpace

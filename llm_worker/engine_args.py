@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from vllm.config import ProfilerConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from llm_worker.engine_env import check_device, prepare_engine_environment
 from llm_worker.model_info import find_model_file
 from llm_worker.output_head import HeadChoice

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from llm_worker.output_head import HeadChoice, choose_output_head
 from llm_worker.sampling_setup import SamplingSetup, setup_sampling
 

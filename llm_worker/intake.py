@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from common.voice_lookup import VoiceLookup
 from llm_worker import metrics as M
 from llm_worker.custom_voices import ZeroShotVoices

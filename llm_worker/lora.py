@@ -29,7 +29,7 @@ from itertools import count
 from vllm.lora.request import LoRARequest
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from llm_worker.model_info import find_model_file
 from shm.messages import AdminReply, AdminRequest, LoraLoad, LoraSync, LoraUnload
 from store.lora import LoraEntry, LoraRegistry, LoraScan, LoraSignature

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import msgspec
 
+from common.config.llm import LLMConfig
 from common.languages import UnknownLanguage, language_tag
-from common.llm_config import LLMConfig
 
 log = logging.getLogger(__name__)
 

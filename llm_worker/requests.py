@@ -18,8 +18,8 @@ import msgspec
 from vllm import SamplingParams
 from vllm.sampling_params import RequestOutputKind
 
+from common.config.llm import LLMConfig, VoiceSampling
 from common.limits import SEED_MAX, LimitError, RequestLimits
-from common.llm_config import LLMConfig, VoiceSampling
 from common.voice_lookup import VoiceKind, VoiceLookup
 from llm_worker.model_info import ModelInfo
 from llm_worker.vllm_ext import tokens as T

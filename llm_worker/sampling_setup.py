@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from llm_worker.vllm_ext.sampling.hooks import PlanHooks, SamplingHooks
 from shm.ring import segment_path
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from llm_worker.custom_voices import ZeroShotVoices
 from llm_worker.intake import Intake
 from llm_worker.lifecycle import StreamLifecycle

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
-from common.llm_config import LLMConfig, VoiceSampling
+from common.config.llm import LLMConfig, VoiceSampling
 from llm_worker.requests import RequestPlan, segment_params
 
 if TYPE_CHECKING:

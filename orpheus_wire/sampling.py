@@ -5,7 +5,7 @@ llm_worker's message (``shm.messages.SamplingOverrides``), which each front end'
 becomes by one conversion (``gateway.schemas.sampling_overrides``).
 
 Their limits are ``common.limits``' (the llm_worker's, keyed by these names), checked by
-``gateway.schemas.build_params``; the voices' defaults are ``common.llm_config.
+``gateway.schemas.build_params``; the voices' defaults are ``common.config.llm.
 VoiceSampling``. Every name but ``max_tokens`` and ``seed`` is a keyword of vLLM's
 ``SamplingParams``, which the llm_worker builds in one place
 (``llm_worker.vllm_ext.sampling.plan.sampling_kwargs``: there the repetition penalty takes

@@ -286,7 +286,7 @@ def _cell(text: str) -> str:
 
 
 INTERNAL_INTRO = (
-    "Keys an operator has no reason to set (`INTERNAL_KEYS` in `common/config.py` says why for "
+    "Keys an operator has no reason to set (`INTERNAL_KEYS` in `common/config/__init__.py` says why for "
     "each): constants of the model, the decode windows and the rings chosen by measurement, "
     "A/B switches of the benchmarks, and fault timeouts. They load like the others (file, "
     "environment, `--set`: the tests and benchmarks set them) but may change or go without "

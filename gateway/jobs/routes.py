@@ -17,7 +17,7 @@ from typing import TypeVar
 import msgspec
 from aiohttp import web
 
-from common.jobs_config import JobsConfig
+from common.config.jobs import JobsConfig
 from gateway.audio.formats import CONTENT_TYPES
 from gateway.auth import ApiKeys, presented_key
 from gateway.errors import APIError

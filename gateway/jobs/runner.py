@@ -35,7 +35,7 @@ from typing import BinaryIO, TypeVar
 
 import numpy as np
 
-from common.jobs_config import JobsConfig
+from common.config.jobs import JobsConfig
 from gateway.apis import Api
 from gateway.audio.formats import OutputFormat
 from gateway.audio.output import make_output

@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "harness"))
 from llm_fakes import FakeEngine, FakePrompts, MemorySink, audio
 
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from llm_worker.model_info import ModelInfo
 from llm_worker.service import LLMService
 from shm.messages import LlmSubmit

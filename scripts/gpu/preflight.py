@@ -128,7 +128,7 @@ def check_imports(cuda_answers: bool = False) -> dict[str, Any]:
 def check_sampling() -> dict[str, Any]:
     import os
 
-    from common.llm_config import LLMConfig
+    from common.config.llm import LLMConfig
     from llm_worker.vllm_ext.sampling import SamplingPlan, choose_model_runner, pin_model_runner
 
     out: dict[str, Any] = {"ok": True}
@@ -221,7 +221,7 @@ def check_codec_compile() -> dict[str, Any]:
     from codec_worker.engine import DecodeEngine
     from codec_worker.policy import WindowPolicy
     from codec_worker.snac_model import load_snac
-    from common.codec_config import CodecConfig
+    from common.config.codec import CodecConfig
 
     cfg = CodecConfig(compile=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -26,7 +26,7 @@ from codec_worker.snac_model import (
     fuse_weight_norm,
     load_snac,
 )
-from common.codec_config import CodecConfig
+from common.config.codec import CodecConfig
 from shm.records import RecordKind, StreamEnd, record_encoder
 from shm.ring import Record
 

@@ -15,8 +15,8 @@ import zmq
 
 from bench.doubles.tiny_model import write_random_snac
 from codec_worker.snac_model import SNAC_24KHZ_SMALL
-from common.codec_config import CodecConfig
 from common.config import ServeConfig
+from common.config.codec import CodecConfig
 from orchestrator.child import SPEC_ENV, ChildSpec
 from shm.config import ShmConfig
 from shm.layout import InstanceLayout

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from codec_worker.policy import StreamState, WindowPolicy
-from common.codec_config import CodecConfig
+from common.config.codec import CodecConfig
 from shm.records import StreamEnd
 
 CONFIGS = st.builds(

@@ -24,7 +24,7 @@ from codec_worker.policy import StreamState, WindowPolicy
 from codec_worker.scheduler import Scheduler
 from codec_worker.service import CodecService
 from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
-from common.codec_config import CodecConfig
+from common.config.codec import CodecConfig
 from shm.records import (
     RecordKind,
     StreamEnd,

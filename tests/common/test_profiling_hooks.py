@@ -61,7 +61,7 @@ def test_codec_capture_writes_a_trace_with_the_worker_ranges(tmp_path: Path) -> 
     from codec_worker.engine import DecodeEngine
     from codec_worker.profiling import CodecProfiler
     from codec_worker.snac_model import load_snac
-    from common.codec_config import CodecConfig
+    from common.config.codec import CodecConfig
 
     snac = write_random_snac(tmp_path / "snac", seed=1)
     cfg = CodecConfig(model=str(snac), compile=False)

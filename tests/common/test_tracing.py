@@ -22,9 +22,9 @@ from codec_worker.engine import DecodeEngine
 from codec_worker.output import CollectingSink
 from codec_worker.service import CodecService
 from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
-from common.codec_config import CodecConfig
 from common.config import ServeConfig
-from common.llm_config import LLMConfig
+from common.config.codec import CodecConfig
+from common.config.llm import LLMConfig
 from common.tracing import (
     Tracing,
     TracingConfigError,

@@ -43,7 +43,7 @@ from e2e_harness import BYTES_PER_FRAME, Server, start_server, stop_server
 
 from bench.doubles.clips import reference_clip
 from bench.doubles.local_server import free_port
-from common.gateway_config import GatewayConfig
+from common.config.gateway import GatewayConfig
 from store.voices import VoicesConfig
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]

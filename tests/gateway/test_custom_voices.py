@@ -25,7 +25,7 @@ from bench.doubles.tiny_model import build_tokenizer, random_snac
 from codec_worker.encoder import EncodeServer, VoiceEncoder
 from codec_worker.levels import frames_to_levels
 from codec_worker.snac_model import SNAC_24KHZ, SNAC_24KHZ_SMALL, fuse_weight_norm
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from common.voice_lookup import VoiceLookup, unknown_voice
 from gateway.custom_voices import decode_reference
 from gateway.errors import APIError
@@ -428,7 +428,7 @@ async def test_lora_voices_follow_other_workers_sharing_the_state_directory(
 
 
 async def test_lora_sync_never_removes_a_configured_voice(tmp_path: Path) -> None:
-    from common.llm_config import LoraVoice
+    from common.config.llm import LoraVoice
     from llm_worker.lora import LoraVoices
 
     registry = LoraRegistry(tmp_path)
@@ -859,7 +859,7 @@ def test_a_lora_voice_named_like_a_model_voice_is_refused_at_start(tmp_path: Pat
     """With the model's own voice list (``llm.voices`` unset), a LoRA voice that a model voice
     would shadow is refused once the list is known, in one line, before anything starts."""
     from common.config import ServeConfig
-    from common.llm_config import LLMConfig, LoraVoice
+    from common.config.llm import LLMConfig, LoraVoice
     from orpheus_serve.cli import _with_model_voices
 
     def cfg(name: str) -> ServeConfig:

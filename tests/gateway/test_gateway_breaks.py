@@ -19,8 +19,8 @@ from elevenlabs import AsyncElevenLabs
 from gateway_harness import running_gateway
 
 from bench.doubles.synthetic_backend import synthetic_pcm
-from common.jobs_config import JobsConfig
-from common.text_config import TextConfig
+from common.config.jobs import JobsConfig
+from common.config.text import TextConfig
 from gateway.jobs.routes import split_units
 from gateway.jobs.runner import fade_edges
 from orpheus_client.zmq_client import AsyncClient, SpeechError

@@ -27,8 +27,8 @@ from gateway_harness import Harness, running_gateway
 from openai import AsyncOpenAI
 
 from bench.doubles.synthetic_backend import StreamPlan, default_plan, synthetic_pcm
-from common.llm_config import LLMConfig, LoraVoice
-from common.text_config import TextConfig
+from common.config.llm import LLMConfig, LoraVoice
+from common.config.text import TextConfig
 from gateway.audio.formats import ELEVENLABS_FORMATS
 from shm.layout import InstanceLayout
 from shm.messages import LlmSubmit

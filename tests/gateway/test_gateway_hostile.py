@@ -26,9 +26,9 @@ from bench.doubles.clips import wav_bytes
 from bench.doubles.tiny_model import random_snac
 from codec_worker.encoder import EncodeServer, VoiceEncoder
 from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
-from common.gateway_config import GatewayConfig
-from common.llm_config import LLMConfig
-from common.text_config import TextConfig
+from common.config.gateway import GatewayConfig
+from common.config.llm import LLMConfig
+from common.config.text import TextConfig
 from gateway.browser_guard import BrowserGuard
 from gateway.custom_voices import confined_lora_path
 from gateway.listener import FD_RESERVE, connection_limit

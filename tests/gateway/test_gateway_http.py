@@ -18,7 +18,7 @@ import pytest
 from gateway_harness import BYTES_PER_FRAME, running_gateway, wait_until
 
 from bench.doubles.synthetic_backend import StreamPlan, default_plan, synthetic_pcm
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from gateway.voices import ENGLISH_VOICES
 from shm.layout import InstanceLayout
 from shm.messages import ClusterStatus, EngineStatus, LlmSubmit

@@ -26,7 +26,7 @@ import pytest
 from gateway_harness import Harness, running_gateway, wait_until
 
 from bench.doubles.synthetic_backend import synthetic_pcm
-from common.jobs_config import JobsConfig
+from common.config.jobs import JobsConfig
 from gateway.jobs.routes import split_units
 from gateway.jobs.runner import fade_edges
 from gateway.jobs.store import JobSpec, JobStore, owner_of
@@ -418,7 +418,7 @@ CHILD = """
 import asyncio, sys, msgspec
 sys.path.insert(0, "tests/harness")
 from gateway_harness import running_gateway
-from common.jobs_config import JobsConfig
+from common.config.jobs import JobsConfig
 from shm.layout import InstanceLayout
 
 async def main():

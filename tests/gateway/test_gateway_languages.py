@@ -22,8 +22,8 @@ from bench.doubles.clips import wav_bytes
 from bench.doubles.tiny_model import random_snac
 from codec_worker.encoder import EncodeServer, VoiceEncoder
 from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
-from common.llm_config import LLMConfig
-from common.text_config import TextConfig
+from common.config.llm import LLMConfig
+from common.config.text import TextConfig
 from orpheus_client.zmq_client import AsyncClient, SpeechError
 from shm.layout import InstanceLayout
 from store.lora import LoraEntry, LoraRegistry

@@ -83,7 +83,7 @@ async def test_playground_makes_a_custom_voice_from_an_uploaded_clip(
     from bench.doubles.tiny_model import random_snac
     from codec_worker.encoder import EncodeServer, VoiceEncoder
     from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
-    from common.llm_config import LLMConfig
+    from common.config.llm import LLMConfig
     from store.voices import VoicesConfig
 
     t = np.arange(int(3.5 * 16_000)) / 16_000
@@ -140,7 +140,7 @@ async def test_playground_speaks_an_uploaded_text_file_as_a_job(
     offered for download."""
     from playwright.async_api import async_playwright
 
-    from common.jobs_config import JobsConfig
+    from common.config.jobs import JobsConfig
 
     chapter = tmp_path / "chapter.txt"
     chapter.write_text(" ".join(f"Sentence {i} of the chapter." for i in range(6)))

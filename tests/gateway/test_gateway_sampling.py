@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from gateway_harness import Harness, running_gateway, wait_until
 
-from common.jobs_config import JobsConfig
+from common.config.jobs import JobsConfig
 from orpheus_client.zmq_client import AsyncClient
 from shm.layout import InstanceLayout
 from shm.messages import LlmSubmit

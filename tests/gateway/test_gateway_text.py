@@ -25,7 +25,7 @@ from elevenlabs.types import DialogueInput
 from elevenlabs.types import PronunciationDictionaryVersionLocator as VersionLocator
 from gateway_harness import Harness, running_gateway
 
-from common.text_config import TextConfig
+from common.config.text import TextConfig
 from gateway.text.pls import parse_pls
 from orpheus_client.zmq_client import AsyncClient
 from shm.layout import InstanceLayout

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from common.gateway_config import OPENAI_VOICES
+from common.config.gateway import OPENAI_VOICES
 from common.limits import RequestLimits
 from gateway.admission import Admission
 from gateway.audio.encoders import ENCODER_FORMATS, make_encoder, tempo_factors, wav_header

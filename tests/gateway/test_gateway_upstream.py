@@ -21,7 +21,7 @@ import pytest
 import zmq
 from prometheus_client import CollectorRegistry
 
-from common.gateway_config import GatewayConfig
+from common.config.gateway import GatewayConfig
 from common.limits import RequestLimits
 from gateway.admission import Admission
 from gateway.apis import Api

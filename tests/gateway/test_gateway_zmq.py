@@ -19,7 +19,7 @@ import zmq.asyncio
 from gateway_harness import running_gateway, wait_until
 
 from bench.doubles.synthetic_backend import synthetic_pcm
-from common.text_config import TextConfig
+from common.config.text import TextConfig
 from gateway.frontends.zeromq.server import MAX_PENDING_APPENDS
 from orpheus_client.zmq_client import AsyncClient, Client, SpeechError
 from orpheus_wire.zeromq import (

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.config import ServeConfig
+from common.config.llm import LLMConfig, LoraVoice
+from common.config.text import TextConfig
 from common.languages import UnknownLanguage, language_tag
-from common.llm_config import LLMConfig, LoraVoice
 from common.sentences import SentenceEnds
-from common.text_config import TextConfig
 from gateway.errors import APIError
 from gateway.frontends.text_units import UnitSplitter
 from gateway.text.intl import LANGUAGES, normalizer_for

@@ -223,7 +223,7 @@ async def test_pipecat_elevenlabs_websocket_with_a_dictionary_and_normalisation(
         PronunciationDictionaryLocator,
     )
 
-    from common.text_config import TextConfig
+    from common.config.text import TextConfig
     from store.voices import VoicesConfig
 
     serve = {"voices": VoicesConfig(state_dir=str(tmp_path)), "text": TextConfig()}

@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry
 
 from bench.doubles.synthetic_backend import SyntheticBackend
 from common.config import ServeConfig
-from common.gateway_config import GatewayConfig
-from common.text_config import TextConfig
+from common.config.gateway import GatewayConfig
+from common.config.text import TextConfig
 from common.tracing import Tracing
 from gateway import malformed_http
 from gateway.app import build_app

@@ -16,7 +16,7 @@ from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
 from bench.doubles.tiny_model import write_tiny_model
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from llm_worker.engine_args import engine_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]

@@ -13,7 +13,7 @@ from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
 
 from bench.doubles.tiny_model import write_random_lora, write_tiny_model
-from common.llm_config import LLMConfig, LoraVoice
+from common.config.llm import LLMConfig, LoraVoice
 from llm_worker.engine_args import engine_args
 from llm_worker.vllm_ext import tokens as T
 

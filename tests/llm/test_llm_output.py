@@ -10,7 +10,7 @@ import pytest
 from llm_fakes import FakeEngine, FakePrompts, Rec, audio, contiguous, received
 from prometheus_client import REGISTRY
 
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from llm_worker.model_info import ModelInfo
 from llm_worker.output import RingSink
 from llm_worker.service import LLMService

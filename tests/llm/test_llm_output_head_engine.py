@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from vllm import LLM, SamplingParams
 
 from bench.doubles.tiny_model import write_tiny_model
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from llm_worker.engine_args import GENERATION_CONFIG
 from llm_worker.output_head import HeadChoice, choose_output_head
 from llm_worker.vllm_ext import tokens as T

@@ -6,7 +6,7 @@ import msgspec
 import pytest
 from vllm.sampling_params import RequestOutputKind
 
-from common.llm_config import LLMConfig, VoiceSampling
+from common.config.llm import LLMConfig, VoiceSampling
 from llm_worker.model_info import ModelInfo
 from llm_worker.requests import (
     BadRequest,

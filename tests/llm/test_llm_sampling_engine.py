@@ -13,7 +13,7 @@ import pytest
 from vllm import LLM, SamplingParams
 
 from bench.doubles.tiny_model import write_tiny_model
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from llm_worker.vllm_ext import tokens as T
 from llm_worker.vllm_ext.sampling import (
     CounterSlots,

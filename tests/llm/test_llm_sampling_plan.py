@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from vllm import SamplingParams
 
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from llm_worker.vllm_ext.sampling import Counter, ModelRunner, RequestArgs, SamplingPlan
 from llm_worker.vllm_ext.sampling.constraint import AudioTokenConstraint
 from llm_worker.vllm_ext.sampling.penalty import TensorRepetitionPenalty

@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 import torch
 
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from llm_worker.vllm_ext.sampling import (
     ModelRunner,
     SamplingPlan,

@@ -25,7 +25,7 @@ from llm_fakes import (
 from prometheus_client import REGISTRY
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from common.llm_config import LLMConfig, VoiceSampling
+from common.config.llm import LLMConfig, VoiceSampling
 from llm_worker import metrics as M
 from llm_worker.model_info import ModelInfo
 from llm_worker.requests import BadRequest, length_cap

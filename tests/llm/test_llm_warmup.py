@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bench.doubles.tiny_model import write_tiny_model
-from common.llm_config import LLMConfig, VoiceSampling
+from common.config.llm import LLMConfig, VoiceSampling
 from llm_worker.prompt import PromptBuilder
 from llm_worker.vllm_ext import tokens as T
 from llm_worker.vllm_ext.sampling.hooks import SamplingHooks

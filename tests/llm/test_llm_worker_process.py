@@ -27,7 +27,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from bench.doubles.tiny_model import write_tiny_model
 from common.config import ServeConfig
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from common.profiling import ProfileDone
 from orchestrator.child import SPEC_ENV, ChildSpec
 from shm.layout import InstanceLayout

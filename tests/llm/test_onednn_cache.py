@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from llm_worker.engine_env import ONEDNN_CACHE_ENV, bound_onednn_cache
 
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from common.config.llm import LLMConfig, VoiceSampling
 from common.limits import RequestLimits, sampling_problem
-from common.llm_config import LLMConfig, VoiceSampling
 from common.voice_lookup import VoiceLookup
 from gateway.errors import APIError
 from gateway.schemas import build_params

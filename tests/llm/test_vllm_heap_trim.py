@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from common.config.llm import LLMConfig
 from common.host_heap import HeapBound
-from common.llm_config import LLMConfig
 from llm_worker.engine_env import HEAP_TRIM_ENV, trim_vllm_heap
 from llm_worker.vllm_ext import heap_trim
 

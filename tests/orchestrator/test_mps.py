@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from common.config import ServeConfig
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from common.mps import DEFAULT_PIPE_DIRECTORY, control_path, mps_active, pipe_directory
 from orchestrator.mps import DOCS, log_mps, mps_lines
 

@@ -19,7 +19,7 @@ import msgspec
 import pytest
 
 from common.config import ServeConfig
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from orchestrator.child import SPEC_ENV, ChildSpec
 from orchestrator.failures import EXIT_PERMANENT
 from orchestrator.supervisor import LOOP_STALL_WARN_S, Supervisor

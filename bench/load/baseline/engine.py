@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from llm_worker.vllm_ext import tokens as T
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from bench.load.baseline.decoder import ReferenceStreamDecoder
 from bench.load.baseline.engine import max_tokens_for, prompt_ids, sampling_params
-from common.llm_config import LLMConfig
+from common.config.llm import LLMConfig
 from shm.messages import UNDECODABLE
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.llm_config import VoiceSampling
+from common.config.llm import VoiceSampling
 from llm_worker.vllm_ext.sampling.plan import sampling_kwargs
 
 

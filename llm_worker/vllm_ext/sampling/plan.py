@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from common.llm_config import LLMConfig, VoiceSampling
+from common.config.llm import LLMConfig, VoiceSampling
 from llm_worker.vllm_ext.sampling.args import RequestArgs
 from llm_worker.vllm_ext.sampling.counters import SINK, Counter
 from llm_worker.vllm_ext.sampling.runner import ModelRunner, actual_model_runner

@@ -1,9 +1,11 @@
 """The whole server's configuration: one TOML file, then environment, then flags.
 
-Each process's section has its own module here (``llm_config.py``, ``codec_config.py``,
-``gateway_config.py``; the transport's ``shm.config``, the state directory's
-``store.voices``); this module composes them. It must stay import-light: every process
-imports it.
+One module per section in this package: ``llm``, ``codec``, ``gateway``, ``jobs`` and
+``text``; the transport's section is ``shm.config`` and the state directory's
+``store.voices.VoicesConfig``, because ``shm`` and ``store`` sit below ``common`` in the
+import layers and read their own sections. This module composes them into
+:class:`ServeConfig` and names the keys an operator has no reason to set
+(:data:`INTERNAL_KEYS`). It must stay import-light: every process imports it.
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ from typing import Literal
 
 import msgspec
 
-from common.codec_config import CodecConfig
-from common.gateway_config import GatewayConfig
-from common.jobs_config import JobsConfig
-from common.llm_config import LLMConfig
-from common.text_config import TextConfig
+from common.config.codec import CodecConfig
+from common.config.gateway import GatewayConfig
+from common.config.jobs import JobsConfig
+from common.config.llm import LLMConfig
+from common.config.text import TextConfig
 from shm.config import ShmConfig
 from store.voices import VoicesConfig
 
