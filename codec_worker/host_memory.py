@@ -10,9 +10,8 @@ glibc's own trimming off (it would trim in the middle of a batch, between two op
 
 The heap must not keep everything, though: a flood's batches (up to ``max_batch`` windows
 of up to ``max_hop_frames``) need several times the memory of steady traffic, and with
-nothing trimmed (the first version) each new largest batch raised the worker's RSS for good:
-a 20-minute soak saw it step 452 -> 800 -> 950 -> 1,150 MB at floods (docs/performance.md,
-"Memory over hours"). ``HeapBound.after_batch`` (:mod:`common.host_heap`) runs between batches: at most every
+nothing trimmed each new largest batch would raise the worker's RSS for good
+(docs/performance.md, "Memory over hours"). ``HeapBound.after_batch`` (:mod:`common.host_heap`) runs between batches: at most every
 ``TRIM_EVERY_S`` and only when more than ``KEEP_FREE_BYTES`` of the heap is free,
 ``malloc_trim`` hands the free pages back (the top of the heap and whole free pages inside
 it). The batches that follow fault their working set in again, once per interval: a few

@@ -24,9 +24,8 @@ engine's limit the largest ``n`` whose predicted real-time factor leaves ``margi
 The rate alone does not decide: a stream plays without a gap only if each chunk comes before
 its player runs out of the audio before it, and the first chunks of a stream carry little
 audio, so a load can keep its rate well above real time on average and still leave its
-streams' players dry early on (on the 2-core CPU with the tiny model: at three streams the
-windows' 10th percentile was 1.03x real time, and 41% of the streams underran with a 100 ms
-jitter buffer; docs/performance.md). So a load at which clearly more than
+streams' players dry early on (docs/performance.md, the overload diagnosis: its table of
+rates and underruns by load). So a load at which clearly more than
 ``MAX_UNDERRUN_SHARE`` of the streams underran is *bad*, as is one whose measured real-time
 factor or start time is past its bound; a bad load bounds the limit below it
 for ``BAD_MEMORY_S``, doubled each time it is tried and found bad again.

@@ -1,5 +1,5 @@
 """What a server instance holds in /dev/shm, recorded while it runs, and taken back once the
-whole instance is dead (issue 47).
+whole instance is dead.
 
 When one worker dies the supervisor kills what is left of its tree and unlinks what only that
 tree mapped (``orchestrator.proctree.kill_tree``); a clean stop unlinks everything. When every
