@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from common.config import ServeConfig
+from common.config import FOLDED_KEYS, ServeConfig
 from common.languages import UnknownLanguage, language_tag
 from common.limits import MAX_TOKENS_MIN, sampling_problem
 from shm.layout import MAX_ENGINES
@@ -96,6 +96,15 @@ def set_overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def _has_key(layer: Mapping[str, Any], dotted: str) -> bool:
+    node: Any = layer
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
 def load_config(
     toml_path: str | None = None,
     flags: Mapping[str, Any] | None = None,
@@ -115,6 +124,13 @@ def load_config(
     device = merged.get("device", ServeConfig().device)
     if device == "cpu":
         merged = _merge(_merge(CPU_PROFILE, file_layer), _merge(env_layer, flag_layer))
+    folded = [
+        f"{key} is no longer a setting: {why}"
+        for key, why in FOLDED_KEYS.items()
+        if _has_key(merged, key)
+    ]
+    if folded:
+        raise ConfigError("; ".join(folded))
     try:
         cfg = msgspec.convert(merged, ServeConfig, strict=False)
     except msgspec.ValidationError as exc:

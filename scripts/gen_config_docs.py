@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
-from common.config import INTERNAL_KEYS, ServeConfig  # noqa: E402
+from common.config import FOLDED_KEYS, INTERNAL_KEYS, ServeConfig  # noqa: E402
 from orchestrator.settings import CPU_PROFILE, ENV_PREFIX  # noqa: E402
 
 DOC = ROOT / "docs" / "configuration.md"
@@ -112,7 +112,8 @@ DESCRIPTIONS: dict[str, str] = {
     "gateway.api_keys": "Accepted API keys for /v1/* (`Authorization: Bearer KEY`, "
     "`Authorization: Api-Key KEY`, `xi-api-key: KEY`; WebSocket also `?api_key=`). Empty: no "
     "authentication.",
-    "gateway.max_input_chars": "Longest `input` text accepted; longer requests get 400.",
+    "gateway.max_input_chars": "Longest text one interactive request carries (`input`, "
+    "a dialogue's turns together, a ZeroMQ stream's text with its appends); longer requests get 400.",
     "gateway.max_body_bytes": "Largest request body accepted; larger requests get 413.",
     "gateway.voice_aliases": "Voice names accepted besides the model's own, mapped to a model "
     "voice (OpenAI's voice names by default). Setting it replaces the whole map.",
@@ -344,6 +345,17 @@ def render_option_tables() -> str:
             lines.append(f"{name} = {value}")
             lines.append("```")
         lines.append("")
+    lines += [
+        "### Folded keys",
+        "",
+        "Keys that were folded into another: a configuration that still sets one is refused at "
+        "start with what replaced it.",
+        "",
+        "| key | now |",
+        "|---|---|",
+        *(f"| `{key}` | {_cell(why)} |" for key, why in FOLDED_KEYS.items()),
+        "",
+    ]
     return "\n".join(lines) + "\n"
 
 

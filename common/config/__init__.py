@@ -68,7 +68,8 @@ INTERNAL_KEYS: dict[str, str] = {
     "llm.lora_sync_s": "how often workers compare their adapters; no operator trade-off",
     "llm.max_tokens_per_char": "a property of the model: about 7 frames a second of speech",
     "llm.min_max_tokens": "a property of the model: the shortest text's audio budget",
-    "llm.max_chars_per_segment": "a property of the model: the piece it speaks without looping",
+    "llm.max_chars_per_segment": "a property of the model: the piece it speaks without looping "
+    "(a long-form job's units are cut at it too)",
     "llm.repetition_guard_frames": "a property of the model: its runaway loops' shape",
     "llm.ring_full_timeout_s": "a code ring full this long means a stuck codec, not load",
     "llm.seed": "the tests' determinism; a request's own seed is the client's control",
@@ -99,7 +100,6 @@ INTERNAL_KEYS: dict[str, str] = {
     "voices.encode_timeout_s": "a clip's encode this long means a stuck codec, not load",
     # [jobs]
     "jobs.streams_per_job": "`jobs.reserve_streams` and `max_running_jobs` bound jobs' share",
-    "jobs.unit_max_chars": "a property of the model, as `llm.max_chars_per_segment`",
     "jobs.unit_retries": "retries of a worker fault; no operator trade-off",
     "jobs.join_fade_ms": "what joins units without a click; no operator trade-off",
     "jobs.poll_s": "how often gateways look for jobs; no operator trade-off",
@@ -110,3 +110,11 @@ INTERNAL_KEYS: dict[str, str] = {
 """Keys an operator has no reason to set, each with why: they still load from the file, the
 environment and ``--set`` (tests and benchmarks set them), and docs/configuration.md lists
 them apart, as internal: they may change or go without notice."""
+
+FOLDED_KEYS: dict[str, str] = {
+    "jobs.unit_max_chars": "a job's units are cut at `llm.max_chars_per_segment`",
+    "text.max_dialogue_chars": "a dialogue's turns together are bounded by "
+    "`gateway.max_input_chars`, as one request's text",
+}
+"""Keys that were folded into another: a configuration that still sets one is refused with
+what replaced it (``orchestrator.settings.load_config``), not with msgspec's unknown field."""

@@ -35,9 +35,6 @@ class JobsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     finish in)."""
     max_running_jobs: int = 2
     """Jobs one gateway process runs at once; more wait, queued, in creation order."""
-    unit_max_chars: int = 280
-    """Longest unit: the text is cut at sentence ends (the streaming protocols' splitter), and
-    a longer sentence at a space before this."""
     unit_retries: int = 3
     """Times a unit that failed in the workers (a restart, a timeout) is tried again before
     its job fails."""

@@ -31,5 +31,3 @@ class TextConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     dropped version gets 404)."""
     max_pls_bytes: int = 1 << 20
     """Largest PLS file ``add-from-file`` accepts."""
-    max_dialogue_chars: int = 5000
-    """Most characters of all turns of one ``/v1/text-to-dialogue`` request."""

@@ -74,7 +74,8 @@ def jobs_dir(gateway: Gateway) -> str:
 
 def split_units(text: str, max_chars: int) -> list[str]:
     """The job's units: the streaming protocols' sentence splitter over the whole text
-    (checked by ``build_params``). A unit after a break tag starts with its pause, as a tag
+    (checked by ``build_params``), a longer sentence cut at a space before ``max_chars``
+    (``llm.max_chars_per_segment``: the piece the model speaks without looping). A unit after a break tag starts with its pause, as a tag
     (the unit's request pushes its silence first: ``gateway.pauses``); pauses after the last
     words end the last unit."""
     splitter = UnitSplitter("sentence", max_chars, None)
@@ -182,7 +183,7 @@ class JobsApi:
             sampling=sampling_overrides(req),
             max_break_ms=cap_ms(g.config.gateway.max_break_s),
         )
-        units = split_units(params.text, cfg.unit_max_chars)
+        units = split_units(params.text, g.config.llm.max_chars_per_segment)
         if not units:
             raise bad_request("`input` must contain some text", code="empty_input", param="input")
         await self._io(self._check_quota, owner)

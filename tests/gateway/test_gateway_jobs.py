@@ -27,6 +27,7 @@ from gateway_harness import Harness, running_gateway, wait_until
 
 from bench.doubles.synthetic_backend import synthetic_pcm
 from common.config.jobs import JobsConfig
+from common.config.llm import LLMConfig
 from gateway.jobs.routes import split_units
 from gateway.jobs.runner import fade_edges
 from gateway.jobs.store import JobSpec, JobStore, owner_of
@@ -123,7 +124,7 @@ def job_submits(h: Harness) -> list[str]:
 async def test_a_job_speaks_every_unit_once_in_order(
     layout: InstanceLayout, tmp_path: Path
 ) -> None:
-    units = split_units(TEXT, JobsConfig().unit_max_chars)
+    units = split_units(TEXT, LLMConfig().max_chars_per_segment)
     assert len(units) == 8
     async with jobs_gateway(layout, tmp_path / "jobs") as h, aiohttp.ClientSession() as s:
         job = await submit(s, h)

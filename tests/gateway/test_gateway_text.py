@@ -444,7 +444,9 @@ async def test_text_to_dialogue_with_two_voices_and_timestamps(
             with pytest.raises(ApiError) as e:
                 await drain(el.text_to_dialogue.convert(inputs=inputs, output_format="pcm_24000"))
             assert e.value.status_code == 400
+        # Each turn is under gateway.max_input_chars; together they are over it.
         assert "long-form" in json.dumps(e.value.body)
+        assert "gateway.max_input_chars" in json.dumps(e.value.body)
         assert len(h.backend.submitted()) == n
 
 

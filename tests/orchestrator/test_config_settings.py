@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.config import ServeConfig
+from common.config import FOLDED_KEYS, ServeConfig
 from orchestrator.settings import (
     CPU_PROFILE,
     ConfigError,
@@ -393,6 +393,23 @@ def test_operators_meet_at_most_100_keys_and_every_internal_key_exists() -> None
     assert all(reason.strip() for reason in gen_docs.INTERNAL_KEYS.values())
     cfg = load_config(None, {"codec": {"late_lookahead_ms": -1}, "llm": {"seed": 7}})
     assert cfg.codec.late_lookahead_ms == -1 and cfg.llm.seed == 7
+
+
+@pytest.mark.parametrize("key", sorted(FOLDED_KEYS))
+def test_a_folded_key_is_refused_with_what_replaced_it(tmp_path: Path, key: str) -> None:
+    section, name = key.split(".")
+    env = {f"ORPHEUS_{section.upper()}__{name.upper()}": "1"}
+    for layer in (
+        {"toml": f"[{section}]\n{name} = 1\n"},
+        {"env": env},
+        {"flags": {section: {name: 1}}},
+    ):
+        assert (
+            config_error(tmp_path, **layer) == f"{key} is no longer a setting: {FOLDED_KEYS[key]}"
+        )
+    assert not hasattr(getattr(ServeConfig(), section), name), (
+        "a folded key is gone from its Struct"
+    )
 
 
 def test_configuration_doc_is_up_to_date() -> None:

@@ -13,8 +13,9 @@ checked before any audio. Turns are spoken in order, a sentence at a time (one r
 sentence, as the streaming TTS), into one encoder, so an MP3 dialogue is one continuous
 stream; between turns a pause of silence (``SPEAKER_PAUSE_MS`` when the speaker changes,
 ``TURN_PAUSE_MS`` when not). The first audio goes out as soon as the first sentence of the
-first turn is decoded. A dialogue longer than ``text.max_dialogue_chars`` is refused: it is
-long-form work, to be split into several requests.
+first turn is decoded. A dialogue is one interactive request: all its turns together longer
+than ``gateway.max_input_chars`` are refused, as one text would be (long-form work belongs in
+several requests or a job).
 """
 
 from __future__ import annotations
@@ -253,13 +254,13 @@ def _templates(
             param="inputs",
         )
     total = sum(len(i.text) for i in body.inputs)
-    limit = cfg.text.max_dialogue_chars
+    limit = cfg.gateway.max_input_chars
     if total > limit:
         raise APIError(
             400,
             "dialogue_too_long",
             f"the dialogue has {total} characters; the limit for one interactive request is "
-            f"{limit} (text.max_dialogue_chars): split it into several requests (long-form work)",
+            f"{limit} (gateway.max_input_chars): split it into several requests (long-form work)",
             param="inputs",
         )
     by_voice: dict[str, SpeechParams] = {}
