@@ -86,34 +86,40 @@ demo: $(RUN_STAMP)
 
 # Every pytest line prints its 25 slowest tests, so the suite's growth is seen when it happens.
 PYTEST_OPTS := -q -ra --durations=25
+# Bytecode written even where the machine sets PYTHONDONTWRITEBYTECODE (these do): without it
+# every pytest process rewrote the assertions of every test module (24 s of collection per
+# process, 14 s with the cache) and every server process compiled the project again. The
+# caches are the __pycache__ folders next to the sources (git ignores them; `make clean`
+# removes them).
+PYTEST := PYTHONDONTWRITEBYTECODE=
 
 # The whole suite in two runs that together select every test once: what starts no engine on
-# three workers (as `make check`), then what starts one (tests marked `engine`), one at a time:
+# four workers (as `make check`), then what starts one (tests marked `engine`), one at a time:
 # each server's CPU plan puts its vLLM processes on core 0, so two start-ups at once took 57 s
 # where one took 32, and the engine tests time real-time streams (docs/performance.md).
 test: install checkov install-vllm025
 	-scripts/vllm033/fetch_source.sh $(VLLM033_SRC)
 	@echo "== the tests that start no engine"
-	TESTS_NO_ENGINE=1 VLLM033_SOURCE_DIR=$(VLLM033_SRC) $(BIN)/python -m pytest $(PYTEST_OPTS) $(CHECK_JOBS) -m "not engine"
+	$(PYTEST) TESTS_NO_ENGINE=1 VLLM033_SOURCE_DIR=$(VLLM033_SRC) $(BIN)/python -m pytest $(PYTEST_OPTS) $(CHECK_JOBS) -m "not engine"
 	@echo "== the tests that start an engine"
-	VLLM033_SOURCE_DIR=$(VLLM033_SRC) $(BIN)/python -m pytest $(PYTEST_OPTS) -m engine
+	$(PYTEST) VLLM033_SOURCE_DIR=$(VLLM033_SRC) $(BIN)/python -m pytest $(PYTEST_OPTS) -m engine
 	@echo "== the engine-facing tests again, on vLLM 0.25.1 (the GPU machine's version)"
-	$(VENV025)/bin/python -m pytest $(PYTEST_OPTS) $(VLLM025_TESTS)
+	$(PYTEST) $(VENV025)/bin/python -m pytest $(PYTEST_OPTS) $(VLLM025_TESTS)
 
 # The inner loop: every test that starts no vLLM engine (tests marked `engine` are
 # deselected; one that starts an engine unmarked fails there: tests/conftest.py), in minutes.
-# Three pytest-xdist workers where it is installed: these tests mostly wait (subprocesses,
-# sockets, timeouts), so more workers than cores pay: on 2 cores one worker took 429 s, two
-# 203 s, three 160-162 s, four 141 s (docs/performance.md, the suite's fourth pass). Three keep
-# `make check` under 3 minutes with one worker's less contention than four for the tests that
-# time real work.
-CHECK_JOBS = $(shell $(BIN)/python -c "import xdist" 2>/dev/null && echo "-n 3")
+# Four pytest-xdist workers where it is installed: these tests mostly wait (subprocesses,
+# sockets, timeouts), so more workers than cores pay once the assertion rewriting is cached
+# (each worker collects every module): on 2 cores three workers took 182-193 s, four 157-197 s
+# (docs/performance.md, the suite's fifth pass). The tests that take back dead instances'
+# shared memory run one at a time across the workers (tests/conftest.py, shm_reclaim_lock).
+CHECK_JOBS = $(shell $(BIN)/python -c "import xdist" 2>/dev/null && echo "-n 4")
 
 check: install
-	TESTS_NO_ENGINE=1 $(BIN)/python -m pytest $(PYTEST_OPTS) $(CHECK_JOBS) -m "not engine"
+	$(PYTEST) TESTS_NO_ENGINE=1 $(BIN)/python -m pytest $(PYTEST_OPTS) $(CHECK_JOBS) -m "not engine"
 
 test-vllm025: install-vllm025
-	$(VENV025)/bin/python -m pytest $(PYTEST_OPTS) $(VLLM025_TESTS)
+	$(PYTEST) $(VENV025)/bin/python -m pytest $(PYTEST_OPTS) $(VLLM025_TESTS)
 
 # Everything of the H100 run that a CPU can do (docs/gpu.md): run before spending device time.
 rehearse: install
@@ -135,3 +141,4 @@ bench-gateway: install
 
 clean:
 	rm -rf $(VENV) $(CHECKOV_VENV) $(VENV025) .venv-rehearsal tiny-model demo.wav demo.log .pytest_cache .ruff_cache .hypothesis
+	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

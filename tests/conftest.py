@@ -1,9 +1,11 @@
 """What every test area shares (tests/<area>/ mirrors the code: gateway, llm, codec, shm,
 common, orchestrator, e2e, deploy, bench, docs; the harnesses are in tests/harness/): the
-engine mark, the tiny model written once per run, and a private shared-memory layout."""
+engine mark, the tiny model written once per run, a private shared-memory layout, and the lock
+of the tests that take back other processes' shared memory."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 import tempfile
@@ -43,6 +45,21 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     harness = sys.modules.get("e2e_harness")
     if harness is not None and harness.ENGINE_STARTS:
         terminalreporter.write_line(harness.engine_starts_summary())
+
+
+@pytest.fixture
+def shm_reclaim_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One at a time across pytest-xdist workers: the tests that take back dead instances'
+    shared memory (a reclaim takes every dead instance's files, another test's too) or count
+    /dev/shm's bytes around a kill (another test's 1 MiB segment made meanwhile is counted).
+    Their modules use it (``pytestmark``). xdist's own ``xdist_group`` does not group under
+    pytest 9 (measured with pytest-xdist 3.8: a module's grouped tests ran on four workers)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, shared by its workers
+    with open(root / "shm-reclaim.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture

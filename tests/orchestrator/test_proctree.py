@@ -89,6 +89,7 @@ def segment_name() -> Iterator[str]:
         pass
 
 
+@pytest.mark.usefixtures("shm_reclaim_lock")  # it counts /dev/shm's bytes around the kill
 @pytest.mark.parametrize("untracked", [False, True], ids=["tracked", "untracked"])
 def test_kill_tree_after_kill_9_kills_the_orphans_and_frees_their_segment(
     tmp_path: Path, segment_name: str, untracked: bool

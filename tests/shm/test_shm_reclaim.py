@@ -5,7 +5,9 @@ whole group (their resource tracker with them, so nothing unlinks them), as a cr
 whole server would.
 
 /dev/shm is shared with whatever else runs on the machine: every assertion is about files
-these tests made, by name and inode.
+these tests made, by name and inode. A reclaim takes back every dead instance's files, so two
+of these tests at once take each other's: they run one at a time across pytest-xdist workers
+(``shm_reclaim_lock``, tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from shm.config import ShmConfig
 from shm.layout import InstanceLayout
 from shm.ring import SHM_DIR
 from shm.segments import create_instance, destroy_instance
+
+pytestmark = pytest.mark.usefixtures("shm_reclaim_lock")
 
 SMALL = ShmConfig(code_ring_bytes=64 << 10, pcm_ring_bytes=256 << 10)
 

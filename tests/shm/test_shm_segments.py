@@ -1,4 +1,7 @@
-"""Segment lifecycle: created per instance, unlinked on exit, stale ones removed at start."""
+"""Segment lifecycle: created per instance, unlinked on exit, stale ones removed at start.
+
+Removing stale instances takes every dead instance's files, other tests' too: these tests run
+one at a time with the reclaim tests across pytest-xdist workers (``shm_reclaim_lock``)."""
 
 from __future__ import annotations
 
@@ -9,10 +12,14 @@ import sys
 import tempfile
 import textwrap
 
+import pytest
+
 from shm.config import ShmConfig
 from shm.layout import InstanceLayout
 from shm.ring import segment_path
 from shm.segments import create_instance, destroy_instance, remove_stale_instances
+
+pytestmark = pytest.mark.usefixtures("shm_reclaim_lock")
 
 SMALL = ShmConfig(code_ring_bytes=64 << 10, pcm_ring_bytes=256 << 10)
 
