@@ -113,7 +113,8 @@ DESCRIPTIONS: dict[str, str] = {
     "`Authorization: Api-Key KEY`, `xi-api-key: KEY`; WebSocket also `?api_key=`). Empty: no "
     "authentication.",
     "gateway.max_input_chars": "Longest text one interactive request carries (`input`, "
-    "a dialogue's turns together, a ZeroMQ stream's text with its appends); longer requests get 400.",
+    "a dialogue's turns together, a ZeroMQ stream's text with its appends); longer requests "
+    "get 400.",
     "gateway.max_body_bytes": "Largest request body accepted; larger requests get 413.",
     "gateway.voice_aliases": "Voice names accepted besides the model's own, mapped to a model "
     "voice (OpenAI's voice names by default). Setting it replaces the whole map.",

@@ -75,9 +75,9 @@ def jobs_dir(gateway: Gateway) -> str:
 def split_units(text: str, max_chars: int) -> list[str]:
     """The job's units: the streaming protocols' sentence splitter over the whole text
     (checked by ``build_params``), a longer sentence cut at a space before ``max_chars``
-    (``llm.max_chars_per_segment``: the piece the model speaks without looping). A unit after a break tag starts with its pause, as a tag
-    (the unit's request pushes its silence first: ``gateway.pauses``); pauses after the last
-    words end the last unit."""
+    (``llm.max_chars_per_segment``: the piece the model speaks without looping). A unit after
+    a break tag starts with its pause, as a tag (the unit's request pushes its silence first:
+    ``gateway.pauses``); pauses after the last words end the last unit."""
     splitter = UnitSplitter("sentence", max_chars, None)
     out: list[str] = []
     for u in (*splitter.feed(text), *splitter.flush()):
