@@ -9,8 +9,8 @@ mid-stream, which is also the first crash-and-recover cycle (the vLLM EngineCore
 processes die with it, their psm_* segments are unlinked, RSS and /dev/shm come back); kill -9
 of the gateway; a hung codec worker (SIGSTOP: the heartbeat timeout kills and restarts it);
 kill -9 of the codec worker; then SIGTERM under load: active streams finish, exit 0 and
-nothing of the instance left. Kill -9 of the orchestrator itself is tested mid-job, on the
-server tests/e2e/test_e2e_jobs.py kills anyway.
+nothing of the instance left. Kill -9 of the orchestrator itself is tested mid-job, in the
+whole-server kills of tests/e2e/test_e2e_server_kill.py.
 
 Every wait is bounded; the measured figures are printed (`-s`; the closing note of issue 6
 quotes the recovery times). E2E_CRASH_CYCLES sets the number of llm-worker crash cycles (1 by
