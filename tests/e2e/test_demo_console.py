@@ -1,6 +1,7 @@
 """A newcomer's first run is quiet (issue 13): `make demo` prints a few lines of progress and
 the result while everything the server's processes print goes to a log file it names;
-`orpheus-serve serve` logs one line per phase at INFO, the libraries only their warnings; an
+`orpheus-serve serve` logs one line per phase at INFO, the libraries only their warnings (checked
+on the servers of tests/e2e/test_e2e_heads_and_logs.py, with tests/harness/serve_logs.py); an
 error still reaches the console in one line."""
 
 from __future__ import annotations
@@ -12,15 +13,14 @@ import os
 import re
 import subprocess
 import sys
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_harness import EXE, Server, start_server, stop_server
+from e2e_harness import EXE
+from serve_logs import PHASES, VLLM_INFO, in_order, left_behind
 
-from orchestrator import proctree
 from orchestrator.failures import EXIT_PERMANENT
 from orchestrator.logs import (
     LIBRARY_LOGGERS,
@@ -29,64 +29,9 @@ from orchestrator.logs import (
     setup_logging,
 )
 from orpheus_serve.console import Console, last_cause
-from shm.ring import SHM_DIR
 
 MAX_CONSOLE_LINES = 15
 CAUSE = re.compile(r"^orpheus-serve: .+; fix: .+$")
-VLLM_INFO = re.compile(
-    r"(\((MainProcess|EngineCore\S*|Worker\S*) pid=\d+\) INFO| INFO \[llm:\d+(/\S+)?\] vllm\.)"
-)
-VLLM_WARNING = re.compile(r"(\(\S+ pid=\d+\) WARNING|WARNING \[llm:\d+(/\S+)?\] vllm\.)")
-PHASES = (
-    "orchestrator: config loaded (",
-    "orchestrator.supervisor: shared memory: 2 segments created in",
-    "orchestrator.supervisor: started codec (pid",
-    "orchestrator.supervisor: started llm (pid",
-    "orchestrator.supervisor: codec ready (pid",
-    "orchestrator.supervisor: llm ready (pid",
-    "orchestrator.supervisor: started gateway-0 (pid",
-    "orchestrator.supervisor: ready in ",
-    "orchestrator.supervisor: received SIGTERM: draining and stopping",
-    "orchestrator.supervisor: stopped; instance orpheus-",
-)
-
-
-SUPERVISOR_READY = re.compile(r"ready in [\d.]+s: http://")
-
-
-def _in_order(text: str, needles: tuple[str, ...]) -> list[str]:
-    """The needles not found in ``text`` in this order."""
-    missing, at = [], 0
-    for n in needles:
-        i = text.find(n, at)
-        if i < 0:
-            missing.append(n)
-        else:
-            at = i + len(n)
-    return missing
-
-
-def _stop_after_ready_line(srv: Server, log_path: Path) -> int:
-    """Stop the server once its log has the supervisor's "ready in" line (the gateway answers
-    /ready a moment before the supervisor hears of it, and a stop signal ends the pass it
-    lands in): the phases then read one start, then one stop. Returns the exit code."""
-    deadline = time.monotonic() + 30  # past it, stop anyway: the phase check says what is missing
-    # the llm worker's own start-up line also ends "ready in 3.1s": wait for the supervisor's
-    while not SUPERVISOR_READY.search(log_path.read_text(errors="replace")):
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    return stop_server(srv)
-
-
-def _left_behind(log: str) -> tuple[list[int], list[str]]:
-    """Processes and segments left by the server whose log this is (its orchestrator pid and
-    the sessions its workers led are in the log)."""
-    orch = int(re.search(r"instance orpheus-(\d+)", log).group(1))  # type: ignore[union-attr]
-    workers = {int(p) for p in re.findall(r"started \S+ \(pid (\d+)\)", log)}
-    pids = proctree.instance_processes(orch, workers)
-    segs = [n for n in os.listdir(SHM_DIR) if n.startswith(f"orpheus-{orch}-")]
-    return pids, segs
 
 
 # -- the demo -----------------------------------------------------------------------------------
@@ -113,7 +58,7 @@ def test_demo_console_is_short_and_its_log_is_full(tmp_path: Path) -> None:
     # The log has it all: every phase of the orchestrator, every worker, vLLM's engine core and
     # its worker at their own INFO level, the weight-loading bar.
     log = log_path.read_text(errors="replace")
-    assert _in_order(log, ("$ ", "tiny-model", "$ ", " serve ", *PHASES)) == []
+    assert in_order(log, ("$ ", "tiny-model", "$ ", " serve ", *PHASES)) == []
     for role in ("codec", "llm", "gateway-0"):
         assert f" [{role}:" in log, role
     assert re.search(r" INFO \[llm:\d+/EngineCore\S*\] vllm\.", log), "the engine core's lines"
@@ -121,7 +66,7 @@ def test_demo_console_is_short_and_its_log_is_full(tmp_path: Path) -> None:
     assert "Loading safetensors checkpoint shards" in log
     assert len(log.splitlines()) > 5 * len(console)
     assert (tmp_path / "demo.wav").stat().st_size > 44
-    assert _left_behind(log) == ([], [])
+    assert left_behind(log) == ([], [])
 
 
 def test_a_demo_failure_shows_the_log_tail_and_the_cause_in_one_line(tmp_path: Path) -> None:
@@ -148,61 +93,6 @@ def test_a_demo_failure_shows_the_log_tail_and_the_cause_in_one_line(tmp_path: P
 
 
 # -- orpheus-serve serve -------------------------------------------------------------------------
-@pytest.mark.e2e
-@pytest.mark.timeout(900)
-def test_serve_logs_one_line_per_phase_and_only_the_libraries_warnings(
-    tiny_model: Path, tmp_path: Path
-) -> None:
-    log_path = tmp_path / "server.log"
-    with open(log_path, "wb") as log:
-        srv = start_server(tiny_model, log=log)
-    assert _stop_after_ready_line(srv, log_path) == 0
-    text = log_path.read_text(errors="replace")
-    lines = text.splitlines()
-    print(f"\nserve at INFO, start and stop: {len(lines)} lines")
-    assert _in_order(text, PHASES) == []
-    assert "log level INFO (libraries WARNING)" in text
-    noise = [
-        ln for ln in lines
-        if VLLM_INFO.search(ln) or "Loading safetensors" in ln or "nanobind" in ln
-        or "FutureWarning" in ln or (" INFO [llm:" in ln and " vllm." in ln)
-    ]  # fmt: skip
-    assert noise == []
-    assert any(VLLM_WARNING.search(ln) for ln in lines), "vLLM's warnings still reach the log"
-    assert len(lines) <= 60, text
-    assert _left_behind(text) == ([], [])
-
-
-NOT_PYTHON_LOGGING = re.compile(
-    r"^(\[W\d{4} "  # torch's C++ warnings (TORCH_WARN), printed by its C++ runtime
-    r"|\S+/multiprocessing/resource_tracker\.py:\d+: UserWarning"  # the tracker process's
-    r"|\s+warnings\.warn\()"  # ... warning at exit, and its source line
-)
-
-
-@pytest.mark.e2e
-@pytest.mark.timeout(900)
-def test_serve_json_logs_are_json_lines_vllm_included(tiny_model: Path, tmp_path: Path) -> None:
-    """With log_format=json every line Python logging writes is one JSON object, vLLM's
-    included (in the engine's own processes too), for a log shipper to parse."""
-    log_path = tmp_path / "server.log"
-    with open(log_path, "wb") as log:
-        srv = start_server(tiny_model, "--set", "log_format=json", log=log)
-    assert _stop_after_ready_line(srv, log_path) == 0
-    records, other = [], []
-    for ln in log_path.read_text(errors="replace").splitlines():
-        try:
-            records.append(json.loads(ln))
-        except ValueError:
-            other.append(ln)
-    assert [ln for ln in other if not NOT_PYTHON_LOGGING.match(ln)] == []
-    assert {"ts", "level", "proc", "pid", "logger", "msg"} <= set(records[0])
-    vllm = [r for r in records if r["logger"].split(".")[0] == "vllm"]
-    assert vllm, "vLLM's warnings are in the log, as JSON"
-    assert all(r["proc"] == "llm" and r["level"] != "INFO" for r in vllm)
-    assert _in_order("\n".join(f"{r['logger']}: {r['msg']}" for r in records), PHASES) == []
-
-
 def test_serve_with_a_missing_model_says_why_in_one_line(tmp_path: Path) -> None:
     missing, snac = tmp_path / "no-model", tmp_path / "snac"
     snac.mkdir()
