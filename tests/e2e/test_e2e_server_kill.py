@@ -38,6 +38,7 @@ from e2e_harness import (
     EXE,
     Server,
     instance_pids,
+    present,
     start_server,
     wait_no_instance_pids,
     wait_segments_gone,
@@ -69,17 +70,6 @@ def held_files(srv: Server, pids: list[int]) -> dict[str, int]:
         for e in os.scandir(SHM_DIR)
         if e.inode() in inodes or e.name.startswith(f"{srv.instance}-")
     }
-
-
-def present(files: dict[str, int]) -> set[str]:
-    out = set()
-    for name, inode in files.items():
-        try:
-            if os.stat(os.path.join(SHM_DIR, name)).st_ino == inode:
-                out.add(name)
-        except FileNotFoundError:
-            pass
-    return out
 
 
 # -- clients ---------------------------------------------------------------------------------

@@ -132,6 +132,18 @@ def wait_no_instance_pids(
     return left
 
 
+def present(files: dict[str, int]) -> set[str]:
+    """Those of the files still in /dev/shm under their name and inode."""
+    out = set()
+    for name, inode in files.items():
+        try:
+            if os.stat(os.path.join(SHM_DIR, name)).st_ino == inode:
+                out.add(name)
+        except FileNotFoundError:
+            pass
+    return out
+
+
 def wait_segments_gone(names: set[str], timeout_s: float) -> set[str]:
     """Wait until none of these /dev/shm segments exists; returns those left at the deadline."""
     deadline = time.monotonic() + timeout_s

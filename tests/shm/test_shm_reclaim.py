@@ -23,6 +23,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from e2e_harness import present
 
 from orchestrator import proctree
 from orchestrator.reclaim import (
@@ -85,18 +86,6 @@ def held_files(pids: list[int]) -> dict[str, int]:
     tree = set(pids) | proctree.descendants(pids)
     inodes = proctree.shm_inodes(tree)
     return {e.name: e.inode() for e in os.scandir(SHM_DIR) if e.inode() in inodes}
-
-
-def present(files: dict[str, int]) -> set[str]:
-    """Those of the files still in /dev/shm under their name and inode."""
-    out = set()
-    for name, inode in files.items():
-        try:
-            if os.stat(os.path.join(SHM_DIR, name)).st_ino == inode:
-                out.add(name)
-        except FileNotFoundError:
-            pass
-    return out
 
 
 def _unlink(names: Iterator[str] | set[str] | list[str]) -> None:
