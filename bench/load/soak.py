@@ -516,6 +516,7 @@ def build_report(soak: Soak, start: Sample, end: Sample) -> SoakReport:
             warmup,
             bound_pct=a.growth_bound_pct,
             floor_mb=a.growth_floor_mb,
+            floors_mb=dict(a.growth_floor),
         ),
         probe=(
             summarize(a.profile_memory, soak.started_at + warmup)
@@ -529,8 +530,10 @@ def build_report(soak: Soak, start: Sample, end: Sample) -> SoakReport:
 
 def print_growth(g: GrowthCheck) -> None:
     print(f"\nprivate RSS (RSS less shared ring pages) after the warm-up ({g.warmup_s:.0f} s), over "
-          f"the last {g.window_s:.0f} s; bound: {g.bound_pct:g}% of it at warm-up, at least "
-          f"{g.floor_mb:g} MB")  # fmt: skip
+          f"the last {g.window_s:.0f} s: the lowest in the first {g.level_window_s:.0f} s against "
+          f"the lowest in the last {g.level_window_s:.0f} s; bound: {g.bound_pct:g}% of the "
+          f"first, at least {g.floor_mb:g} MB"
+          + "".join(f", {name}: {mb:g} MB" for name, mb in g.floors_mb.items()))  # fmt: skip
     print(f"{'process':28s} {'at warm-up MB':>14s} {'end MB':>8s} {'peak MB':>8s} "
           f"{'growth MB':>10s} {'%':>6s} {'MB/h':>8s} {'bound MB':>9s}")  # fmt: skip
     for p in g.processes:
@@ -641,6 +644,16 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def _name_mb(text: str) -> tuple[str, float]:
+    name, sep, mb = text.rpartition("=")
+    try:
+        if not (sep and name):
+            raise ValueError
+        return name, float(mb)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=MB, got {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="orpheus-serve bench soak", description=__doc__.split("\n")[0])
     where = p.add_mutually_exclusive_group(required=True)
@@ -680,6 +693,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=8.0,
         help="... or this many MB if more (default 8: small processes' noise)",
+    )
+    p.add_argument(
+        "--growth-floor",
+        action="append",
+        default=[],
+        type=_name_mb,
+        metavar="NAME=MB",
+        help="the floor of the processes named NAME instead (repeatable), e.g. a process "
+        "whose free heap moves by design",
     )
     add_output_arguments(p, progress=False)
     p.add_argument("--server-log", type=Path, default=Path("runs/soak-server.log"))

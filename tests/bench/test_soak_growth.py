@@ -1,5 +1,5 @@
-"""The growth arithmetic of ``bench soak``: base and end after the warm-up, the bound, the
-least-squares slope, and fds and /dev/shm that must stay flat."""
+"""The growth arithmetic of ``bench soak``: the levels of the first and last windows after the
+warm-up, the bound, the least-squares slope, and fds and /dev/shm that must stay flat."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from bench.load.growth import check_growth, default_warmup_s, slope_per_hour
 from bench.load.probe_growth import summarize
-from bench.load.soak import ProcSample, Sample
+from bench.load.soak import ProcSample, Sample, build_parser
 from bench.load.soak import main as soak_main
 
 MB = 1_000_000
@@ -57,6 +57,43 @@ def test_growth_is_judged_from_the_first_sample_after_the_warm_up() -> None:
     assert g.problems == ["gateway grew +10.0 MB (+12.2%) after the warm-up; bound 8.0 MB"]
     # 82 -> 86 -> 92 over 300 s: least squares 10 MB per 300 s = 120 MB/h.
     assert by["gateway"].slope_mb_per_h == pytest.approx(120.0)
+
+
+def test_each_end_is_the_lowest_level_of_its_window_not_one_sample() -> None:
+    # vLLM's CPU worker under floods every 30 s (sampled every 10 s): a trough, a flood's
+    # high-water, a middle; after the traffic it settles above its troughs (the free heap
+    # its trimmer keeps). The first sample after the warm-up is a trough: compared with the
+    # settled end alone that was +23 MB, over a 0.5% bound, with nothing growing.
+    def worker(t: float, leak_mb_per_s: float = 0.0) -> Sample:
+        swing = (0, 65, 30)[int(t // 10) % 3]
+        codec = 480 if t < 190 else 486  # a step up that lasts through the last window
+        return sample(t, {"worker": 1425 + swing + leak_mb_per_s * t, "codec": codec}, fds=300)
+
+    def run(leak_mb_per_s: float = 0.0) -> list[Sample]:
+        settled = {"worker": 1448 + leak_mb_per_s * 230, "codec": 486}
+        return [*(worker(t, leak_mb_per_s) for t in range(90, 220, 10)),
+                sample(230, settled, fds=298)]  # fmt: skip
+
+    g = check_growth(run(), 90, bound_pct=0.5, floor_mb=4)
+    by = {p.name: p for p in g.processes}
+    assert g.level_window_s == 35 and g.window_s == 140
+    assert (by["worker"].base_mb, by["worker"].end_mb, by["worker"].peak_mb) == (1425, 1425, 1490)
+    assert by["codec"].growth_mb == 6 and g.problems == [
+        "codec grew +6.0 MB (+1.2%) after the warm-up; bound 4.0 MB"
+    ]  # a step in the level is growth
+    assert g.fds_growth == -2
+    # A process whose level moves by design gets its own floor (``--growth-floor NAME=MB``).
+    g = check_growth(run(), 90, bound_pct=0.5, floor_mb=4, floors_mb={"codec": 10})
+    assert g.passed and [p.bound_mb for p in g.processes] == [10, 7.1]
+    args = ["--url", "http://127.0.0.1:9", "--growth-floor"]
+    floors = build_parser().parse_args([*args, "orpheus-serve codec=71"]).growth_floor
+    assert floors == [("orpheus-serve codec", 71.0)]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*args, "71"])
+    # A leak raises the troughs too: 0.2 MB/s, from the trough at 90 s to the one at 210 s.
+    by = {p.name: p for p in check_growth(run(0.2), 90, bound_pct=0.5, floor_mb=4).processes}
+    assert by["worker"].growth_mb == pytest.approx(0.2 * (210 - 90), abs=0.1)
+    assert not by["worker"].ok
 
 
 def test_processes_of_one_name_are_summed_and_fds_and_shm_must_stay_flat() -> None:
