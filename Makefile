@@ -114,9 +114,9 @@ test: install checkov install-vllm025
 # (test_a_flood_is_held_to_what_the_node_plays_in_real_time) failed once: 20 of 25 streams
 # played without a gap (docs/performance.md, the suite's fifth pass). The tests that take back
 # dead instances' shared memory run one at a time across the workers (tests/conftest.py,
-# shm_reclaim_lock). Work stealing (an idle worker takes half of another's queue) shortens the
-# tail where one worker still has slow tests queued: 189.5-193.8 s against 192.8-204.4 s
-# (docs/performance.md, the suite's seventh pass).
+# shm_reclaim_lock). Work stealing (an idle worker takes half of another's queue) is meant for
+# the tail where one worker still has slow tests queued: 189.5-201.6 s against 192.8-204.4 s,
+# 4 s less on average, within either arm's spread (docs/performance.md, seventh pass).
 CHECK_JOBS = $(shell $(BIN)/python -c "import xdist" 2>/dev/null && echo "-n 3 --dist worksteal")
 
 check: install
