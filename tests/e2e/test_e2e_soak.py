@@ -8,8 +8,9 @@ in the last window after the warm-up; ``bench.load.growth``, ``bench.load.probe_
 - *Live memory*, from inside (the probe): what glibc's malloc has in use, in every process of
   the pipeline, within ``LIVE_FLOOR_MB``. The issue's leak was 954 MB over 22,454 streams,
   ~40 KB a stream; the run must serve enough streams after the warm-up for a leak of that
-  size to break the bound (the test checks it did). Measured here (five runs): every process
-  but the codec within ±0.6 MB; the codec +1.7 to +6.7 MB, still filling for the batch shapes
+  size to break the bound (the test checks it did). Measured here (eight runs, their JSON in
+  docs/results/soak_test_2026-12-02/): every process but the codec within ±0.6 MB; the codec
+  +0.3 to +6.7 MB, still filling for the batch shapes
   the floods bring (+0.5 MB between the first and the last half hour of the 2-hour soak's
   judged span), so its bound is ``CODEC_LIVE_FLOOR_MB``.
 - *Private RSS*, from outside: within ``RSS_FLOOR_MB`` (or 0.5%), except the codec and vLLM's
@@ -92,7 +93,8 @@ def test_short_soak_keeps_every_process_flat(
     }  # fmt: skip
     # Sensitivity: every process of the pipeline served enough streams after the warm-up
     # for a 40 KB-per-stream leak to exceed the live bound of all but the codec (refused
-    # ones reach the gateway only; the codec's bound needs four times the streams). A sample counts the streams whose first audio came in the interval it closes.
+    # ones reach the gateway only; the codec's bound needs four times the streams). A sample
+    # counts the streams whose first audio came in the interval it closes.
     served = sum(s.streams for s in report.samples if s.t_s - INTERVAL_S >= WARMUP_S)
     assert served * LEAK_PER_STREAM_MB > LIVE_FLOOR_MB, f"{served} streams after the warm-up"
     # ... and the codec's flood memory, were it kept, would break its RSS bound.
