@@ -20,6 +20,7 @@ contract, ``shm``.
 - ``profiling``: the workers' profiler hooks, armed by the environment, triggered by a file
 - ``link``: a worker's line to the orchestrator (``WorkerReady``, heartbeats)
 - ``zmq_recv``: receiving on an asyncio ZeroMQ socket without trusting one wakeup
+- ``aio``: a timed wait on an asyncio event that never drops a cancellation
 - ``languages``: language codes (ISO 639-1) as requests, voices and dictionaries name them
 - ``sentences``: where sentences and clauses end, per language and script (both the gateway's
   and the llm worker's splitters)

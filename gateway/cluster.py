@@ -10,6 +10,7 @@ from typing import NamedTuple
 import zmq
 import zmq.asyncio
 
+from common.aio import wait_event
 from common.zmq_recv import incoming
 from shm.messages import UNDECODABLE, ClusterStatus, status_decoder
 
@@ -74,11 +75,7 @@ class ClusterWatcher:
 
     async def wait_first(self, timeout_s: float) -> bool:
         """Wait for the first status (the orchestrator publishes it periodically)."""
-        try:
-            await asyncio.wait_for(self._first.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await wait_event(self._first, timeout_s)
 
     async def run(self) -> None:
         ctx = zmq.asyncio.Context.instance()

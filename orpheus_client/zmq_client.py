@@ -163,7 +163,10 @@ class AsyncSpeechStream:
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while not self.finished:
             try:
-                msg = await asyncio.wait_for(self._queue.get(), self._timeout_s)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancel that
+                # meets a message in the same step, and the consumer would read on.
+                async with asyncio.timeout(self._timeout_s):
+                    msg = await self._queue.get()
             except TimeoutError:
                 await self.cancel()
                 raise

@@ -23,6 +23,7 @@ from bench.load.summary import LevelRun
 from bench.load.texts import Corpus, UtteranceSource
 from bench.load.trace import Outcome, StreamTrace
 from bench.load.window import TrimPolicy
+from common.aio import wait_event
 
 ProgressHook = Callable[[StreamTrace], None]
 
@@ -144,20 +145,13 @@ class _Level:
         """End the measured phase at the duration (or earlier, when the request budget is
         spent), then wait for the measured requests until the hard deadline.
         Returns True when the deadline was hit."""
-        try:
-            await asyncio.wait_for(
-                self.phase_over.wait(), self.started + self.plan.duration_s - _now()
-            )
-        except TimeoutError:
+        if not await wait_event(self.phase_over, self.started + self.plan.duration_s - _now()):
             self.close_phase()
         deadline = self.started + self.plan.duration_s + self.plan.drain_timeout_s
         try:
-            await asyncio.wait_for(self.finished.wait(), max(0.0, deadline - _now()))
-        except TimeoutError:
-            return True
+            return not await wait_event(self.finished, max(0.0, deadline - _now()))
         finally:
             self.measure_end = _now()
-        return False
 
     def record(
         self,

@@ -316,9 +316,8 @@ class Soak:
                 return
             while True:
                 try:
-                    piece = await asyncio.wait_for(
-                        r.content.read(SLOW_READ_BYTES if slow else 65536), timeout=hang
-                    )
+                    async with asyncio.timeout(hang):
+                        piece = await r.content.read(SLOW_READ_BYTES if slow else 65536)
                 except TimeoutError:
                     s.outcome, s.detail = "hung", f"no byte for {hang:.0f}s"
                     return

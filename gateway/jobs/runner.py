@@ -35,6 +35,7 @@ from typing import BinaryIO, TypeVar
 
 import numpy as np
 
+from common.aio import wait_event
 from common.config.jobs import JobsConfig
 from gateway.apis import Api
 from gateway.audio.formats import OutputFormat
@@ -238,12 +239,11 @@ class JobRunner:
 
     async def _wait_for_room(self, job: RunningJob) -> None:
         while not job.stopping and not self.has_room():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(job.stop_event.wait(), ROOM_POLL_S)
+            await self._pause(job, ROOM_POLL_S)
 
     # -- the claim loop ------------------------------------------------------------------------
     async def _loop(self) -> None:
-        while True:
+        while not self._closing:
             try:
                 await self._pass()
             except Exception:
@@ -253,8 +253,7 @@ class JobRunner:
                         "jobs: a pass over %s failed; trying again every %g s (logged once a "
                         "minute)", self.store.root, self.config.poll_s,
                     )  # fmt: skip
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.config.poll_s)
+            await wait_event(self._wake, self.config.poll_s)
             self._wake.clear()
 
     async def _pass(self) -> None:
@@ -464,8 +463,7 @@ class JobRunner:
             return
 
     async def _pause(self, job: RunningJob, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(job.stop_event.wait(), seconds)
+        await wait_event(job.stop_event, seconds)
 
     async def _speak(self, job: RunningJob, index: int) -> bytes | None:
         async with contextlib.AsyncExitStack() as stack:

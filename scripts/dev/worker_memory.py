@@ -73,7 +73,8 @@ async def one(
                 await engine.abort(rid)
                 return tokens
             try:
-                out = await asyncio.wait_for(collector.get(), left)
+                async with asyncio.timeout(left):
+                    out = await collector.get()
             except TimeoutError:
                 continue
             tokens += len(out.outputs[0].token_ids)

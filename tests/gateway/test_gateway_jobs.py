@@ -29,7 +29,7 @@ from bench.doubles.synthetic_backend import synthetic_pcm
 from common.config.jobs import JobsConfig
 from common.config.llm import LLMConfig
 from gateway.jobs.routes import split_units
-from gateway.jobs.runner import fade_edges
+from gateway.jobs.runner import JobRunner, fade_edges
 from gateway.jobs.store import JobSpec, JobStore, owner_of
 from shm.layout import InstanceLayout
 from shm.ring import unlink_ring
@@ -412,6 +412,25 @@ async def test_finished_jobs_expire(
         await wait_until(
             lambda: h.metric("orpheus_gateway_jobs", {"state": "done"}) == 0, what="the gauge"
         )
+
+
+async def test_the_runner_closes_when_a_wake_meets_its_cancel(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    """A job created just before shutdown wakes the runner's loop as ``close`` cancels it.
+    On Python 3.11, ``asyncio.wait_for`` returns the event's result and drops a cancellation
+    that arrives in that step, and the loop ran on: ``close`` waited for ever (CI of stop 52,
+    ``test_limits``). Each number of loop steps between the wake and the cancel is tried."""
+    async with jobs_gateway(layout, tmp_path / "jobs") as h:
+        for steps in range(4):
+            runner = JobRunner(h.gateway, JobsConfig(poll_s=30), JobStore(tmp_path / "own"))
+            runner.start()
+            await asyncio.sleep(0.05)  # the loop's first pass is over: it waits for a wake
+            runner.wake()
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            async with asyncio.timeout(5):
+                await runner.close()
 
 
 # -- kill -9 ------------------------------------------------------------------------------------
