@@ -53,6 +53,7 @@ class Bench:
         from vllm import EngineArgs, LLMEngine
 
         from common.config.llm import LLMConfig
+        from llm_worker.engine_env import own_vllm_sockets
         from llm_worker.prompt import PromptBuilder
         from llm_worker.vllm_ext.sampling import (
             ModelRunner,
@@ -67,6 +68,7 @@ class Bench:
         # The variants compared here are V1's (vLLM's list penalty vs ours).
         pin_model_runner(ModelRunner.V1)
         prepare_sampler_environment()
+        own_vllm_sockets()
         self.plan = SamplingPlan.for_config(LLMConfig(), ModelRunner.V1, board=self.board.name)
         n = max(args.streams)
         engine_args = EngineArgs(

@@ -43,6 +43,7 @@ from bench.lockstep import (
     step_in_lockstep,
 )
 from bench.report import environment, write_json
+from llm_worker.engine_env import own_vllm_sockets
 
 LORA_VARIANTS = ("no-lora", "0 adapters", "1 adapter", "4 adapters")
 LORA_RANK = 8
@@ -148,6 +149,7 @@ def run_prefill(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     """Time to the first token in the engine alone (in-process, CPU ms of the steps until the
     request's first token): a custom voice's first request vs later ones, cache on and off."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    own_vllm_sockets()
     from vllm import EngineArgs, LLMEngine, SamplingParams
 
     from llm_worker.prompt import PromptBuilder
@@ -232,6 +234,7 @@ def print_prefill(res: dict[str, Any]) -> None:
 class LoraBench:
     def __init__(self, args: argparse.Namespace, model: Path) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # step() runs on this thread
+        own_vllm_sockets()
         from vllm import EngineArgs, LLMEngine
         from vllm.lora.request import LoRARequest
 

@@ -7,8 +7,11 @@ engine of ``bench load`` and the GPU preflight call them on their own.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import MutableMapping
 
 from llm_worker.vllm_ext.heap_trim import ENV as HEAP_TRIM_ENV
@@ -47,6 +50,8 @@ def prepare_engine_environment(
 
     if note := prepare_sampler_environment():
         log.info("%s", note)
+    if note := own_vllm_sockets():
+        log.info("%s", note)
     if onednn_cache is not None and current_platform.is_cpu():
         if note := bound_onednn_cache(onednn_cache):
             log.info("%s", note)
@@ -75,3 +80,22 @@ def trim_vllm_heap(every_s: float, environ: MutableMapping[str, str] = os.enviro
     if every_s == 0:
         return None
     return f"vLLM's processes hand free heap memory back at most every {every_s:g} s"
+
+
+RPC_DIR_ENV = "VLLM_RPC_BASE_PATH"
+"""Where vLLM makes its ZeroMQ ipc sockets (the engine core's handshake and queues, the
+workers' broadcast): ``<dir>/<uuid4>``, one file each, which vLLM does not remove."""
+
+
+def own_vllm_sockets(environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """Give vLLM's ipc sockets a directory of this process's own, removed when it exits, so
+    that an engine leaves no file in the system's temporary directory (about seven an engine
+    start). Under the orchestrator the variable is set already, to the instance's socket
+    directory, which the orchestrator removes and reclaims after a crash; an operator's value
+    wins too. Returns a line for the start-up log."""
+    if environ.get(RPC_DIR_ENV):
+        return None
+    path = tempfile.mkdtemp(prefix="orpheus-vllm-")
+    environ[RPC_DIR_ENV] = path
+    atexit.register(shutil.rmtree, path, True)
+    return f"vLLM's ipc sockets in {path} (removed at exit)"

@@ -76,6 +76,11 @@ LOOP_STALL_WARN_S = 5.0
 
 ENGINE_ENV = "ORPHEUS_SERVE_ENGINE"
 """The environment variable that tells an llm worker its engine index (its metrics' label)."""
+VLLM_RPC_DIR_ENV = "VLLM_RPC_BASE_PATH"
+"""Where vLLM makes its ZeroMQ ipc sockets (read by vLLM's ``envs``; see ``_vllm_socket_dir``)."""
+UUID_CHARS = 36
+MAX_SOCKET_PATH = 107
+"""The longest path an AF_UNIX socket takes on Linux (``sun_path`` is 108 bytes with its NUL)."""
 
 
 @dataclass
@@ -342,11 +347,28 @@ class Supervisor:
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
+    def _vllm_socket_dir(self, env: dict[str, str]) -> None:
+        """vLLM's own ipc sockets (``VLLM_RPC_BASE_PATH``: ``<dir>/<uuid4>``, never removed
+        by vLLM) in the instance's socket directory, which goes with the instance and is
+        reclaimed after a crash. An operator's value wins; a directory too long for a socket
+        path (107 bytes) leaves vLLM's default, and says so."""
+        if env.get(VLLM_RPC_DIR_ENV):
+            return
+        socket_dir = self.layout.socket_dir
+        if len(os.fsencode(socket_dir)) + 1 + UUID_CHARS > MAX_SOCKET_PATH:
+            log.warning(
+                "vLLM's ipc sockets stay in the system's temporary directory: %s is too long "
+                "for a socket path under it (shm.run_dir)", socket_dir,
+            )  # fmt: skip
+            return
+        env[VLLM_RPC_DIR_ENV] = socket_dir
+
     def _start(self, child: Child) -> None:
         args = [sys.executable, "-m", "orchestrator.child", child.role, str(child.index)]
         env = self._spec_env()
         if child.role == "llm":
             env[ENGINE_ENV] = str(child.index)
+            self._vllm_socket_dir(env)
         child.proc = self.launcher(args, env)
         child.ready = False
         child.failure = None

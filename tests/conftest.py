@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -22,12 +24,59 @@ ENGINE_MARK = "engine"
 model one loads: `make check` deselects them (``-m "not engine"``)."""
 
 
+VLLM_RPC_DIR_ENV = "VLLM_RPC_BASE_PATH"
+_VLLM_SOCKETS: list[str] = []
+_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_STRAY_AT_START = pytest.StashKey[set[str]]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         f"{ENGINE_MARK}: starts a vLLM engine (set on every test that uses the tiny_model "
         "fixture or is e2e); `make check` deselects these",
     )
+    # vLLM makes its ipc sockets in VLLM_RPC_BASE_PATH (the system's temporary directory by
+    # default) and never removes them: the engines the tests build themselves make theirs
+    # in the run's own directory, removed at its end. Servers (e2e_harness) are started
+    # without it, so that they put theirs where production does (the instance's sockets).
+    if not os.environ.get(VLLM_RPC_DIR_ENV):
+        _VLLM_SOCKETS.append(tempfile.mkdtemp(prefix="orpheus-test-vllm-"))
+        os.environ[VLLM_RPC_DIR_ENV] = _VLLM_SOCKETS[0]
+
+
+def _stray_vllm_sockets() -> set[str]:
+    """vLLM's ipc sockets in the system's temporary directory (``<uuid4>``, no suffix)."""
+    root = Path(tempfile.gettempdir())
+    return {p.name for p in root.iterdir() if _UUID_RE.match(p.name) and p.is_socket()}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the run's first process only
+        session.config.stash[_STRAY_AT_START] = _stray_vllm_sockets()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The run leaves no vLLM socket in the system's temporary directory (an engine of a
+    test or of a server that put its own there would, about seven a start)."""
+    before = session.config.stash.get(_STRAY_AT_START, None)
+    if before is None:
+        return
+    new = _stray_vllm_sockets() - before
+    if new:
+        sys.stderr.write(
+            f"\nthe tests left {len(new)} vLLM socket(s) in {tempfile.gettempdir()}: "
+            f"{', '.join(sorted(new)[:5])}\n"
+        )
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for path in _VLLM_SOCKETS:
+        shutil.rmtree(path, ignore_errors=True)
+        if os.environ.get(VLLM_RPC_DIR_ENV) == path:
+            del os.environ[VLLM_RPC_DIR_ENV]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

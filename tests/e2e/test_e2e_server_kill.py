@@ -25,11 +25,15 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +58,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 STREAMS = 3
 UNITS = 24
+UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+"""vLLM's ipc sockets' names (``vllm.utils.network_utils.get_open_zmq_ipc_path``)."""
 """Units of the job: enough that each kill lands with some done and some not."""
 FRAMES = 6
 """Frames per unit at most (``max_tokens``; the random model may end a unit sooner)."""
@@ -187,11 +193,20 @@ def _kill_left(srv: Server, sessions: set[int] | None = None) -> None:
         proctree.kill_tree(-1, extra=left)
 
 
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    """``shm.run_dir`` under a short path: vLLM's ipc sockets go in the instance's socket
+    directory (``<run_dir>/orpheus-<pid>/<uuid4>``), and a socket's path is at most 107 bytes
+    (a test's ``tmp_path`` is longer)."""
+    path = Path(tempfile.mkdtemp(prefix="orpheus-run-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def test_a_whole_server_kill_is_reclaimed_and_a_job_survives_it(
-    tiny_model: Path, tmp_path: Path
+    tiny_model: Path, tmp_path: Path, run_dir: Path
 ) -> None:
-    run_dir, jobs_dir = tmp_path / "run", tmp_path / "jobs"
-    run_dir.mkdir()
+    jobs_dir = tmp_path / "jobs"
     args = ["--set", f"shm.run_dir={run_dir}", "--set", f"jobs.dir={jobs_dir}",
             "--set", "jobs.streams_per_job=1"]  # fmt: skip
     text = " ".join(f"Sentence number {i} of the chapter." for i in range(UNITS))
@@ -213,6 +228,8 @@ def test_a_whole_server_kill_is_reclaimed_and_a_job_survives_it(
     assert any(n.startswith(f"{first.instance}-codes") for n in left1), "and the rings"
     left_bytes = sum(os.stat(os.path.join(SHM_DIR, n)).st_blocks * 512 for n in left1)
     assert (run_dir / first.instance).is_dir(), "and its socket directory"
+    vllm_sockets = [p for p in (run_dir / first.instance).iterdir() if UUID_RE.match(p.name)]
+    assert vllm_sockets and all(p.is_socket() for p in vllm_sockets), "with vLLM's in it"
     done1 = store.done_units(job["id"])
     assert store.state(job["id"]).state == "running" and 2 <= len(done1) < UNITS
     kept1 = {i: store.read_unit(job["id"], i) for i in done1}

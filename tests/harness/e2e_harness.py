@@ -182,7 +182,10 @@ def start_server(
     admission_set = ["--set", f"gateway.admission={admission}"]
     cmd = orpheus_serve_argv(str(model), codec, "cpu", port, [*admission_set, *extra, *zmq_set])
     note_engine_start("server")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+    # Without the test run's VLLM_RPC_BASE_PATH (tests/conftest.py): the server puts vLLM's
+    # ipc sockets where it does in production, in the instance's socket directory.
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_RPC_BASE_PATH"}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
     srv = Server(proc, f"http://127.0.0.1:{port}", zmq_endpoint)
     try:
         srv.wait_ready(START_TIMEOUT_S)

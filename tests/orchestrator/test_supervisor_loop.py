@@ -22,7 +22,7 @@ from common.config import ServeConfig
 from common.config.llm import LLMConfig
 from orchestrator.child import SPEC_ENV, ChildSpec
 from orchestrator.failures import EXIT_PERMANENT
-from orchestrator.supervisor import LOOP_STALL_WARN_S, Supervisor
+from orchestrator.supervisor import LOOP_STALL_WARN_S, VLLM_RPC_DIR_ENV, Supervisor
 from shm.layout import InstanceLayout
 from shm.messages import WorkerFailed, WorkerReady
 
@@ -263,3 +263,44 @@ def test_the_child_spec_reaches_every_worker_whole(layout: InstanceLayout, clock
         spec = msgspec.json.decode(env[SPEC_ENV], type=ChildSpec)
         assert spec.layout == layout and spec.config == config
         assert env["PYTHONUNBUFFERED"] == "1"
+
+
+def _worker_envs(layout: InstanceLayout, clock: Clock) -> dict[str, Mapping[str, str]]:
+    envs: dict[str, Mapping[str, str]] = {}
+    launcher = Launcher()
+
+    def launch(args: Sequence[str], env: Mapping[str, str]) -> StandIn:
+        proc = launcher(args, env)
+        envs[proc.name] = env
+        return proc
+
+    Supervisor(ServeConfig(device="cpu"), layout, launcher=launch, clock=clock).start_workers()
+    return envs
+
+
+def test_vllms_sockets_go_in_the_instances_socket_directory(
+    layout: InstanceLayout,
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """vLLM never removes its ipc sockets: the llm worker is told to make them in the
+    instance's socket directory, which is removed with the instance and reclaimed after a
+    crash. An operator's value wins; a directory too long for a socket path leaves vLLM's
+    default and says so."""
+    monkeypatch.delenv(VLLM_RPC_DIR_ENV, raising=False)  # the test run sets its own
+    envs = _worker_envs(layout, clock)
+    assert envs["llm-0"][VLLM_RPC_DIR_ENV] == layout.socket_dir
+    assert VLLM_RPC_DIR_ENV not in envs["codec-0"]
+
+    monkeypatch.setenv(VLLM_RPC_DIR_ENV, "/run/operator")
+    assert _worker_envs(layout, clock)["llm-0"][VLLM_RPC_DIR_ENV] == "/run/operator"
+
+    monkeypatch.delenv(VLLM_RPC_DIR_ENV)
+    deep = msgspec.structs.replace(layout, run_dir="/" + "d" * 60)  # + /orpheus-N/<uuid4>
+    with caplog.at_level(logging.WARNING, logger="orchestrator.supervisor"):
+        assert VLLM_RPC_DIR_ENV not in _worker_envs(deep, clock)["llm-0"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"vLLM's ipc sockets stay in the system's temporary directory: {deep.socket_dir} is "
+        "too long for a socket path under it (shm.run_dir)"
+    ]
