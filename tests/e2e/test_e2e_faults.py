@@ -1,10 +1,15 @@
 """Faults on the real server (vLLM on CPU with the tiny model, SNAC, rings), started without
 --codec-model (it finds model/snac): what clients see when a process is killed mid-stream,
 that the service recovers by itself, and that no process and no shared memory outlives a
-fault (issues 6 and 12).
+fault (issues 6 and 12); and, first, hostile and careless clients (issue 27).
 
-One server, one scenario: its log on a small tmpfs that the tests fill up (every later log
-write fails with ENOSPC); kill -9 of the codec worker mid-stream; kill -9 of the llm worker
+One server, one scenario: half-open HTTP requests and WebSockets left with an open utterance,
+closed by the gateway's short timeouts (the server's only difference for them: its drain and
+heartbeat settings and its log file change nothing they touch), after which vLLM runs
+nothing, the gateway's descriptors are back to their level and a normal request is served
+(the gateway's own tests with every front end and limit are in
+tests/gateway/test_gateway_hostile.py); its log on a small tmpfs that the tests fill up (every
+later log write fails with ENOSPC); kill -9 of the codec worker mid-stream; kill -9 of the llm worker
 mid-stream, which is also the first crash-and-recover cycle (the vLLM EngineCore and Worker
 processes die with it, their psm_* segments are unlinked, RSS and /dev/shm come back); kill -9
 of the gateway; a hung codec worker (SIGSTOP: the heartbeat timeout kills and restarts it);
@@ -235,6 +240,11 @@ def node(tiny_model: Path, log_disk: Path) -> Iterator[Node]:
             tiny_model,
             "--set", f"heartbeat_timeout_s={HEARTBEAT_TIMEOUT_S}",
             "--set", "drain_timeout_s=60",
+            # Short client timeouts for the hostile clients (the tests after them send their
+            # requests whole and use no WebSocket).
+            "--set", "gateway.header_timeout_s=1",
+            "--set", "gateway.body_timeout_s=2",
+            "--set", "gateway.ws_text_idle_timeout_s=1",
             codec_model=False, log=log,
         )  # fmt: skip
     srv.log_path = log_path
@@ -251,6 +261,77 @@ def test_codec_is_found_next_to_the_model(node: Node, tiny_model: Path) -> None:
     snac = tiny_model / "snac"
     assert f"codec: SNAC from {snac} (found next to --model" in text
     assert f"SNAC from {snac} on cpu" in text, "the codec worker says what it loaded"
+
+
+HOSTILE_SPEECH = {"model": "tts-1", "input": "Hello there.", "voice": "tara",
+                  "response_format": "pcm", "max_tokens": 70}  # fmt: skip
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def _until(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def test_half_open_requests_and_an_open_utterance_leave_nothing_held(node: Node) -> None:
+    server = node.srv
+    gateway = child_pid(server.proc.pid, "gateway")
+    port = int(server.url.rsplit(":", 1)[1])
+
+    async def run() -> None:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(server.url + "/v1/audio/speech", json=HOSTILE_SPEECH) as r,
+        ):
+            assert r.status == 200
+            await r.read()
+        await asyncio.sleep(0.5)
+        fds = _open_fds(gateway)
+        body = json.dumps(HOSTILE_SPEECH).encode()
+        partial = [
+            b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty",
+            b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:10],
+        ]  # fmt: skip
+        conns = []
+        for i in range(60):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(partial[i % 2])
+            conns.append((reader, writer))
+        async with aiohttp.ClientSession() as s:
+            sockets = []
+            for _ in range(5):
+                ws = await s.ws_connect(server.url + "/v1/audio/speech/stream")
+                await ws.send_json({"type": "session.config", "voice": "tara",
+                                    "response_format": "pcm", "stream_audio": True})  # fmt: skip
+                await ws.send_json({"type": "input.text", "text": "Hi. And then"})
+                sockets.append(ws)
+            answers = await asyncio.gather(*(asyncio.wait_for(r.read(), 20) for r, _ in conns))
+            assert all(a.startswith(b"HTTP/1.1 408") for a in answers)
+            for ws in sockets:
+                codes = []
+                async for msg in ws:  # audio for "Hi.", then the idle timeout closes it
+                    if msg.type == aiohttp.WSMsgType.TEXT:
+                        codes.append(json.loads(msg.data).get("code"))
+                assert codes[-1] == "timeout", codes
+        for _, w in conns:
+            w.close()
+        await _until(lambda: server.metric("vllm:num_requests_running") == 0, 30, "vLLM idle")
+        await _until(lambda: server.metric("orpheus_gateway_active_streams") == 0, 30, "no stream")
+        await _until(lambda: _open_fds(gateway) <= fds, 30, "descriptors back")
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(server.url + "/v1/audio/speech", json=HOSTILE_SPEECH) as r,
+        ):
+            assert r.status == 200 and len(await r.read()) > 0
+
+    asyncio.run(run())
 
 
 def test_the_log_disk_fills_up(node: Node, log_disk: Path) -> None:
