@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import MutableMapping
@@ -85,6 +86,10 @@ def trim_vllm_heap(every_s: float, environ: MutableMapping[str, str] = os.enviro
 RPC_DIR_ENV = "VLLM_RPC_BASE_PATH"
 """Where vLLM makes its ZeroMQ ipc sockets (the engine core's handshake and queues, the
 workers' broadcast): ``<dir>/<uuid4>``, one file each, which vLLM does not remove."""
+RPC_SOCKET_NAME = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+"""The name of each of those sockets (``vllm.utils.network_utils.get_open_zmq_ipc_path``)."""
+RPC_SOCKET_NAME_CHARS = 36
+"""Its length (a uuid4)."""
 
 
 def own_vllm_sockets(environ: MutableMapping[str, str] = os.environ) -> str | None:

@@ -36,6 +36,7 @@ import zmq
 
 from common.config import ServeConfig
 from common.cpu_plan import cpu_plan
+from llm_worker.engine_env import RPC_DIR_ENV, RPC_SOCKET_NAME_CHARS
 from orchestrator import proctree
 from orchestrator.child import SPEC_ENV, ChildSpec
 from orchestrator.failures import EXIT_PERMANENT, Failure
@@ -76,9 +77,6 @@ LOOP_STALL_WARN_S = 5.0
 
 ENGINE_ENV = "ORPHEUS_SERVE_ENGINE"
 """The environment variable that tells an llm worker its engine index (its metrics' label)."""
-VLLM_RPC_DIR_ENV = "VLLM_RPC_BASE_PATH"
-"""Where vLLM makes its ZeroMQ ipc sockets (read by vLLM's ``envs``; see ``_vllm_socket_dir``)."""
-UUID_CHARS = 36
 MAX_SOCKET_PATH = 107
 """The longest path an AF_UNIX socket takes on Linux (``sun_path`` is 108 bytes with its NUL)."""
 
@@ -352,16 +350,16 @@ class Supervisor:
         by vLLM) in the instance's socket directory, which goes with the instance and is
         reclaimed after a crash. An operator's value wins; a directory too long for a socket
         path (107 bytes) leaves vLLM's default, and says so."""
-        if env.get(VLLM_RPC_DIR_ENV):
+        if env.get(RPC_DIR_ENV):
             return
         socket_dir = self.layout.socket_dir
-        if len(os.fsencode(socket_dir)) + 1 + UUID_CHARS > MAX_SOCKET_PATH:
+        if len(os.fsencode(socket_dir)) + 1 + RPC_SOCKET_NAME_CHARS > MAX_SOCKET_PATH:
             log.warning(
                 "vLLM's ipc sockets stay in the system's temporary directory: %s is too long "
                 "for a socket path under it (shm.run_dir)", socket_dir,
             )  # fmt: skip
             return
-        env[VLLM_RPC_DIR_ENV] = socket_dir
+        env[RPC_DIR_ENV] = socket_dir
 
     def _start(self, child: Child) -> None:
         args = [sys.executable, "-m", "orchestrator.child", child.role, str(child.index)]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from llm_worker.engine_env import RPC_DIR_ENV, RPC_SOCKET_NAME
 from shm.layout import InstanceLayout
 from shm.segments import destroy_instance
 
@@ -24,9 +24,7 @@ ENGINE_MARK = "engine"
 model one loads: `make check` deselects them (``-m "not engine"``)."""
 
 
-VLLM_RPC_DIR_ENV = "VLLM_RPC_BASE_PATH"
 _VLLM_SOCKETS: list[str] = []
-_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _STRAY_AT_START = pytest.StashKey[set[str]]()
 
 
@@ -40,15 +38,15 @@ def pytest_configure(config: pytest.Config) -> None:
     # default) and never removes them: the engines the tests build themselves make theirs
     # in the run's own directory, removed at its end. Servers (e2e_harness) are started
     # without it, so that they put theirs where production does (the instance's sockets).
-    if not os.environ.get(VLLM_RPC_DIR_ENV):
+    if not os.environ.get(RPC_DIR_ENV):
         _VLLM_SOCKETS.append(tempfile.mkdtemp(prefix="orpheus-test-vllm-"))
-        os.environ[VLLM_RPC_DIR_ENV] = _VLLM_SOCKETS[0]
+        os.environ[RPC_DIR_ENV] = _VLLM_SOCKETS[0]
 
 
 def _stray_vllm_sockets() -> set[str]:
     """vLLM's ipc sockets in the system's temporary directory (``<uuid4>``, no suffix)."""
     root = Path(tempfile.gettempdir())
-    return {p.name for p in root.iterdir() if _UUID_RE.match(p.name) and p.is_socket()}
+    return {p.name for p in root.iterdir() if RPC_SOCKET_NAME.match(p.name) and p.is_socket()}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -75,8 +73,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     for path in _VLLM_SOCKETS:
         shutil.rmtree(path, ignore_errors=True)
-        if os.environ.get(VLLM_RPC_DIR_ENV) == path:
-            del os.environ[VLLM_RPC_DIR_ENV]
+        if os.environ.get(RPC_DIR_ENV) == path:
+            del os.environ[RPC_DIR_ENV]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

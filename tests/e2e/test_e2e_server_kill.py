@@ -25,7 +25,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -50,6 +49,7 @@ from e2e_harness import (
 
 from bench.load.soak import instance_segments, segment_bytes
 from gateway.jobs.store import JobStore
+from llm_worker.engine_env import RPC_SOCKET_NAME
 from orchestrator import proctree
 from shm.records import SAMPLE_RATE
 from shm.ring import SHM_DIR
@@ -58,8 +58,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 STREAMS = 3
 UNITS = 24
-UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-"""vLLM's ipc sockets' names (``vllm.utils.network_utils.get_open_zmq_ipc_path``)."""
 """Units of the job: enough that each kill lands with some done and some not."""
 FRAMES = 6
 """Frames per unit at most (``max_tokens``; the random model may end a unit sooner)."""
@@ -228,7 +226,9 @@ def test_a_whole_server_kill_is_reclaimed_and_a_job_survives_it(
     assert any(n.startswith(f"{first.instance}-codes") for n in left1), "and the rings"
     left_bytes = sum(os.stat(os.path.join(SHM_DIR, n)).st_blocks * 512 for n in left1)
     assert (run_dir / first.instance).is_dir(), "and its socket directory"
-    vllm_sockets = [p for p in (run_dir / first.instance).iterdir() if UUID_RE.match(p.name)]
+    vllm_sockets = [
+        p for p in (run_dir / first.instance).iterdir() if RPC_SOCKET_NAME.match(p.name)
+    ]
     assert vllm_sockets and all(p.is_socket() for p in vllm_sockets), "with vLLM's in it"
     done1 = store.done_units(job["id"])
     assert store.state(job["id"]).state == "running" and 2 <= len(done1) < UNITS

@@ -17,6 +17,7 @@ import pytest
 
 from bench.doubles.local_server import free_port, wait_ready
 from bench.load.servers import ORPHEUS_SERVE, orpheus_serve_argv
+from llm_worker.engine_env import RPC_DIR_ENV
 from orchestrator import proctree
 from shm.records import SAMPLES_PER_FRAME
 from shm.ring import SHM_DIR
@@ -184,7 +185,7 @@ def start_server(
     note_engine_start("server")
     # Without the test run's VLLM_RPC_BASE_PATH (tests/conftest.py): the server puts vLLM's
     # ipc sockets where it does in production, in the instance's socket directory.
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_RPC_BASE_PATH"}
+    env = {k: v for k, v in os.environ.items() if k != RPC_DIR_ENV}
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
     srv = Server(proc, f"http://127.0.0.1:{port}", zmq_endpoint)
     try:

@@ -20,9 +20,10 @@ import pytest
 
 from common.config import ServeConfig
 from common.config.llm import LLMConfig
+from llm_worker.engine_env import RPC_DIR_ENV
 from orchestrator.child import SPEC_ENV, ChildSpec
 from orchestrator.failures import EXIT_PERMANENT
-from orchestrator.supervisor import LOOP_STALL_WARN_S, VLLM_RPC_DIR_ENV, Supervisor
+from orchestrator.supervisor import LOOP_STALL_WARN_S, Supervisor
 from shm.layout import InstanceLayout
 from shm.messages import WorkerFailed, WorkerReady
 
@@ -288,18 +289,18 @@ def test_vllms_sockets_go_in_the_instances_socket_directory(
     instance's socket directory, which is removed with the instance and reclaimed after a
     crash. An operator's value wins; a directory too long for a socket path leaves vLLM's
     default and says so."""
-    monkeypatch.delenv(VLLM_RPC_DIR_ENV, raising=False)  # the test run sets its own
+    monkeypatch.delenv(RPC_DIR_ENV, raising=False)  # the test run sets its own
     envs = _worker_envs(layout, clock)
-    assert envs["llm-0"][VLLM_RPC_DIR_ENV] == layout.socket_dir
-    assert VLLM_RPC_DIR_ENV not in envs["codec-0"]
+    assert envs["llm-0"][RPC_DIR_ENV] == layout.socket_dir
+    assert RPC_DIR_ENV not in envs["codec-0"]
 
-    monkeypatch.setenv(VLLM_RPC_DIR_ENV, "/run/operator")
-    assert _worker_envs(layout, clock)["llm-0"][VLLM_RPC_DIR_ENV] == "/run/operator"
+    monkeypatch.setenv(RPC_DIR_ENV, "/run/operator")
+    assert _worker_envs(layout, clock)["llm-0"][RPC_DIR_ENV] == "/run/operator"
 
-    monkeypatch.delenv(VLLM_RPC_DIR_ENV)
+    monkeypatch.delenv(RPC_DIR_ENV)
     deep = msgspec.structs.replace(layout, run_dir="/" + "d" * 60)  # + /orpheus-N/<uuid4>
     with caplog.at_level(logging.WARNING, logger="orchestrator.supervisor"):
-        assert VLLM_RPC_DIR_ENV not in _worker_envs(deep, clock)["llm-0"]
+        assert RPC_DIR_ENV not in _worker_envs(deep, clock)["llm-0"]
     assert [r.getMessage() for r in caplog.records] == [
         f"vLLM's ipc sockets stay in the system's temporary directory: {deep.socket_dir} is "
         "too long for a socket path under it (shm.run_dir)"
