@@ -1,10 +1,11 @@
 """Which cores the processes run on when the model runs on CPU (``device = "cpu"``).
 
-vLLM's CPU processes keep their cores busy while a request runs: the worker computes, the
-engine core polls it. A codec worker the kernel placed on one of those cores waited there:
+vLLM's CPU processes keep their cores busy while a request runs: the engine core computes
+(the model worker runs in it, ``llm_worker.engine_env``; with a worker process of its own,
+the worker computes and the engine core polls it). A codec worker the kernel placed on one of those cores waited there:
 on the development machine (2 cores) its first window waited for the whole generation,
 10-14 s. So on CPU the orchestrator's children split the cores: the llm worker and the vLLM
-processes it starts (engine core, worker, whose OpenMP threads are bound there by
+processes it starts (engine core, any worker, whose OpenMP threads are bound there by
 ``VLLM_CPU_OMP_THREADS_BIND``) get the first ones, the codec and the gateways the rest. First
 audio then came at 0.16-0.18 s, and the generation itself was no slower
 (docs/performance.md). vLLM means its CPU deployments this way: it reserves cores for "the
@@ -78,7 +79,7 @@ def cpu_plan(
 def apply_cpu_plan(plan: CpuPlan, role: str, index: int = 0) -> None:
     """In a child, before it imports torch (whose thread count follows the cores it may
     use): each pins itself to its part, and the llm worker of engine ``index`` hands vLLM its
-    binding (the engine core and the worker inherit the pinning)."""
+    binding (vLLM's processes inherit the pinning)."""
     if role == "llm":
         cores = plan.engine_cores(index)
         os.environ[VLLM_BIND_ENV] = ",".join(map(str, cores))

@@ -56,13 +56,15 @@ def test_demo_console_is_short_and_its_log_is_full(tmp_path: Path) -> None:
     assert any(re.search(r"llm worker \(vLLM\) ready after \d+\.\d s", ln) for ln in console)
     assert not any(VLLM_INFO.search(ln) or "Traceback" in ln for ln in console)
     # The log has it all: every phase of the orchestrator, every worker, vLLM's engine core and
-    # its worker at their own INFO level, the weight-loading bar.
+    # its model worker (which runs in it: llm_worker.engine_env) at their own INFO level, the
+    # weight-loading bar.
     log = log_path.read_text(errors="replace")
     assert in_order(log, ("$ ", "tiny-model", "$ ", " serve ", *PHASES)) == []
     for role in ("codec", "llm", "gateway-0"):
         assert f" [{role}:" in log, role
     assert re.search(r" INFO \[llm:\d+/EngineCore\S*\] vllm\.", log), "the engine core's lines"
-    assert re.search(r" INFO \[llm:\d+/\S*Worker\S*\] vllm\.", log), "vLLM's worker's lines"
+    worker = r" INFO \[llm:\d+/EngineCore\S*\] vllm\.v1\.worker\.\S+: Starting to load model"
+    assert re.search(worker, log), "vLLM's model worker's lines"
     assert "Loading safetensors checkpoint shards" in log
     assert len(log.splitlines()) > 5 * len(console)
     assert (tmp_path / "demo.wav").stat().st_size > 44

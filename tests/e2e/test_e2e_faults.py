@@ -245,7 +245,7 @@ def node(tiny_model: Path, log_disk: Path) -> Iterator[Node]:
             "--set", "gateway.header_timeout_s=1",
             "--set", "gateway.body_timeout_s=2",
             "--set", "gateway.ws_text_idle_timeout_s=1",
-            codec_model=False, log=log,
+            codec_model=False, log=log, worker_process=True,
         )  # fmt: skip
     srv.log_path = log_path
     n = Node(srv, log_path, shm_before)
@@ -379,8 +379,9 @@ def test_kill_9_llm_worker_mid_stream_then_cycles_leave_no_engine_and_no_growth(
         llm = child_pid(orch, "llm")
         tree = {llm} | proctree.descendants([llm])
         engine = tree - {llm}
-        assert engine, "vLLM runs its engine in child processes (EngineCore, Worker)"
+        assert len(engine) >= 2, "vLLM runs its engine in child processes (EngineCore, Worker)"
         psm = {s for s in proctree.shm_mappings(tree) if not s.startswith(node.instance)}
+        assert psm, "the premise: vLLM's worker process and its psm_* queues"
         node.note_segments()
         pids = node.pids()
         rss, shm = rss_bytes(pids), segment_bytes(instance_segments(node.instance, pids))

@@ -212,7 +212,7 @@ def test_a_whole_server_kill_is_reclaimed_and_a_job_survives_it(
 
     # 1. A job part-way and streams in flight, then every process SIGKILLed at once.
     with open(tmp_path / "first.log", "wb") as log:
-        first = start_server(tiny_model, *args, codec_model=False, log=log)
+        first = start_server(tiny_model, *args, codec_model=False, log=log, worker_process=True)
     try:
         job = _call(f"{first.url}/v1/audio/jobs", {"input": text, "voice": "tara",
                     "response_format": "pcm", "max_tokens": 7 * FRAMES, "seed": 1})  # fmt: skip
@@ -237,7 +237,7 @@ def test_a_whole_server_kill_is_reclaimed_and_a_job_survives_it(
     # 2. The next start reclaims them; the job goes on; kill -9 of the orchestrator mid-job.
     second_log = tmp_path / "second.log"
     with open(second_log, "wb") as log:
-        second = start_server(tiny_model, *args, codec_model=False, log=log)
+        second = start_server(tiny_model, *args, codec_model=False, log=log, worker_process=True)
     sessions = proctree.worker_sessions(second.proc.pid)
     try:
         assert present(held1) == set(), f"the start left {present(held1)} of the dead instance"
@@ -260,7 +260,7 @@ def test_a_whole_server_kill_is_reclaimed_and_a_job_survives_it(
 
     # 3. The third start finishes the job; cleanup spares it live and reclaims it killed.
     with open(tmp_path / "third.log", "wb") as log:
-        third = start_server(tiny_model, *args, codec_model=False, log=log)
+        third = start_server(tiny_model, *args, codec_model=False, log=log, worker_process=True)
     try:
         url = f"{third.url}{job['url']}"
         done = _wait_job(url, lambda j: j["state"] in ("done", "failed", "cancelled"), 900)

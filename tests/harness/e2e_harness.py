@@ -17,7 +17,7 @@ import pytest
 
 from bench.doubles.local_server import free_port, wait_ready
 from bench.load.servers import ORPHEUS_SERVE, orpheus_serve_argv
-from llm_worker.engine_env import RPC_DIR_ENV
+from llm_worker.engine_env import MULTIPROCESSING_ENV, RPC_DIR_ENV
 from orchestrator import proctree
 from shm.records import SAMPLES_PER_FRAME
 from shm.ring import SHM_DIR
@@ -167,6 +167,7 @@ def start_server(
     codec_model: bool = True,
     log: IO[bytes] | None = None,
     admission: str = "fixed",
+    worker_process: bool = False,
 ) -> Server:
     """Start the server on free loopback ports and wait until ``/ready``.
 
@@ -175,7 +176,11 @@ def start_server(
     ``admission``: ``gateway.admission``. These tests start several streams at once on a
     two-core CPU that holds about two in real time, and check what happens to each of them
     (placement, faults, cleanup), so they admit by a fixed count unless asked; learned
-    admission against the real engine is tested in tests/bench/test_overload_bench.py."""
+    admission against the real engine is tested in tests/bench/test_overload_bench.py.
+    ``worker_process``: vLLM's model worker in a process of its own, vLLM's CPU default, which
+    the server changes (``llm_worker.engine_env.worker_in_engine_core``) and an operator's
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` restores: for the tests of what that process leaves
+    behind (its ``psm_*`` queues, as tensor parallelism has on a GPU)."""
     port = free_port()
     zmq_endpoint = f"tcp://127.0.0.1:{free_port()}" if zmq else ""
     codec = str(model / "snac") if codec_model else None
@@ -185,7 +190,9 @@ def start_server(
     note_engine_start("server")
     # Without the test run's VLLM_RPC_BASE_PATH (tests/conftest.py): the server puts vLLM's
     # ipc sockets where it does in production, in the instance's socket directory.
-    env = {k: v for k, v in os.environ.items() if k != RPC_DIR_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (RPC_DIR_ENV, MULTIPROCESSING_ENV)}
+    if worker_process:
+        env[MULTIPROCESSING_ENV] = "1"
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
     srv = Server(proc, f"http://127.0.0.1:{port}", zmq_endpoint)
     try:

@@ -1,12 +1,17 @@
-"""oneDNN's primitive cache in vLLM's CPU processes: capped through the environment they
-inherit, an operator's own setting kept."""
+"""What the llm worker hands vLLM's CPU processes through their environment: oneDNN's primitive
+cache capped, the model worker in the engine core's process; an operator's own setting kept."""
 
 from __future__ import annotations
 
 import pytest
 
 from common.config.llm import LLMConfig
-from llm_worker.engine_env import ONEDNN_CACHE_ENV, bound_onednn_cache
+from llm_worker.engine_env import (
+    MULTIPROCESSING_ENV,
+    ONEDNN_CACHE_ENV,
+    bound_onednn_cache,
+    worker_in_engine_core,
+)
 
 
 def test_the_cap_goes_into_the_environment_vllm_hands_down() -> None:
@@ -21,3 +26,11 @@ def test_an_operators_setting_wins_and_a_negative_cap_is_an_error() -> None:
     assert bound_onednn_cache(64, env) is None and env[ONEDNN_CACHE_ENV] == "4096"
     with pytest.raises(ValueError, match=r"llm\.cpu_onednn_cache must be >= 0, not -1"):
         bound_onednn_cache(-1, {})
+
+
+def test_vllms_model_worker_runs_in_its_engine_core_unless_the_operator_says() -> None:
+    env: dict[str, str] = {}
+    assert worker_in_engine_core(env) is not None and env == {MULTIPROCESSING_ENV: "0"}
+    for theirs in ("1", "0"):
+        env = {MULTIPROCESSING_ENV: theirs}
+        assert worker_in_engine_core(env) is None and env == {MULTIPROCESSING_ENV: theirs}
