@@ -2,9 +2,9 @@
 
 vLLM's CPU processes keep their cores busy while a request runs: the engine core computes
 (the model worker runs in it, ``llm_worker.engine_env``; with a worker process of its own,
-the worker computes and the engine core polls it). A codec worker the kernel placed on one of those cores waited there:
-on the development machine (2 cores) its first window waited for the whole generation,
-10-14 s. So on CPU the orchestrator's children split the cores: the llm worker and the vLLM
+the worker computes and the engine core polls it). A codec worker the kernel placed on one
+of those cores waited there: on the development machine (2 cores) its first window waited
+for the whole generation, 10-14 s. So on CPU the orchestrator's children split the cores: the llm worker and the vLLM
 processes it starts (engine core, any worker, whose OpenMP threads are bound there by
 ``VLLM_CPU_OMP_THREADS_BIND``) get the first ones, the codec and the gateways the rest. First
 audio then came at 0.16-0.18 s, and the generation itself was no slower

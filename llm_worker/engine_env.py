@@ -87,6 +87,7 @@ def trim_vllm_heap(every_s: float, environ: MutableMapping[str, str] = os.enviro
 
 
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+"""vLLM's switch: "0" keeps its ``uni`` executor (the model worker in the engine core) on CPU."""
 
 
 def worker_in_engine_core(environ: MutableMapping[str, str] = os.environ) -> str | None:
@@ -101,9 +102,9 @@ def worker_in_engine_core(environ: MutableMapping[str, str] = os.environ) -> str
     vLLM and torch, and the engine core no longer polls a worker on the same cores: on the
     2-core development machine a server was ready in 30 s instead of 44, and a step of 32
     streams took 142 ms instead of 225 (docs/performance.md, the suite's ninth pass). vLLM's
-    warning that its seed "may affect
-    the random state" of this process is about the offline ``LLM``: the worker seeds the
-    engine core's process. An operator's value wins. Returns a line for the start-up log."""
+    warning that its seed "may affect the random state" of this process is about the offline
+    ``LLM``: the worker seeds the engine core's process. An operator's value wins (1 restores
+    the worker process). Returns a line for the start-up log."""
     if MULTIPROCESSING_ENV in environ:
         return None
     environ[MULTIPROCESSING_ENV] = "0"

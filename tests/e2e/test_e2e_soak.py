@@ -14,9 +14,10 @@ in the last window after the warm-up; ``bench.load.growth``, ``bench.load.probe_
   the floods bring (+0.5 MB between the first and the last half hour of the 2-hour soak's
   judged span), so its bound is ``CODEC_LIVE_FLOOR_MB``.
 - *Private RSS*, from outside: within ``RSS_FLOOR_MB`` (or 0.5%), except the codec and vLLM's
-  CPU worker (which runs in ``VLLM::EngineCore``: llm_worker.engine_env). Those two hand their floods' memory back (``common.host_heap.HeapBound``) but
-  keep free heap between trims, the codec up to ``KEEP_FREE_BYTES`` (64 MiB), so their level
-  moves by tens of MB without growing (measured: the worker -13 to +26 MB, its settled level
+  CPU worker (which runs in ``VLLM::EngineCore``: llm_worker.engine_env). Those two hand their
+  floods' memory back (``common.host_heap.HeapBound``) but keep free heap between trims, the
+  codec up to ``KEEP_FREE_BYTES`` (64 MiB), so their level moves by tens of MB without growing
+  (measured with the worker in a process of its own: -13 to +26 MB, its settled level
   1,420-1,455 MB against troughs of 1,421-1,430 under the floods); their floor is that bound.
   The test checks that the codec's flood memory is larger, so keeping it would break it.
   (vLLM's worker kept a flood's free heap in the 2-hour soak of issue 36; in 200 s with its
