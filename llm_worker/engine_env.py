@@ -42,9 +42,10 @@ ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 def prepare_engine_environment(
     onednn_cache: int | None = None, heap_trim_s: float | None = None
 ) -> None:
-    """Environment vLLM reads while it builds the engine (inherited by the engine core and
-    the worker). ``onednn_cache``: ``llm.cpu_onednn_cache``; ``heap_trim_s``:
-    ``llm.cpu_heap_trim_s``; both applied on the CPU build."""
+    """Environment vLLM reads while it builds the engine (inherited by the processes it
+    starts). On the CPU build also: the model worker in the engine core
+    (:func:`worker_in_engine_core`), ``onednn_cache`` (``llm.cpu_onednn_cache``) and
+    ``heap_trim_s`` (``llm.cpu_heap_trim_s``)."""
     from vllm.platforms import current_platform
 
     from llm_worker.vllm_ext.sampling.runner import prepare_sampler_environment
@@ -53,14 +54,15 @@ def prepare_engine_environment(
         log.info("%s", note)
     if note := own_vllm_sockets():
         log.info("%s", note)
-    if current_platform.is_cpu():
-        if note := worker_in_engine_core():
-            log.info("%s", note)
-    if onednn_cache is not None and current_platform.is_cpu():
-        if note := bound_onednn_cache(onednn_cache):
-            log.info("%s", note)
-    if heap_trim_s is not None and current_platform.is_cpu():
-        if note := trim_vllm_heap(heap_trim_s):
+    if not current_platform.is_cpu():
+        return
+    notes = [worker_in_engine_core()]
+    if onednn_cache is not None:
+        notes.append(bound_onednn_cache(onednn_cache))
+    if heap_trim_s is not None:
+        notes.append(trim_vllm_heap(heap_trim_s))
+    for note in notes:
+        if note:
             log.info("%s", note)
 
 
