@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from offline_engine import offline_llm
 from safetensors.torch import load_file
 from vllm import LLM, SamplingParams
 
@@ -58,7 +59,7 @@ def build(model: Path, plan: SamplingPlan, head: HeadChoice) -> LLM:
     # apply_model ships a function to the engine core process (pickled by value).
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     overrides = head.hf_overrides()
-    return LLM(
+    return offline_llm(
         model=str(model),
         dtype="float32",
         max_model_len=256,

@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from offline_engine import offline_llm
 from vllm import LLM, SamplingParams
 
 from bench.doubles.tiny_model import write_tiny_model
@@ -53,7 +54,7 @@ def llm(tmp_path_factory: pytest.TempPathFactory, plan: SamplingPlan) -> Iterato
     model = tmp_path_factory.mktemp("tiny")
     write_tiny_model(model)
     kv_bytes_per_token = 2 * 2 * 2 * 64 * 4  # layers * (K, V) * kv heads * head dim * fp32
-    engine = LLM(
+    engine = offline_llm(
         model=str(model),
         dtype="float32",  # faster than bf16 on CPUs without AVX-512 BF16
         max_model_len=256,
