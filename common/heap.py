@@ -24,6 +24,15 @@ find garbage, the period doubling after each that finds none, up to
 made since start-up (the rest is frozen), but that includes every live stream's objects: a
 gateway at 1000 streams paused 52-104 ms per full collection, so a process whose traffic
 makes no cycles (HTTP streams; the codec and llm workers) is swept 16 x less often.
+
+Start-up itself pays the other way: importing torch and vLLM makes about a million
+long-lived objects, and CPython 3.11 walks all of them in each full collection its default
+thresholds trigger meanwhile, each longer than the last (0.06 to 0.5 s: about 3 s in each
+process that imports vLLM, on a 2-core CPU). So every worker collects its older generations
+rarely from its first line (``collect_older_rarely``, ``orchestrator.child``), and so do the
+processes vLLM spawns (its engine core), for their whole life: vLLM freezes its engine core's
+heap once started, as ``settle`` does, so a full collection there walks only what was made
+since, and it comes after as many young collections as in the settled workers.
 """
 
 from __future__ import annotations
@@ -63,6 +72,13 @@ _sweeps = Sweeps()
 _sweeper: threading.Thread | None = None
 
 
+def collect_older_rarely() -> None:
+    """The settled thresholds (without the freeze): from the first line of a process about
+    to import torch or vLLM (see the module docstring)."""
+    gen0 = gc.get_threshold()[0]
+    gc.set_threshold(gen0, OLDER_GENERATION_EVERY, OLDER_GENERATION_EVERY)
+
+
 def sweeps() -> Sweeps:
     """A copy of what the full collections on the clock have done in this process."""
     return msgspec.structs.replace(_sweeps)
@@ -100,8 +116,7 @@ def settle(
     global _sweeper
     gc.collect()
     gc.freeze()
-    gen0 = gc.get_threshold()[0]
-    gc.set_threshold(gen0, OLDER_GENERATION_EVERY, OLDER_GENERATION_EVERY)
+    collect_older_rarely()
     if full_min_s and _sweeper is None:
         _sweeper = threading.Thread(
             target=_sweep_forever,

@@ -25,6 +25,7 @@ import sys
 
 import msgspec
 
+from common import heap
 from common.config import ServeConfig
 from common.cpu_plan import apply_cpu_plan, cpu_plan
 from orchestrator import proctree
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     role = argv[0]
     index = int(argv[1]) if len(argv) > 1 else 0
+    heap.collect_older_rarely()  # before the role imports torch or vLLM (common/heap.py)
     spec = msgspec.json.decode(os.environ[SPEC_ENV].encode(), type=ChildSpec)
     numbered = role == "gateway" or (role == "llm" and spec.layout.engines > 1)
     os.environ["ORPHEUS_SERVE_ROLE"] = f"{role}-{index}" if numbered else role
@@ -178,7 +180,9 @@ if __name__ == "__main__":
 def _prepare_spawned() -> None:
     """In a process a worker started with multiprocessing's "spawn" method (vLLM's EngineCore
     and Workers when vLLM spawns, e.g. once CUDA is initialised): the same protections as the
-    worker's own, since nothing is inherited but the environment and the open files."""
+    worker's own, since nothing is inherited but the environment and the open files, and the
+    worker's collector thresholds (before vLLM is imported here: common/heap.py)."""
+    heap.collect_older_rarely()
     protect_stdio()  # a full log disk must not fail vLLM's weight loading (tqdm on stderr)
     _die_with_parent()
     # The worker's log format and levels: what vLLM logs before it configures its own

@@ -77,3 +77,21 @@ def test_the_clock_backs_off_while_sweeps_find_nothing() -> None:
         period = next_period(period, found, 60.0, 960.0)
         seen.append(period)
     assert seen == [120, 240, 480, 960, 960, 960, 60, 120]
+
+
+RARELY = """
+import gc
+from common.heap import OLDER_GENERATION_EVERY, collect_older_rarely
+
+gen0 = gc.get_threshold()[0]
+collect_older_rarely()
+assert gc.get_threshold() == (gen0, OLDER_GENERATION_EVERY, OLDER_GENERATION_EVERY)
+assert gc.get_freeze_count() == 0 and gc.isenabled()  # nothing frozen yet: start-up goes on
+print("ok")
+"""
+
+
+def test_start_up_collects_the_older_generations_as_rarely_as_a_settled_process() -> None:
+    out = subprocess.run([sys.executable, "-c", RARELY], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
