@@ -30,9 +30,11 @@ long-lived objects, and CPython 3.11 walks all of them in each full collection i
 thresholds trigger meanwhile, each longer than the last (0.06 to 0.5 s: about 3 s in each
 process that imports vLLM, on a 2-core CPU). So every worker collects its older generations
 rarely from its first line (``collect_older_rarely``, ``orchestrator.child``), and so do the
-processes vLLM spawns (its engine core), for their whole life: vLLM freezes its engine core's
-heap once started, as ``settle`` does, so a full collection there walks only what was made
-since, and it comes after as many young collections as in the settled workers.
+processes vLLM spawns (its engine core), for their whole life: the project's vLLM plugin
+freezes what vLLM's import made there (``llm_worker.vllm_ext.plugin.freeze_import_heap``) and
+vLLM freezes the rest once the engine is built, as ``settle`` does, so a full collection
+there walks only what was made since, and it comes after as many young collections as in the
+settled workers.
 """
 
 from __future__ import annotations
