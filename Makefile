@@ -94,17 +94,21 @@ PYTEST_OPTS := -q -ra --durations=25
 PYTEST := PYTHONDONTWRITEBYTECODE=
 
 # The whole suite in two runs that together select every test once: what starts no engine on
-# three workers (as `make check`), then what starts one (tests marked `engine`), one at a time:
-# each server's CPU plan puts its vLLM processes on core 0, so two start-ups at once took 57 s
-# where one took 32, and the engine tests time real-time streams (docs/performance.md).
+# three workers (as `make check`), then what starts one (tests marked `engine`) on two workers
+# where the machine has two cores or more. Each engine worker's vLLM engines run on cores of
+# their own (tests/conftest.py, worker_engine_cores: VLLM_CPU_OMP_THREADS_BIND, which the
+# servers' CPU plan follows), and each test module stays on one worker (--dist loadscope: its
+# servers are module fixtures). One core runs each engine, so one worker alone left the other
+# core idle, and two workers' engines on the same core made each start-up twice as long
+# (docs/performance.md, the suite's eleventh pass).
 test: install checkov install-vllm025
 	-scripts/vllm033/fetch_source.sh $(VLLM033_SRC)
 	@echo "== the tests that start no engine"
 	$(PYTEST) TESTS_NO_ENGINE=1 VLLM033_SOURCE_DIR=$(VLLM033_SRC) $(BIN)/python -m pytest $(PYTEST_OPTS) $(CHECK_JOBS) -m "not engine"
 	@echo "== the tests that start an engine"
-	$(PYTEST) VLLM033_SOURCE_DIR=$(VLLM033_SRC) $(BIN)/python -m pytest $(PYTEST_OPTS) -m engine
+	$(PYTEST) VLLM033_SOURCE_DIR=$(VLLM033_SRC) $(BIN)/python -m pytest $(PYTEST_OPTS) $(call ENGINE_JOBS,$(BIN)) -m engine
 	@echo "== the engine-facing tests again, on vLLM 0.25.1 (the GPU machine's version)"
-	$(PYTEST) $(VENV025)/bin/python -m pytest $(PYTEST_OPTS) $(VLLM025_TESTS)
+	$(PYTEST) $(VENV025)/bin/python -m pytest $(PYTEST_OPTS) $(call ENGINE_JOBS,$(VENV025)/bin) $(VLLM025_TESTS)
 
 # The inner loop: every test that starts no vLLM engine (tests marked `engine` are
 # deselected; one that starts an engine unmarked fails there: tests/conftest.py), in minutes.
@@ -119,11 +123,16 @@ test: install checkov install-vllm025
 # 4 s less on average, within either arm's spread (docs/performance.md, seventh pass).
 CHECK_JOBS = $(shell $(BIN)/python -c "import xdist" 2>/dev/null && echo "-n 3 --dist worksteal")
 
+# Two engine workers where pytest-xdist is installed in that environment and this process
+# may use two cores or more ($(1): the environment's bin folder).
+ENGINE_JOBS = $(shell $(1)/python -c "import os, xdist; assert len(os.sched_getaffinity(0)) > 1" \
+  2>/dev/null && echo "-n 2 --dist loadscope --no-loadscope-reorder")
+
 check: install
 	$(PYTEST) TESTS_NO_ENGINE=1 $(BIN)/python -m pytest $(PYTEST_OPTS) $(CHECK_JOBS) -m "not engine"
 
 test-vllm025: install-vllm025
-	$(PYTEST) $(VENV025)/bin/python -m pytest $(PYTEST_OPTS) $(VLLM025_TESTS)
+	$(PYTEST) $(VENV025)/bin/python -m pytest $(PYTEST_OPTS) $(call ENGINE_JOBS,$(VENV025)/bin) $(VLLM025_TESTS)
 
 # Everything of the H100 run that a CPU can do (docs/gpu.md): run before spending device time.
 rehearse: install

@@ -15,8 +15,12 @@ With several engines (``llm.engines``) the engine cores are split between them, 
 worker and vLLM processes on its own part; where there are fewer engine cores than engines
 (the 2-core development machine), the engines share them.
 
-Each child computes the same plan from the same inputs (the configuration and the cores the
-orchestrator may use, which it inherits), so no process tells another.
+An operator who binds vLLM's threads (``VLLM_CPU_OMP_THREADS_BIND``, a list of cores) chooses
+the engine's part: the codec and the gateways get the cores left. Without it the codec and the
+gateways would float onto the cores the operator gave vLLM and wait there as above.
+
+Each child computes the same plan from the same inputs (the configuration, the cores the
+orchestrator may use and its environment, which it inherits), so no process tells another.
 """
 
 from __future__ import annotations
@@ -66,14 +70,34 @@ def cpu_plan(
     engines: int = 1,
 ) -> CpuPlan | None:
     """The split, or None where there is none to make: not on CPU, ``cpu_affinity = "off"``,
-    a single core, or a binding the operator set in ``VLLM_CPU_OMP_THREADS_BIND``.
+    a single core, or a binding in ``VLLM_CPU_OMP_THREADS_BIND`` that is not one list of the
+    cores given (vLLM's ``nobind``, per-rank lists) or that leaves none of them to the others.
 
-    The last quarter of the cores (at least one) is kept for the others."""
-    if device != "cpu" or setting != "auto" or len(cores) < 2 or VLLM_BIND_ENV in environ:
+    The operator's binding, where set, is the engine's part; otherwise the last quarter of the
+    cores (at least one) is kept for the others."""
+    if device != "cpu" or setting != "auto" or len(cores) < 2:
         return None
     ordered = sorted(cores)
-    kept = max(1, len(ordered) // 4)
-    return CpuPlan(engine=tuple(ordered[:-kept]), others=tuple(ordered[-kept:]), engines=engines)
+    binding = environ.get(VLLM_BIND_ENV, "auto").strip()
+    if binding == "auto":  # vLLM's default: its own choice, which this plan replaces
+        kept = max(1, len(ordered) // 4)
+        return CpuPlan(tuple(ordered[:-kept]), tuple(ordered[-kept:]), engines)
+    engine = parse_cores(binding)
+    if engine is None or not set(engine) <= set(cores):
+        return None
+    others = tuple(c for c in ordered if c not in engine)
+    return CpuPlan(engine, others, engines) if others else None
+
+
+def parse_cores(text: str) -> tuple[int, ...] | None:
+    """``(0, 1, 2, 3, 6)`` for ``0-3,6``; None for anything else (``nobind``, ``0-1|2-3``)."""
+    cores: set[int] = set()
+    for part in text.split(","):
+        first, sep, last = part.strip().partition("-")
+        if not first.isdigit() or (sep and not last.isdigit()):
+            return None
+        cores.update(range(int(first), int(last if sep else first) + 1))
+    return tuple(sorted(cores)) or None
 
 
 def apply_cpu_plan(plan: CpuPlan, role: str, index: int = 0) -> None:

@@ -12,6 +12,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,15 @@ _STRAY_AT_START = pytest.StashKey[set[str]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("TESTS_NO_ENGINE"):
+        # Before any engine is built here: this worker's engines get cores of their own.
+        from engine_cores import VLLM_BIND_ENV, worker_engine_cores
+
+        os.environ[VLLM_BIND_ENV] = worker_engine_cores(
+            int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw")),
+            int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")),
+            sorted(os.sched_getaffinity(0)),
+        )
     config.addinivalue_line(
         "markers",
         f"{ENGINE_MARK}: starts a vLLM engine (set on every test that uses the tiny_model "
@@ -54,22 +64,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         session.config.stash[_STRAY_AT_START] = _stray_vllm_sockets()
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """The run leaves no vLLM socket in the system's temporary directory (an engine of a
-    test or of a server that put its own there would, about seven a start)."""
-    before = session.config.stash.get(_STRAY_AT_START, None)
-    if before is None:
-        return
-    new = _stray_vllm_sockets() - before
-    if new:
-        sys.stderr.write(
-            f"\nthe tests left {len(new)} vLLM socket(s) in {tempfile.gettempdir()}: "
-            f"{', '.join(sorted(new)[:5])}\n"
-        )
-        if session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
 def pytest_unconfigure(config: pytest.Config) -> None:
     for path in _VLLM_SOCKETS:
         shutil.rmtree(path, ignore_errors=True)
@@ -83,8 +77,44 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "tiny_model" in getattr(item, "fixturenames", ()) or item.get_closest_marker("e2e"):
             item.add_marker(ENGINE_MARK)
     # The shared server's users run last (in their own order), so that it is started once and
-    # stopped at the session's end without idling beside the other modules' servers.
-    items.sort(key=lambda item: "default_server" in getattr(item, "fixturenames", ()))
+    # stopped at the session's end without idling beside the other modules' servers; the
+    # slow ones first, so that pytest-xdist's workers do not end waiting on one of them.
+    items.sort(
+        key=lambda item: (
+            "default_server" in getattr(item, "fixturenames", ()),
+            item.get_closest_marker("slow") is None,
+        )
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The run leaves no vLLM socket in the system's temporary directory (an engine of a
+    test or of a server that put its own there would, about seven a start); a pytest-xdist
+    worker hands its engine start-ups to the run's first process."""
+    harness = sys.modules.get("e2e_harness")
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None and harness is not None:
+        workeroutput["engine_starts"] = [[t, w, n] for (t, w), n in harness.ENGINE_STARTS.items()]
+    before = session.config.stash.get(_STRAY_AT_START, None)
+    if before is None:
+        return
+    new = _stray_vllm_sockets() - before
+    if new:
+        sys.stderr.write(
+            f"\nthe tests left {len(new)} vLLM socket(s) in {tempfile.gettempdir()}: "
+            f"{', '.join(sorted(new)[:5])}\n"
+        )
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """pytest-xdist's hook in the run's first process: a worker's engine start-ups."""
+    from e2e_harness import ENGINE_STARTS
+
+    for test, what, n in getattr(node, "workeroutput", {}).get("engine_starts", []):
+        ENGINE_STARTS[(test, what)] += n
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -49,8 +49,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """With ``device = "cpu"``: ``auto`` pins the llm worker and its vLLM processes to the
     first three quarters of the cores (``VLLM_CPU_OMP_THREADS_BIND`` for vLLM's threads) and
     the codec and the gateways to the rest, so that a codec window never waits behind vLLM's
-    busy processes (common/cpu_plan.py). Nothing is done on CUDA, with one core, or when
-    ``VLLM_CPU_OMP_THREADS_BIND`` is set."""
+    busy processes (common/cpu_plan.py). Where ``VLLM_CPU_OMP_THREADS_BIND`` names the cores
+    (``1``, ``0-5``), those are vLLM's and the codec and the gateways get the rest. Nothing is
+    done on CUDA, with one core, or with a binding that leaves no core to the others."""
 
 
 INTERNAL_KEYS: dict[str, str] = {

