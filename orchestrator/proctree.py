@@ -245,8 +245,9 @@ def kill_tree(
     multiprocessing's resource trackers are killed last: once every other process is gone,
     a tracker reads EOF and unlinks what was registered with it and never unlinked (named
     semaphores ``sem.mp-*``, which nobody maps between uses, and shared memory), then exits by
-    itself. It gets ``tracker_grace_s`` for that; None spares trackers (the caller still
-    holds their pipe: they exit after it).
+    itself. It gets ``tracker_grace_s`` for that, and is among the result's ``killed`` only
+    where it had to be killed; None spares trackers (the caller still holds their pipe: they
+    exit after it).
     """
     me = os.getpid()
     skip = {me, *exclude}
@@ -254,6 +255,11 @@ def kill_tree(
     roots = {p.pid for p in table.values() if p.pgid == pgid} | set(extra)
     victims = (roots | descendants(roots, table)) - skip
     victims = {pid for pid in victims if pid in table}
+    # Already dead, only not yet reaped (a tracker that exited as its worker stopped, now
+    # re-parented to us): reaped where ours, never counted as killed.
+    for pid in [pid for pid in victims if table[pid].state == "Z"]:
+        _reap(pid)
+        victims.discard(pid)
     segments = {s for s in shm_mappings(victims) if not (keep_prefix and s.startswith(keep_prefix))}
     trackers = {pid for pid in victims if is_resource_tracker(pid)}
     if tracker_grace_s is None:
@@ -263,6 +269,7 @@ def kill_tree(
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     pending = _wait_gone(victims - trackers, timeout_s)
+    left: set[int] = set()
     if trackers:
         left = _wait_gone(trackers, tracker_grace_s or 0.0) if not pending else trackers
         for pid in sorted(left):
@@ -282,8 +289,11 @@ def kill_tree(
                 os.unlink(path)
                 unlinked.append(name)
                 freed += st.st_blocks * 512
+    # A tracker that exited by itself within its grace was not killed: after a clean stop the
+    # worker's tracker is still reading its pipe's EOF when the caller looks.
+    killed = (victims - trackers) | left
     return TreeKill(
-        killed=sorted(victims), unlinked=unlinked, freed_bytes=freed, survivors=sorted(pending)
+        killed=sorted(killed), unlinked=unlinked, freed_bytes=freed, survivors=sorted(pending)
     )
 
 

@@ -81,7 +81,8 @@ def left_behind(log: str) -> tuple[list[int], list[str]]:
 def check_text_log(text: str, streams: int) -> None:
     """A text log at INFO of a server that served ``streams`` streams: every phase in order,
     one line per stream, vLLM's warnings but none of the libraries' INFO lines or progress
-    bars, a short log, and nothing of the server left after it."""
+    bars, a short log, and nothing of the server left after it: nor left by a worker on its
+    clean stop for the orchestrator to kill (its warning)."""
     lines = text.splitlines()
     assert sum(1 for ln in lines if STREAM_LINE.search(ln)) == streams
     assert in_order(text, PHASES) == []
@@ -95,6 +96,7 @@ def check_text_log(text: str, streams: int) -> None:
     assert any(VLLM_WARNING.search(ln) for ln in lines), "vLLM's warnings still reach the log"
     assert len(lines) - streams <= MAX_LINES, text
     assert left_behind(text) == ([], [])
+    assert [ln for ln in lines if "left processes" in ln or "did not stop in time" in ln] == []
 
 
 def check_json_log(text: str) -> None:

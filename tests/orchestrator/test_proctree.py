@@ -112,8 +112,12 @@ def test_kill_tree_after_kill_9_kills_the_orphans_and_frees_their_segment(
         assert os.path.exists(f"/dev/shm/{segment_name}")
         assert os.path.exists(f"/dev/shm/{sem}")
 
+        trackers = {p for p in tree if proctree.is_resource_tracker(p)}
         result = proctree.kill_tree(proc.pid)
         assert engine_pid in result.killed and result.survivors == []
+        # The tracker read its pipe's EOF once the engine was gone and exited by itself within
+        # its grace: it is not among the killed (after a clean stop that is the whole tree).
+        assert len(trackers) == 1 and not trackers & set(result.killed), (trackers, result)
         assert not proctree.alive(engine_pid)
         assert all(not proctree.alive(p) for p in tree)
         assert not os.path.exists(f"/dev/shm/{segment_name}")
@@ -227,3 +231,28 @@ def test_a_process_spawned_by_a_worker_is_protected_too(tmp_path: Path) -> None:
     with open("/dev/full", "wb") as full:
         r = subprocess.run([sys.executable, str(script)], stdout=full, stderr=full, timeout=60)
     assert r.returncode == 0
+
+
+def test_kill_tree_does_not_count_a_zombie_as_killed() -> None:
+    """A process of the tree that had exited and was not yet reaped (a worker's resource
+    tracker that exited as the worker stopped) is dead already: not among the killed, so a
+    clean stop is not reported as processes left behind."""
+    code = "import os, time\nif os.fork() == 0: os._exit(0)\nprint(flush=True)\ntime.sleep(600)"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        deadline = time.monotonic() + 10
+        while not (zombies := sorted(proctree.descendants([proc.pid]))):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        while proctree.alive(zombies[0]):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        result = proctree.kill_tree(proc.pid)
+        assert result.killed == [proc.pid] and result.survivors == [], result
+    finally:
+        proc.kill()
+        proc.wait()
