@@ -59,6 +59,8 @@ GAP_S = 5.0
 """Silence on the WebSocket between two utterances."""
 SHORT_S = 2
 """The fronts' stream timeouts in the shortened copies: shorter than GAP_S."""
+RACE_ATTEMPTS = 3
+"""Tries of a request that must reach a full node before HAProxy's checks take it out."""
 FRONT_START_S = 20.0
 SPEECH_LIMIT = GatewayConfig().max_body_bytes
 UPLOAD_LIMIT = VoicesConfig().max_upload_bytes
@@ -473,11 +475,19 @@ async def _refused_while_full(front: Front, server: Server) -> tuple[int, dict, 
 
 
 def test_a_full_node_s_429_keeps_its_retry_after(front: Front, server: Server) -> None:
-    _ready_through(front)
-    status, err, retry_after = asyncio.run(_refused_while_full(front, server))
+    """The node's 429 passes the front unchanged. HAProxy's checks of /ready take a full node
+    out 0.5-1.5 s after it fills (a check within a second, a second check 0.5 s on), and then
+    the front answers its own 503 (test_no_node_is_a_503_with_retry_after): on a busy machine
+    the checks sometimes win that race (seen once in a make test with two engine workers),
+    and the scenario is run again, from a node back in rotation."""
+    for _ in range(RACE_ATTEMPTS):
+        _ready_through(front)
+        status, err, retry_after = asyncio.run(_refused_while_full(front, server))
+        _wait_streams(server, 0, timeout_s=30)
+        if (status, err["error"]["code"]) != (503, "no_node_available"):
+            break
     assert (status, err["error"]["code"]) == (429, "server_busy"), err
     assert retry_after == str(RETRY_AFTER_S), "the node's Retry-After, unchanged"
-    _wait_streams(server, 0, timeout_s=30)
 
 
 @pytest.mark.parametrize("kind", ["nginx", "haproxy"])
