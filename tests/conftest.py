@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -27,6 +28,8 @@ model one loads: `make check` deselects them (``-m "not engine"``)."""
 
 _VLLM_SOCKETS: list[str] = []
 _STRAY_AT_START = pytest.StashKey[set[str]]()
+VLLM_DIST_FILE = re.compile(r"vllm_dist_[0-9a-f]{32}$")
+"""vLLM's torch rendezvous file (``vllm.utils.network_utils.get_file_store_init_method``)."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -53,15 +56,20 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[RPC_DIR_ENV] = _VLLM_SOCKETS[0]
 
 
-def _stray_vllm_sockets() -> set[str]:
-    """vLLM's ipc sockets in the system's temporary directory (``<uuid4>``, no suffix)."""
+def _stray_vllm_files() -> set[str]:
+    """vLLM's ipc sockets (``<uuid4>``, no suffix) and torch rendezvous files
+    (``vllm_dist_<hex>``) in the system's temporary directory."""
     root = Path(tempfile.gettempdir())
-    return {p.name for p in root.iterdir() if RPC_SOCKET_NAME.match(p.name) and p.is_socket()}
+    return {
+        p.name
+        for p in root.iterdir()
+        if (RPC_SOCKET_NAME.match(p.name) and p.is_socket()) or VLLM_DIST_FILE.match(p.name)
+    }
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not hasattr(session.config, "workerinput"):  # the run's first process only
-        session.config.stash[_STRAY_AT_START] = _stray_vllm_sockets()
+        session.config.stash[_STRAY_AT_START] = _stray_vllm_files()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -69,6 +77,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(path, ignore_errors=True)
         if os.environ.get(RPC_DIR_ENV) == path:
             del os.environ[RPC_DIR_ENV]
+    if (harness := sys.modules.get("e2e_harness")) is not None:
+        # The temporary directories of the servers this process killed and never stopped.
+        for path in list(harness.SERVER_TMP_DIRS):
+            harness.remove_tmp_dir(path)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -89,8 +101,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The run leaves no vLLM socket in the system's temporary directory (an engine of a
-    test or of a server that put its own there would, about seven a start); a pytest-xdist
-    worker hands its engine start-ups to the run's first process."""
+    test or of a server that put its own there would, about seven a start), nor a rendezvous
+    file (a SIGKILLed engine core of a server started without its own TMPDIR would); a
+    pytest-xdist worker hands its engine start-ups to the run's first process."""
     harness = sys.modules.get("e2e_harness")
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None and harness is not None:
@@ -98,10 +111,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     before = session.config.stash.get(_STRAY_AT_START, None)
     if before is None:
         return
-    new = _stray_vllm_sockets() - before
+    new = _stray_vllm_files() - before
     if new:
         sys.stderr.write(
-            f"\nthe tests left {len(new)} vLLM socket(s) in {tempfile.gettempdir()}: "
+            f"\nthe tests left {len(new)} vLLM socket(s) or file(s) in {tempfile.gettempdir()}: "
             f"{', '.join(sorted(new)[:5])}\n"
         )
         if session.exitstatus == pytest.ExitCode.OK:
