@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from common.cpu_plan import VLLM_BIND_ENV
 from llm_worker.engine_env import RPC_DIR_ENV, RPC_SOCKET_NAME
 from shm.layout import InstanceLayout
 from shm.segments import destroy_instance
@@ -35,7 +36,7 @@ VLLM_DIST_FILE = re.compile(r"vllm_dist_[0-9a-f]{32}$")
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("TESTS_NO_ENGINE"):
         # Before any engine is built here: this worker's engines get cores of their own.
-        from engine_cores import VLLM_BIND_ENV, worker_engine_cores
+        from engine_cores import worker_engine_cores
 
         os.environ[VLLM_BIND_ENV] = worker_engine_cores(
             int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw")),

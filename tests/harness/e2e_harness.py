@@ -61,7 +61,7 @@ def engine_starts_summary() -> str:
 
 class Server:
     def __init__(
-        self, proc: subprocess.Popen[bytes], url: str, zmq_endpoint: str, tmp_dir: str = ""
+        self, proc: subprocess.Popen[bytes], url: str, zmq_endpoint: str, tmp_dir: str
     ) -> None:
         self.proc = proc
         self.url = url
