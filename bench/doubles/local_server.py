@@ -3,19 +3,59 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 
 class NotReady(RuntimeError):
     """The server exited, or did not become ready in time."""
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+BELOW_EPHEMERAL = 12_000
+"""How many ports under the kernel's ephemeral range :func:`free_port` picks from."""
+_handed_out: set[int] = set()
+_pick = random.SystemRandom()
+
+
+def _ephemeral_low() -> int | None:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the kernel picks it)."""
+    """A TCP port free on 127.0.0.1 now, below the kernel's ephemeral range where there is one.
+
+    A port the kernel picks (``bind(("127.0.0.1", 0))``) is an ephemeral one: in the seconds
+    between this call and the server's own bind (a server binds its HTTP port only once its
+    engine is ready), any outgoing connection on the host may take it as its local port, or
+    another process's ``bind(0)`` may, and the server then stops with "port in use" (exit 78).
+    Below the range only a listener someone placed there takes a port, and this checks there
+    is none. Two processes may still draw the same port; one process never hands it out twice.
+    """
+    low = _ephemeral_low()
+    if low is not None and low > 1024 + BELOW_EPHEMERAL:
+        for _ in range(64):
+            port = _pick.randrange(low - BELOW_EPHEMERAL, low)
+            if port not in _handed_out and _bindable(port):
+                _handed_out.add(port)
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -89,7 +89,6 @@ def segment_name() -> Iterator[str]:
         pass
 
 
-@pytest.mark.usefixtures("shm_reclaim_lock")  # it counts /dev/shm's bytes around the kill
 @pytest.mark.parametrize("untracked", [False, True], ids=["tracked", "untracked"])
 def test_kill_tree_after_kill_9_kills_the_orphans_and_frees_their_segment(
     tmp_path: Path, segment_name: str, untracked: bool
@@ -103,7 +102,6 @@ def test_kill_tree_after_kill_9_kills_the_orphans_and_frees_their_segment(
         tree = {proc.pid} | proctree.descendants([proc.pid])
         assert engine_pid in tree and len(tree) >= 3, "worker, engine and resource tracker"
         assert segment_name in proctree.shm_mappings(tree)
-        before = proctree.shm_bytes()
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         # The failure the issue measured: the engine outlives its worker, segment and all.
@@ -124,7 +122,10 @@ def test_kill_tree_after_kill_9_kills_the_orphans_and_frees_their_segment(
         assert not os.path.exists(f"/dev/shm/{sem}"), "the semaphore is unlinked too"
         if untracked:
             assert result.unlinked == [segment_name] and result.freed_bytes >= 1 << 20
-        assert proctree.shm_bytes() <= before - (1 << 20) + (256 << 10)  # others may write
+        # Unlinked and mapped or held open by no process on the host: its pages are freed.
+        # (Not /dev/shm's total bytes: another pytest-xdist worker's server may write there.)
+        everyone = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+        assert segment_name not in proctree.shm_mappings(everyone)
     finally:
         proctree.kill_tree(proc.pid)
 
