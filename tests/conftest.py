@@ -141,8 +141,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 @pytest.fixture
 def shm_reclaim_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """One at a time across pytest-xdist workers: the tests that take back dead instances'
-    shared memory (a reclaim takes every dead instance's files, another test's too) or count
-    /dev/shm's bytes around a kill (another test's 1 MiB segment made meanwhile is counted).
+    shared memory (a reclaim takes every dead instance's files, another test's too).
     Their modules use it (``pytestmark``). xdist's own ``xdist_group`` does not group under
     pytest 9 (measured with pytest-xdist 3.8: a module's grouped tests ran on four workers)."""
     root = tmp_path_factory.getbasetemp()

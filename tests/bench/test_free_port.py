@@ -27,7 +27,7 @@ def test_ports_are_below_the_ephemeral_range_bindable_and_never_handed_out_twice
 
 
 @pytest.mark.skipif(not local_server.EPHEMERAL_RANGE.exists(), reason="Linux /proc only")
-def test_a_client_connection_cannot_hold_the_port_it_hands_out() -> None:
+def test_client_connections_take_ports_from_the_range_free_port_avoids() -> None:
     """The failure this prevents: a client's connection took a port picked by bind(0)."""
     low, high = _ephemeral()
     with socket.socket() as listener:
@@ -37,7 +37,9 @@ def test_a_client_connection_cannot_hold_the_port_it_hands_out() -> None:
         try:
             taken = {c.getsockname()[1] for c in clients}
             assert all(low <= p <= high for p in taken), "connections take ephemeral ports"
-            assert not taken & {free_port() for _ in range(20)}
+            ports = {free_port() for _ in range(20)}
+            assert not taken & ports
+            assert not any(low <= p <= high for p in ports), "none a connection could take"
         finally:
             for c in clients:
                 c.close()
@@ -61,7 +63,11 @@ def test_a_port_someone_listens_on_is_skipped(monkeypatch: pytest.MonkeyPatch) -
 def test_without_the_kernel_s_range_the_kernel_picks(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    real = local_server.EPHEMERAL_RANGE
     monkeypatch.setattr(local_server, "EPHEMERAL_RANGE", tmp_path / "absent")
     port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+    if real.exists():
+        low, high = (int(v) for v in real.read_text().split())
+        assert low <= port <= high, "bind(0)'s port: the kernel's ephemeral range"
