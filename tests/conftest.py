@@ -28,12 +28,48 @@ model one loads: `make check` deselects them (``-m "not engine"``)."""
 
 
 _VLLM_SOCKETS: list[str] = []
+_RUN_TMP: list[str] = []
+"""The run's temporary directory, in the process that made it."""
 _STRAY_AT_START = pytest.StashKey[set[str]]()
 VLLM_DIST_FILE = re.compile(r"vllm_dist_[0-9a-f]{32}$")
 """vLLM's torch rendezvous file (``vllm.utils.network_utils.get_file_store_init_method``)."""
+RUN_TMP_ENV = "TESTS_RUN_TMPDIR"
+"""The run's own temporary directory (:func:`_own_temporary_directory`), made by the run's
+first process and inherited by everything started after it."""
+SYSTEM_TMP_ENV = "TESTS_SYSTEM_TMPDIR"
+"""The system's temporary directory, as it was before the run set TMPDIR."""
+
+
+def _own_temporary_directory() -> None:
+    """Point TMPDIR at a directory of this run's own, removed at its end (pytest_unconfigure),
+    before any engine, server or pytest-xdist worker starts: they all inherit it. vLLM's engine
+    core makes its torch rendezvous file there (``vllm_dist_<hex>``), which torch removes on a
+    clean exit and which an engine core killed leaves: by the tests that SIGKILL a server or a
+    worker, and by a stop that runs past its grace period (``bench.engine``'s 10 s, vLLM's own)
+    on a loaded machine. Left in /tmp, one of those failed a CI run whose every test passed.
+    A service has a /tmp of its own the same way (deploy/systemd: PrivateTmp; a container's).
+    Torch's compiled-kernel cache and pytest's base temporary directories stay where they
+    were, in the system's temporary directory: they outlive a run on purpose."""
+    if os.environ.get(RUN_TMP_ENV):  # a pytest run started by a test uses the outer run's
+        return
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    system = tempfile.gettempdir()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", system)
+    # Short: an instance's sockets under a directory in it (``<dir>/<instance>/<uuid4>``)
+    # must fit a socket path's 107 bytes. Open to all like /tmp: nginx, started as root by
+    # the front tests, runs its workers as another user under it.
+    run = tempfile.mkdtemp(prefix="ot-")
+    os.chmod(run, 0o1777)
+    os.environ.update({RUN_TMP_ENV: run, SYSTEM_TMP_ENV: system, "TMPDIR": run})
+    tempfile.tempdir = run
+    _RUN_TMP.append(run)
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the run's first process
+        _own_temporary_directory()
     if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("TESTS_NO_ENGINE"):
         # Before any engine is built here: this worker's engines get cores of their own.
         from engine_cores import worker_engine_cores
@@ -57,20 +93,18 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[RPC_DIR_ENV] = _VLLM_SOCKETS[0]
 
 
-def _stray_vllm_files() -> set[str]:
+def _vllm_files(root: str) -> tuple[set[str], set[str]]:
     """vLLM's ipc sockets (``<uuid4>``, no suffix) and torch rendezvous files
-    (``vllm_dist_<hex>``) in the system's temporary directory."""
-    root = Path(tempfile.gettempdir())
-    return {
-        p.name
-        for p in root.iterdir()
-        if (RPC_SOCKET_NAME.match(p.name) and p.is_socket()) or VLLM_DIST_FILE.match(p.name)
-    }
+    (``vllm_dist_<hex>``) in ``root``."""
+    names = list(Path(root).iterdir())
+    sockets = {p.name for p in names if RPC_SOCKET_NAME.match(p.name) and p.is_socket()}
+    return sockets, {p.name for p in names if VLLM_DIST_FILE.match(p.name)}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if not hasattr(session.config, "workerinput"):  # the run's first process only
-        session.config.stash[_STRAY_AT_START] = _stray_vllm_files()
+    if _RUN_TMP:  # the run's first process only
+        sockets, rendezvous = _vllm_files(os.environ[SYSTEM_TMP_ENV])
+        session.config.stash[_STRAY_AT_START] = sockets | rendezvous
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -78,10 +112,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(path, ignore_errors=True)
         if os.environ.get(RPC_DIR_ENV) == path:
             del os.environ[RPC_DIR_ENV]
-    if (harness := sys.modules.get("e2e_harness")) is not None:
-        # The temporary directories of the servers this process killed and never stopped.
-        for path in list(harness.SERVER_TMP_DIRS):
-            harness.remove_tmp_dir(path)
+    for path in _RUN_TMP:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -101,10 +133,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """The run leaves no vLLM socket in the system's temporary directory (an engine of a
-    test or of a server that put its own there would, about seven a start), nor a rendezvous
-    file (a SIGKILLed engine core of a server started without its own TMPDIR would); a
-    pytest-xdist worker hands its engine start-ups to the run's first process."""
+    """No vLLM ipc socket is left in the run's temporary directory (an engine of a test or of a
+    server that put its own there instead of a directory it removes would, about seven a
+    start), and nothing of vLLM's escaped to the system's (something that ignored TMPDIR).
+    The rendezvous files of the engine cores killed are counted and go with the run's
+    directory. A pytest-xdist worker hands its engine start-ups to the run's first process."""
     harness = sys.modules.get("e2e_harness")
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None and harness is not None:
@@ -112,14 +145,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     before = session.config.stash.get(_STRAY_AT_START, None)
     if before is None:
         return
-    new = _stray_vllm_files() - before
-    if new:
+    system = os.environ[SYSTEM_TMP_ENV]
+    escaped = set().union(*_vllm_files(system)) - before
+    sockets, rendezvous = _vllm_files(_RUN_TMP[0])
+    if rendezvous:
         sys.stderr.write(
-            f"\nthe tests left {len(new)} vLLM socket(s) or file(s) in {tempfile.gettempdir()}: "
-            f"{', '.join(sorted(new)[:5])}\n"
+            f"\n{len(rendezvous)} rendezvous file(s) of vLLM engine cores that were killed, "
+            "removed with the run's temporary directory\n"
         )
-        if session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    for what, names, where in (("socket(s)", sockets, "the run's temporary directory"),
+                               ("socket(s) or file(s)", escaped, system)):  # fmt: skip
+        if names:
+            sys.stderr.write(
+                f"\nthe tests left {len(names)} vLLM {what} in {where}: "
+                f"{', '.join(sorted(names)[:5])}\n"
+            )
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(optionalhook=True)

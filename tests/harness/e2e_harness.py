@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import urllib.request
 from collections import Counter
@@ -33,12 +31,6 @@ NO_ENGINE_ENV = "TESTS_NO_ENGINE"
 ENGINE_STARTS: Counter[tuple[str, str]] = Counter()
 """Engine start-ups of this test run by (test module, what started): each costs 35 s to
 3 min on a CPU, so the run's summary prints them (tests/conftest.py)."""
-SERVER_TMP_DIRS: list[str] = []
-"""Each server's TMPDIR (start_server), removed when it is stopped or, for a server a test
-killed, at the end of the run (tests/conftest.py): vLLM's engine core makes its torch
-rendezvous file there (``vllm_dist_<uuid>``, in the system's temporary directory otherwise),
-which torch removes on a clean exit and a SIGKILL leaves. A service has its own /tmp
-(deploy/systemd: PrivateTmp; a container's), which goes with it."""
 
 
 def note_engine_start(what: str) -> None:
@@ -60,14 +52,10 @@ def engine_starts_summary() -> str:
 
 
 class Server:
-    def __init__(
-        self, proc: subprocess.Popen[bytes], url: str, zmq_endpoint: str, tmp_dir: str
-    ) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, zmq_endpoint: str) -> None:
         self.proc = proc
         self.url = url
         self.zmq_endpoint = zmq_endpoint
-        self.tmp_dir = tmp_dir
-        """The server's TMPDIR (SERVER_TMP_DIRS), removed by stop_server."""
         self.log_path: Path | None = None
         """Where the server's stdout and stderr go, when the test gave it a file."""
 
@@ -205,16 +193,13 @@ def start_server(
     env = {k: v for k, v in os.environ.items() if k not in (RPC_DIR_ENV, MULTIPROCESSING_ENV)}
     if worker_process:
         env[MULTIPROCESSING_ENV] = "1"
-    env["TMPDIR"] = tmp_dir = tempfile.mkdtemp(prefix="tests-server-tmp-")
-    SERVER_TMP_DIRS.append(tmp_dir)
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
-    srv = Server(proc, f"http://127.0.0.1:{port}", zmq_endpoint, tmp_dir)
+    srv = Server(proc, f"http://127.0.0.1:{port}", zmq_endpoint)
     try:
         srv.wait_ready(START_TIMEOUT_S)
     except BaseException:
         proc.kill()
         proc.wait()
-        remove_tmp_dir(tmp_dir)
         raise
     return srv
 
@@ -223,13 +208,4 @@ def stop_server(srv: Server) -> int:
     """SIGTERM (a drain); returns the exit code. The caller checks it and the segments."""
     if srv.proc.poll() is None:
         srv.proc.send_signal(signal.SIGTERM)
-    code = srv.proc.wait(120)
-    remove_tmp_dir(srv.tmp_dir)
-    return code
-
-
-def remove_tmp_dir(path: str) -> None:
-    """A server's TMPDIR, once the server has exited (a no-op when already removed)."""
-    if path in SERVER_TMP_DIRS:
-        SERVER_TMP_DIRS.remove(path)
-        shutil.rmtree(path, ignore_errors=True)
+    return srv.proc.wait(120)
