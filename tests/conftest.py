@@ -197,7 +197,9 @@ def shm_reclaim_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
 @pytest.fixture
 def layout() -> Iterator[InstanceLayout]:
     """A private instance layout (socket dir and segment names) for one test."""
-    run_dir = tempfile.mkdtemp(prefix="orpheus-test-")
+    # In the run's temporary directory; a short name, so that a socket path under it
+    # (``<run_dir>/<instance>/<uuid4>``, vLLM's) stays as far below 107 bytes as in /tmp.
+    run_dir = tempfile.mkdtemp(prefix="i-")
     # Names carry this pid so a crashed test's leftovers are cleaned as stale later.
     lay = InstanceLayout(instance=f"orpheus-{os.getpid()}-t{os.urandom(3).hex()}", run_dir=run_dir)
     os.makedirs(lay.socket_dir)

@@ -811,7 +811,7 @@ async def test_two_gateways_see_the_same_voices(
 
     other = InstanceLayout(
         instance=f"orpheus-{os.getpid()}-t{os.urandom(3).hex()}",
-        run_dir=tempfile.mkdtemp(prefix="orpheus-test-"),
+        run_dir=tempfile.mkdtemp(prefix="i-"),  # as the layout fixture's (tests/conftest.py)
     )
     os.makedirs(other.socket_dir)
     serve = _serve(tmp_path)
