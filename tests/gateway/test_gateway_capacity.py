@@ -346,6 +346,8 @@ async def test_gateway_processes_admit_to_the_lowest_fresh_opinion_per_engine(
 # -- through a gateway, against a node of known capacity ------------------------------------
 CAPACITY = 8
 FRAMES = 24  # about 2 s of audio a request
+FLOOD_S = 20.0
+"""How long the flood lasts; its second half is judged."""
 
 
 async def _speak(
@@ -388,7 +390,7 @@ async def test_a_flood_is_held_to_what_the_node_plays_in_real_time(
         results: list[tuple[int, float, float, float]] = []
         calm: list[tuple[int, float, float, float]] = []
         limits: list[int] = []
-        stop = time.monotonic() + 14.0
+        stop = time.monotonic() + FLOOD_S
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
 
             async def client(key: str, out: list[tuple[int, float, float, float]]) -> None:
@@ -411,8 +413,14 @@ async def test_a_flood_is_held_to_what_the_node_plays_in_real_time(
             )
         await wait_until(lambda: h.gateway.admission.active == 0, what="streams released")
 
+    # The limit climbs by slow start (each rise proven by streams that ended in real time):
+    # from 2 it passed CAPACITY // 2 5-5.5 s in on a quiet 2-core VM and beside six busy
+    # loops, but in a clean clone's first run (.ci/run) it was at 3 in the second half of a
+    # 14 s flood: the second half of 20 s leaves the climb 4.5 s more.
     settled = limits[len(limits) // 2 :]
-    assert settled and min(settled) >= CAPACITY // 2 and max(settled) <= CAPACITY, limits
+    assert settled and min(settled) >= CAPACITY // 2 and max(settled) <= CAPACITY, (
+        f"the limit every 0.25 s: {limits}"
+    )
     played = [r for r in results if r[0] == 200]
     refused = [r for r in results if r[0] == 429]
     assert played and refused, (len(played), len(refused))
