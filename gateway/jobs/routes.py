@@ -50,6 +50,7 @@ from store.voices import resolve_state_dir
 log = logging.getLogger(__name__)
 
 PATH = "/v1/audio/jobs"
+AUDIO_PATH = PATH + "/{job_id}/audio"
 DELETE_WAIT_S = 5.0
 T = TypeVar("T")
 _json = msgspec.json.Encoder()
@@ -391,5 +392,5 @@ def setup(app: web.Application, gateway: Gateway) -> JobsApi:
     app.router.add_get(PATH, api.list)
     app.router.add_get(PATH + "/{job_id}", api.get)
     app.router.add_delete(PATH + "/{job_id}", api.delete)
-    app.router.add_get(PATH + "/{job_id}/audio", api.audio)
+    app.router.add_get(AUDIO_PATH, api.audio)
     return api
