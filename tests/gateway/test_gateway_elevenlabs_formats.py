@@ -20,6 +20,7 @@ import av
 import pytest
 from elevenlabs import AsyncElevenLabs
 from elevenlabs.core.api_error import ApiError
+from elevenlabs.text_to_dialogue.client import AsyncTextToDialogueClient
 from elevenlabs.text_to_speech.client import AsyncTextToSpeechClient
 from gateway_harness import Harness, running_gateway
 
@@ -56,6 +57,10 @@ STREAM = declared_formats(AsyncTextToSpeechClient.stream)
 CONVERT_TS = declared_formats(AsyncTextToSpeechClient.convert_with_timestamps)
 STREAM_TS = declared_formats(AsyncTextToSpeechClient.stream_with_timestamps)
 EVERY = sorted({*CONVERT, *STREAM, *CONVERT_TS, *STREAM_TS})
+DIALOGUE = {
+    call: declared_formats(getattr(AsyncTextToDialogueClient, call))
+    for call in ("convert", "stream", "convert_with_timestamps", "stream_with_timestamps")
+}
 
 
 class Decoded(typing.NamedTuple):
@@ -88,14 +93,14 @@ def decode(data: bytes, fmt: str) -> Decoded:
         return Decoded(got_rate, seconds, packet_bytes * 8 / 1000 / seconds)
 
 
-def check(data: bytes, fmt: str) -> None:
-    """``data`` decodes at ``fmt``'s rate, to the text's duration, at its bit rate."""
+def check(data: bytes, fmt: str, seconds: float = SECONDS) -> None:
+    """``data`` decodes at ``fmt``'s rate, to ``seconds`` (the text's), at its bit rate."""
     codec, rate, *kbps = fmt.split("_")
     got = decode(data, fmt)
     assert got.rate == int(rate), (fmt, got)
     # mp3 adds its encoder delay and padding; Ogg Opus trims its pre-skip.
     slack = 0.15 if codec == "mp3" else 0.03
-    assert SECONDS - 0.005 <= got.seconds < SECONDS + slack, (fmt, got)
+    assert seconds - 0.005 <= got.seconds < seconds + slack, (fmt, got)
     if codec == "mp3":  # constant bit rate: every frame at the named rate
         assert abs(got.kbps - int(kbps[0])) < 0.1 * int(kbps[0]), (fmt, got)
     if codec == "opus":  # variable: near the named rate (a steady tone)
@@ -185,6 +190,29 @@ async def test_the_websocket_answers_every_declared_format(layout: InstanceLayou
                         break
                     audio += base64.b64decode(m["audio"]) if m.get("audio") else b""
             check(bytes(audio), fmt)
+
+
+async def test_text_to_dialogue_answers_every_declared_format(layout: InstanceLayout) -> None:
+    """Two voices, one stream: each of its four calls in each format it declares."""
+    turns = [{"text": "Hello world.", "voice_id": "tara"}, {"text": "Bye now.", "voice_id": "leah"}]
+    async with running_gateway(layout, api_keys=["k"]) as h:
+        dialogue = client(h).text_to_dialogue
+        pcm = await drain(dialogue.convert(inputs=turns, output_format="pcm_24000"))
+        seconds = len(pcm) / 48000  # the turns and the pause between them
+        for call, formats in DIALOGUE.items():
+            for fmt in formats:
+                got = getattr(dialogue, call)(inputs=turns, output_format=fmt)
+                if call == "convert_with_timestamps":
+                    audio = base64.b64decode((await got).audio_base_64)
+                elif call == "stream_with_timestamps":
+                    audio = b"".join(
+                        [base64.b64decode(x.audio_base_64) async for x in got if x.audio_base_64]
+                    )
+                else:
+                    audio = await drain(got)
+                check(audio, fmt, seconds)
+                if fmt.startswith("wav") and call == "convert_with_timestamps":
+                    assert wav_sizes(audio) == (len(audio) - 8, len(audio) - 44)
 
 
 async def test_an_unknown_format_is_a_400_naming_the_accepted_ones(
