@@ -15,15 +15,13 @@ from __future__ import annotations
 import io
 import struct
 from pathlib import Path
-from typing import BinaryIO
-
-import c2pa
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from typing import TYPE_CHECKING, BinaryIO
 
 from common.config.jobs import JobsConfig
 from common.provenance.manifest import SIGNED_MIME, manifest_definition
-from common.provenance.reading import read_provenance_stream
+
+if TYPE_CHECKING:
+    import c2pa
 
 
 class ProvenanceConfigError(ValueError):
@@ -45,6 +43,8 @@ class FileSigner:
     def sign(self, source: BinaryIO, dest: BinaryIO, codec: str, title: str) -> None:
         """``source`` (a whole ``codec`` file, one of ``SIGNED_MIME``) written to ``dest`` with
         its manifest embedded; ``SigningFailed`` if c2pa-rs cannot."""
+        import c2pa
+
         try:
             with c2pa.Builder(manifest_definition(title, self.model)) as builder:
                 builder.sign(self._signer, SIGNED_MIME[codec], source, dest)
@@ -71,6 +71,9 @@ _CURVES = {"secp256r1": "es256", "secp384r1": "es384", "secp521r1": "es512"}
 def algorithm_of(key_pem: bytes) -> str:
     """The C2PA signature algorithm of a PEM private key: ES256/384/512 by its curve, PS256
     for RSA, Ed25519; ``ProvenanceConfigError`` for another key or one that cannot be read."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
     try:
         key = serialization.load_pem_private_key(key_pem, password=None)
     except (ValueError, TypeError) as e:
@@ -110,6 +113,11 @@ def load_signer(config: JobsConfig, model: str) -> FileSigner | None:
     cannot sign."""
     if not config.c2pa_cert and not config.c2pa_key:
         return None
+    # Imported here: a gateway that signs nothing never loads c2pa-rs (3.5 MB resident).
+    import c2pa
+
+    from common.provenance.reading import read_provenance_stream
+
     for key, value in (("jobs.c2pa_cert", config.c2pa_cert), ("jobs.c2pa_key", config.c2pa_key)):
         if not value:
             raise ProvenanceConfigError(

@@ -8,6 +8,7 @@ signer it is not told to trust; credentials that cannot sign fail the start in o
 from __future__ import annotations
 
 import io
+import os
 import struct
 import subprocess
 import sys
@@ -243,3 +244,16 @@ def test_the_start_fails_fast_on_credentials_that_cannot_sign(chain: Chain, tmp_
     assert run.returncode == EXIT_PERMANENT, run.stderr
     lines = [x for x in run.stderr.splitlines() if x.startswith("orpheus-serve:")]
     assert len(lines) == 1 and "C2PA signing: jobs.c2pa_key" in lines[0], run.stderr
+
+
+def test_a_gateway_that_signs_nothing_does_not_load_c2pa() -> None:
+    """c2pa-rs (3.5 MB resident) is loaded by the signing and reading, not by an import of
+    the gateway (a fresh interpreter: this one has loaded it)."""
+    code = "import sys, gateway.app; print('c2pa' in sys.modules, 'cryptography' in sys.modules)"
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "False"]
