@@ -24,6 +24,8 @@ from common.config.jobs import JobsConfig
 from common.config.llm import LLMConfig
 from common.provenance.manifest import DIGITAL_SOURCE_TYPE
 from common.provenance.reading import read_provenance
+from common.provenance.signing import SigningFailed
+from gateway.jobs.store import write_atomic
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(90)
@@ -124,3 +126,23 @@ async def test_unconfigured_files_are_unsigned_and_the_start_says_so(
     path.write_bytes(data)
     assert not read_provenance(path).present
     assert len(data) == 44 + SAMPLES * 2
+
+
+def test_a_sealed_write_is_all_or_nothing(tmp_path: Path) -> None:
+    """``write_atomic``'s seal (the signing step) replaces the file it was given, or, when it
+    fails, leaves neither the file nor a temporary one."""
+
+    def upper(whole: Any, out: Any) -> None:
+        out.write(whole.read().upper() + b"!")
+
+    path = tmp_path / "a.wav"
+    assert write_atomic(path, iter([b"ab", b"cd"]), None, upper) == 5
+    assert path.read_bytes() == b"ABCD!"
+
+    def broken(whole: Any, out: Any) -> None:
+        out.write(b"half")
+        raise SigningFailed("no")
+
+    with pytest.raises(SigningFailed):
+        write_atomic(tmp_path / "b.wav", iter([b"ab"]), None, broken)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.wav"]
