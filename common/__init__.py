@@ -24,6 +24,8 @@ contract, ``shm``.
 - ``languages``: language codes (ISO 639-1) as requests, voices and dictionaries name them
 - ``sentences``: where sentences and clauses end, per language and script (both the gateway's
   and the llm worker's splitters)
+- ``provenance``: the C2PA manifest signed into the whole files the server writes (a job's
+  WAV or MP3), declaring them AI-generated, and its reading and verification
 - ``tracing``: OpenTelemetry tracing, off unless the standard variables or the config key say
   so; the process's tracer and the W3C trace context that travels with a request
 """

@@ -28,6 +28,8 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
 - ``text``: how a request's text is read (normalisation, pronunciation dictionaries)
 - ``custom_voices``: the voices API; ``metrics``: Prometheus metrics (no front end imports
   it); ``apis``: ``Api``, which front end served a request (the metrics' label)
+- ``disclosure``: every audio answer says it is AI-generated and how it is marked (headers;
+  the protocols' metadata messages take ``disclosure.watermark_of``)
 - ``app``: the aiohttp application: each front end's routes in one loop
 
 The front ends, one package each under ``frontends`` (``frontends.registry`` lists those on

@@ -14,8 +14,9 @@ from aiohttp import web
 from gateway import custom_voices, jobs
 from gateway.auth import ApiKeys, http_middleware
 from gateway.browser_guard import BrowserGuard, add_cors_headers
+from gateway.disclosure import mark_audio_answers
 from gateway.errors import APIError
-from gateway.frontends import elevenlabs
+from gateway.frontends import baseten, elevenlabs, omni, openai
 from gateway.frontends.registry import HTTP_FRONTENDS
 from gateway.frontends.shared import Handler
 from gateway.listener import body_deadline
@@ -40,6 +41,23 @@ def json_response(
         body=_json.encode(obj), status=status, content_type="application/json", headers=headers
     )
 
+
+AUDIO_PATHS = (
+    openai.speech.PATH,
+    omni.speech_stream.PATH,
+    elevenlabs.messages.WS_PATH,
+    elevenlabs.messages.WS_SINGLE_PATH,
+    elevenlabs.messages.STREAM_PATH,
+    elevenlabs.messages.TIMESTAMPS_PATH,
+    elevenlabs.messages.CONVERT_PATH,
+    elevenlabs.messages.CONVERT_TIMESTAMPS_PATH,
+    *(elevenlabs.dialogue.PATH + end for end in ("", "/stream", "/stream/with-timestamps")),
+    elevenlabs.dialogue.PATH + "/with-timestamps",
+    baseten.websocket.PATH,
+    baseten.predict.PATH,
+    jobs.routes.AUDIO_PATH,
+)
+"""The routes that answer audio: their answers say it is AI-generated (``gateway.disclosure``)."""
 
 ELEVENLABS_PATHS = ("/v1/text-to-speech/", "/v1/text-to-dialogue")
 """Routes whose clients (ElevenLabs' SDKs) read its error shape on a 429."""
@@ -111,6 +129,7 @@ def build_app(gateway: Gateway) -> web.Application:
 
     app = web.Application(client_max_size=g.max_body_bytes, middlewares=middlewares)
     app.on_response_prepare.append(add_cors_headers)
+    app.on_response_prepare.append(mark_audio_answers(AUDIO_PATHS, gateway.config))
     models = ModelList(
         [ModelCard(gateway.config.llm.model), *(ModelCard(n) for n in g.served_model_names)]
     )

@@ -9,7 +9,8 @@ it with backoff. The same failure after the worker had been ready is restarted l
 
 The orchestrator also runs :func:`preflight` before it starts anything: checks that take
 milliseconds and catch the commonest mistakes (a path that does not exist, a port in use, a
-hub name that is not cached on a machine that cannot reach the hub).
+hub name that is not cached on a machine that cannot reach the hub, C2PA signing credentials
+that cannot sign).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class Failure(msgspec.Struct, frozen=True):
         return f"{self.cause}; fix: {self.fix}"
 
 
+C2PA_FIX = (
+    "give jobs.c2pa_cert a PEM certificate chain and jobs.c2pa_key its private key, or unset "
+    "both (docs/operations.md, Signed provenance (C2PA))"
+)
 TRACING_FIX = "set OTEL_EXPORTER_OTLP_PROTOCOL to http/protobuf or grpc (docs/operations.md)"
 
 
@@ -273,6 +278,15 @@ def preflight(config: ServeConfig, *, probe_hub: bool = True) -> Failure | None:
         return Failure(
             f"model {m!r} is not in the local hub cache and {HUB_HOST} is unreachable", model_fix
         )
+    if config.jobs.enabled:
+        from common.provenance.signing import ProvenanceConfigError, load_signer
+
+        try:
+            signer = load_signer(config.jobs, config.llm.model)
+        except ProvenanceConfigError as e:
+            return Failure(f"C2PA signing: {e}", C2PA_FIX)
+        if signer is not None:
+            signer.close()
     g = config.gateway
     try:
         family = socket.AF_INET6 if ":" in g.host else socket.AF_INET

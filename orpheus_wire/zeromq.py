@@ -78,6 +78,10 @@ class Started(msgspec.Struct, frozen=True, tag="started", tag_field="type"):
     stream_id: int
     sample_rate: int
     response_format: str
+    ai_generated: bool = True
+    """The audio is AI-generated (always: it says so for a reader that keeps this message)."""
+    watermark: str = "none"
+    """What marks the audio itself (the server's watermark, by name), or "none"."""
 
 
 class Audio(msgspec.Struct, frozen=True, tag="audio", tag_field="type"):

@@ -44,3 +44,14 @@ class JobsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     poll_s: float = 0.5
     """How often a gateway looks for jobs to run (queued, or left running by a process that
     died) and for cancellations made through another gateway process."""
+    c2pa_cert: str = ""
+    """PEM file of the certificate chain that signs a C2PA manifest into every job's WAV and
+    MP3 file, declaring the audio AI-generated (the signing certificate first, then its
+    intermediates; C2PA wants an ``emailProtection`` or ``documentSigning`` extended key usage
+    and a CA other than the certificate itself). Set with ``c2pa_key``. Empty (the default):
+    job files carry no manifest, and the gateway says so at start; the audio watermark still
+    marks them. docs/operations.md, "Signed provenance (C2PA)"."""
+    c2pa_key: str = ""
+    """PEM file of the private key of ``c2pa_cert``'s signing certificate, unencrypted (ECDSA
+    P-256/P-384/P-521, RSA or Ed25519: the signature algorithm follows from it, ES256/ES384/
+    ES512, PS256 or Ed25519)."""

@@ -65,6 +65,15 @@ def wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:
     )
 
 
+def wav_sized(data: bytes | bytearray) -> bytes:
+    """A whole WAV file (``wav_header``'s 44 bytes, then its samples) with its real RIFF and
+    data sizes in place of the streaming 0xFFFFFFFF: what a file answered at once carries."""
+    out = bytearray(data)
+    struct.pack_into("<I", out, 4, len(out) - 8)
+    struct.pack_into("<I", out, 40, len(out) - 44)
+    return bytes(out)
+
+
 class AudioEncoder(Protocol):
     def encode(self, pcm: bytes) -> bytes:
         """Bytes to send for one chunk of PCM (may be empty while a codec fills a frame)."""

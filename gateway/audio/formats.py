@@ -3,7 +3,7 @@ which codec may be sent at which rate.
 
 The model speaks 24 kHz int16 mono. A client may want another rate (``pcm_16000``, a phone
 bridge at 8 kHz), G.711 (``ulaw_8000``, ``alaw_8000``) or MP3 at a given rate and bit rate
-(``mp3_22050_32``). An ``OutputFormat`` names what is sent; ``gateway.audio.output`` builds
+(``mp3_22050_32``), Ogg Opus (``opus_48000_64``) or a WAV file (``wav_16000``). An ``OutputFormat`` names what is sent; ``gateway.audio.output`` builds
 its encoder. Request validation (``gateway.schemas``) takes its literals from here.
 """
 
@@ -17,7 +17,7 @@ from shm.records import SAMPLE_RATE
 
 Codec = Literal["pcm", "wav", "mp3", "opus", "aac", "flac", "ulaw", "alaw"]
 """Every codec the gateway sends (OpenAI's ``response_format`` plus G.711)."""
-SampleRate = Literal[8000, 16000, 22050, 24000, 44100, 48000]
+SampleRate = Literal[8000, 16000, 22050, 24000, 32000, 44100, 48000]
 """Every rate the gateway resamples to (the model's own: ``shm.records.SAMPLE_RATE``)."""
 
 CODECS: Final[tuple[Codec, ...]] = get_args(Codec)
@@ -81,21 +81,34 @@ def check_format(fmt: OutputFormat) -> None:
     # mp3 at 8 kHz is MPEG-2.5: libmp3lame picks a fitting default bit rate.
 
 
-# ElevenLabs' output_format names (the ones this server produces).
+ELEVENLABS_CODECS: Final[dict[str, Codec]] = {
+    "pcm": "pcm",
+    "wav": "wav",
+    "ulaw": "ulaw",
+    "alaw": "alaw",
+    "mp3": "mp3",
+    "opus": "opus",
+}
+"""ElevenLabs' codec names: ``{codec}_{rate}`` or, for lossy ones, ``{codec}_{rate}_{kbps}``."""
+
+
+def _elevenlabs(name: str) -> OutputFormat:
+    codec, rate, *kbps = name.split("_")
+    return OutputFormat(ELEVENLABS_CODECS[codec], int(rate), f"{kbps[0]}k" if kbps else None)
+
+
+# ElevenLabs' output_format names: every one its SDK (2.78) declares for text-to-speech
+# (tests/gateway/test_gateway_elevenlabs_formats.py iterates the SDK's own list).
 ELEVENLABS_FORMATS: Final[dict[str, OutputFormat]] = {
-    "pcm_8000": OutputFormat("pcm", 8000),
-    "pcm_16000": OutputFormat("pcm", 16000),
-    "pcm_22050": OutputFormat("pcm", 22050),
-    "pcm_24000": OutputFormat("pcm", 24000),
-    "pcm_44100": OutputFormat("pcm", 44100),
-    "pcm_48000": OutputFormat("pcm", 48000),
-    "ulaw_8000": OutputFormat("ulaw", 8000),
-    "alaw_8000": OutputFormat("alaw", 8000),
-    "mp3_22050_32": OutputFormat("mp3", 22050, "32k"),
-    "mp3_24000_48": OutputFormat("mp3", 24000, "48k"),
-    "mp3_44100_32": OutputFormat("mp3", 44100, "32k"),
-    "mp3_44100_64": OutputFormat("mp3", 44100, "64k"),
-    "mp3_44100_96": OutputFormat("mp3", 44100, "96k"),
-    "mp3_44100_128": OutputFormat("mp3", 44100, "128k"),
-    "mp3_44100_192": OutputFormat("mp3", 44100, "192k"),
+    name: _elevenlabs(name)
+    for name in (
+        *(f"pcm_{r}" for r in (8000, 16000, 22050, 24000, 32000, 44100, 48000)),
+        *(f"wav_{r}" for r in (8000, 16000, 22050, 24000, 32000, 44100, 48000)),
+        "ulaw_8000",
+        "alaw_8000",
+        "mp3_22050_32",
+        "mp3_24000_48",
+        *(f"mp3_44100_{k}" for k in (32, 64, 96, 128, 192)),
+        *(f"opus_48000_{k}" for k in (32, 64, 96, 128, 192)),
+    )
 }

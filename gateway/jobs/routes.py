@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -18,6 +19,7 @@ import msgspec
 from aiohttp import web
 
 from common.config.jobs import JobsConfig
+from common.provenance.signing import load_signer
 from gateway.audio.formats import CONTENT_TYPES
 from gateway.auth import ApiKeys, presented_key
 from gateway.errors import APIError
@@ -45,7 +47,10 @@ from gateway.text.breaks import Pause, cap_ms, join_breaks
 from shm.records import SAMPLE_RATE
 from store.voices import resolve_state_dir
 
+log = logging.getLogger(__name__)
+
 PATH = "/v1/audio/jobs"
+AUDIO_PATH = PATH + "/{job_id}/audio"
 DELETE_WAIT_S = 5.0
 T = TypeVar("T")
 _json = msgspec.json.Encoder()
@@ -363,7 +368,14 @@ def _content_type(spec: JobSpec) -> str:
 def setup(app: web.Application, gateway: Gateway) -> JobsApi:
     """Add the jobs' routes to ``app``, and run this process's ``JobRunner`` while it runs."""
     store = JobStore(jobs_dir(gateway))
-    runner = JobRunner(gateway, gateway.config.jobs, store)
+    config = gateway.config
+    signer = load_signer(config.jobs, config.llm.model)  # checked at start by the orchestrator
+    if signer is None:
+        log.info(
+            "jobs: WAV and MP3 files are unsigned: no C2PA manifest (set jobs.c2pa_cert and "
+            "jobs.c2pa_key to sign them, docs/operations.md)"
+        )
+    runner = JobRunner(gateway, config.jobs, store, signer)
     api = JobsApi(gateway, store, runner)
 
     async def on_startup(_: web.Application) -> None:
@@ -371,6 +383,8 @@ def setup(app: web.Application, gateway: Gateway) -> JobsApi:
 
     async def on_cleanup(_: web.Application) -> None:
         await runner.close()
+        if signer is not None:
+            signer.close()
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
@@ -378,5 +392,5 @@ def setup(app: web.Application, gateway: Gateway) -> JobsApi:
     app.router.add_get(PATH, api.list)
     app.router.add_get(PATH + "/{job_id}", api.get)
     app.router.add_delete(PATH + "/{job_id}", api.delete)
-    app.router.add_get(PATH + "/{job_id}/audio", api.audio)
+    app.router.add_get(AUDIO_PATH, api.audio)
     return api

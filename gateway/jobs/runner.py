@@ -17,8 +17,9 @@ jobs never overshoot it together. A unit already running is not stopped.
 
 A unit's audio is faded in and out (``jobs.join_fade_ms``) and written whole
 (``JobStore.write_unit``); when every unit is there the file is encoded once
-(``gateway.audio.output.make_output``, the format and speed of the job) and the units are
-removed. A unit the workers fail is tried again (``jobs.unit_retries``); a refusal (the
+(``gateway.audio.output.make_output``, the format and speed of the job), a WAV or MP3
+file signed with a C2PA manifest where the operator configured a certificate
+(``common.provenance``), and the units are removed. A unit the workers fail is tried again (``jobs.unit_retries``); a refusal (the
 node busy, not ready, draining) only waits. A full disk, an unreadable unit or a corrupt
 directory fails that job with the reason; the other jobs and the server go on.
 """
@@ -37,6 +38,8 @@ import numpy as np
 
 from common.aio import wait_event
 from common.config.jobs import JobsConfig
+from common.provenance.manifest import SIGNED_MIME
+from common.provenance.signing import FileSigner, SigningFailed
 from gateway.apis import Api
 from gateway.audio.formats import OutputFormat
 from gateway.audio.output import make_output
@@ -147,10 +150,18 @@ class RunningJob:
 class JobRunner:
     """Runs this gateway process's share of the node's jobs (see the module docstring)."""
 
-    def __init__(self, gateway: Gateway, config: JobsConfig, store: JobStore) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        config: JobsConfig,
+        store: JobStore,
+        signer: FileSigner | None = None,
+    ) -> None:
         self.gateway = gateway
         self.config = config
         self.store = store
+        self.signer = signer
+        """Signs a C2PA manifest into each WAV and MP3 file (None: files are unsigned)."""
         self.metrics = gateway.metrics
         self.running: dict[str, RunningJob] = {}
         self._gate = asyncio.Lock()
@@ -554,12 +565,22 @@ class JobRunner:
                 yield tail
 
         patch = _wav_sizes if spec.response_format == "wav" else None
+        path = self.store.audio_path(spec)
+        seal = None
+        if self.signer is not None and spec.response_format in SIGNED_MIME:
+            signer, codec = self.signer, spec.response_format
+
+            def seal(whole: BinaryIO, out: BinaryIO) -> None:
+                signer.sign(whole, out, codec, path.name)
+
         try:
-            size = write_atomic(self.store.audio_path(spec), chunks(), patch)
+            size = write_atomic(path, chunks(), patch, seal)
         except OSError as e:
             raise JobFailed(
                 f"the audio file could not be written: {describe_os_error(e)}"
             ) from None
+        except SigningFailed as e:
+            raise JobFailed(f"the audio file could not be signed (C2PA): {e}") from None
         finally:
             encoder.close()
         return size, pcm_bytes / BYTES_PER_SECOND / spec.speed

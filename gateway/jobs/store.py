@@ -135,25 +135,43 @@ def write_atomic(
     path: Path,
     data: bytes | Iterator[bytes],
     patch: Callable[[BinaryIO, int], None] | None = None,
+    seal: Callable[[BinaryIO, BinaryIO], None] | None = None,
 ) -> int:
     """Write ``data`` to ``path`` all or nothing (tmp, fsync, rename, fsync the directory);
-    the bytes written. ``patch(file, size)`` may rewrite a header once the size is known. An
-    ``OSError`` (a full disk) or any other error leaves no temporary file behind."""
+    the bytes written. ``patch(file, size)`` may rewrite a header once the size is known;
+    ``seal(whole, out)`` may then write the file anew (a signed copy: C2PA) into ``out``, which
+    becomes ``path``. An ``OSError`` (a full disk) or any other error leaves no temporary file
+    behind."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    sealed = tmp.with_name(tmp.name + "-sealed")
     n = 0
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "w+b" if seal else "wb") as f:
             for chunk in (data,) if isinstance(data, bytes) else data:
                 f.write(chunk)
                 n += len(chunk)
             if patch is not None:
                 patch(f, n)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
+            if seal is not None:
+                f.flush()
+                f.seek(0)
+                with open(sealed, "wb") as out:
+                    seal(f, out)
+                    out.flush()
+                    os.fsync(out.fileno())
+                    n = os.fstat(out.fileno()).st_size
+            else:
+                f.flush()
+                os.fsync(f.fileno())
+        if seal is not None:
+            os.replace(sealed, path)
             tmp.unlink()
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        for left in (tmp, sealed):
+            with contextlib.suppress(OSError):
+                left.unlink()
         raise
     fsync_dir(path.parent)
     return n

@@ -15,6 +15,7 @@ import pytest
 from gateway_harness import running_gateway, wait_until
 
 from bench.doubles.synthetic_backend import synthetic_pcm
+from gateway.disclosure import watermark_of
 from gateway.voices import ENGLISH_VOICES
 from shm.layout import InstanceLayout
 
@@ -59,7 +60,8 @@ async def test_two_utterances_stream_pcm_on_one_socket(layout: InstanceLayout) -
             # client, though the gateway spoke it sentence by sentence (below).
             assert starts == [{"type": "audio.start", "utterance_index": 0, "sentence_index": 0,
                                "sentence_text": "Hi there. How are you?", "format": "pcm",
-                               "sample_rate": 24000, "channels": 1}]  # fmt: skip
+                               "sample_rate": 24000, "channels": 1, "ai_generated": True,
+                               "watermark": watermark_of(h.config)}]  # fmt: skip
             audio = b"".join(frames)
             assert audio == pcm_for(len("Hi there.")) + pcm_for(len("How are you?"))
             assert [d["total_bytes"] for d in dones] == [21 * 4096]

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from orpheus_wire.zeromq import (
@@ -118,9 +119,16 @@ GOLDEN = [
     ),
     (Cancel(request_id=7), "82a474797065a663616e63656caa726571756573745f696407"),
     (
-        Started(request_id=7, stream_id=2**40 + 5, sample_rate=24000, response_format="pcm"),
-        "85a474797065a773746172746564aa726571756573745f696407a973747265616d5f6964cf000001"
-        "0000000005ab73616d706c655f72617465cd5dc0af726573706f6e73655f666f726d6174a370636d",
+        Started(
+            request_id=7,
+            stream_id=2**40 + 5,
+            sample_rate=24000,
+            response_format="pcm",
+            watermark="perth",
+        ),
+        "87a474797065a773746172746564aa726571756573745f696407a973747265616d5f6964cf000001"
+        "0000000005ab73616d706c655f72617465cd5dc0af726573706f6e73655f666f726d6174a370636d"
+        "ac61695f67656e657261746564c3a977617465726d61726ba57065727468",
     ),
     (
         Audio(request_id=7, seq=2, data=b"\x00\x01"),
@@ -215,6 +223,29 @@ def test_the_wire_bytes_are_those_of_before(msg: object, hex_bytes: str) -> None
 )
 def test_an_older_clients_speak_still_decodes(msg: object, hex_bytes: str) -> None:
     assert client_decoder.decode(bytes.fromhex(hex_bytes)) == msg
+
+
+OLD_STARTED = (
+    "85a474797065a773746172746564aa726571756573745f696407a973747265616d5f6964cf000001"
+    "0000000005ab73616d706c655f72617465cd5dc0af726573706f6e73655f666f726d6174a370636d"
+)
+"""``started`` before issue 58 added ``ai_generated`` and ``watermark`` (at the end)."""
+
+
+def test_started_says_ai_generated_to_new_and_old_clients() -> None:
+    """An older server's ``started`` decodes (AI-generated, no watermark: none had one); an
+    older client, whose type lacks the two fields, reads a new server's as before."""
+    old = server_decoder.decode(bytes.fromhex(OLD_STARTED))
+    assert isinstance(old, Started) and old.ai_generated and old.watermark == "none"
+
+    class OldStarted(msgspec.Struct, frozen=True, tag="started", tag_field="type"):
+        request_id: int
+        stream_id: int
+        sample_rate: int
+        response_format: str
+
+    new = encoder.encode(Started(7, 2**40 + 5, 24000, "pcm", watermark="perth"))
+    assert msgspec.msgpack.decode(new, type=OldStarted) == OldStarted(7, 2**40 + 5, 24000, "pcm")
 
 
 def test_top_k_travels_in_speak() -> None:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import msgspec
 from aiohttp import web
 
-from gateway.audio.encoders import AudioEncoder
+from gateway.audio.encoders import AudioEncoder, wav_sized
 from gateway.audio.formats import OutputFormat
 from gateway.audio.output import make_output
 from gateway.auth import presented_key
@@ -219,8 +219,10 @@ class _Dialogue:
         tail = self.enc.finish()
         if self.timestamps and not self.stream:
             self.audio += tail
+            # A whole WAV file: its sizes are known.
+            audio = wav_sized(self.audio) if self.fmt.codec == "wav" else bytes(self.audio)
             body = DialogueChunk(
-                audio_base64=base64.b64encode(bytes(self.audio)).decode(),
+                audio_base64=base64.b64encode(audio).decode(),
                 alignment=self.alignment.whole(),
                 normalized_alignment=self.normalized.whole(),
                 voice_segments=self.segments,

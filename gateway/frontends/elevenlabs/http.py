@@ -9,7 +9,7 @@ with its status), a failure after the headers cuts the connection.
 
 ``POST /v1/text-to-speech/{voice_id}`` (the SDK's ``convert``) and ``.../with-timestamps``
 (``convert_with_timestamps``) speak the same way and answer once all of it is spoken: the
-whole audio (with its ``Content-Length``), or one JSON object with the whole audio in
+whole audio (with its ``Content-Length``; a WAV file with its real sizes in its header), or one JSON object with the whole audio in
 base64 and the alignments of all its characters; a failure anywhere is a JSON error with
 its status.
 """
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import msgspec
 from aiohttp import web
 
-from gateway.audio.encoders import AudioEncoder
+from gateway.audio.encoders import AudioEncoder, wav_sized
 from gateway.audio.formats import OutputFormat
 from gateway.audio.output import make_output
 from gateway.auth import presented_key
@@ -175,12 +175,14 @@ class _HttpStream:
         return self.resp
 
     async def _send_whole(self) -> web.StreamResponse:
+        # A whole WAV file: its sizes are known.
+        audio = wav_sized(self.audio) if self.fmt.codec == "wav" else bytes(self.audio)
         if self.timestamps:
             al, nal = self.gathered
-            body = _json.encode(WholeTimestamps(base64.b64encode(self.audio).decode(), al, nal))
+            body = _json.encode(WholeTimestamps(base64.b64encode(audio).decode(), al, nal))
             content_type = "application/json"
         else:
-            body, content_type = bytes(self.audio), self.fmt.content_type
+            body, content_type = audio, self.fmt.content_type
         self.resp = web.StreamResponse(status=200, headers={"Content-Type": content_type})
         self.resp.content_length = len(body)
         await self.link.write(self.resp.prepare(self.request))

@@ -47,6 +47,10 @@ class AudioStart(msgspec.Struct, tag="audio.start", tag_field="type", omit_defau
     sample_rate: int | None = None
     channels: int | None = None
     word_timestamps: bool = False
+    ai_generated: bool | None = None
+    """True in every message the server sends: the audio is AI-generated."""
+    watermark: str | None = None
+    """What marks the audio itself (``gateway.disclosure.watermark_of``), or "none"."""
 
 
 class WordAlignment(msgspec.Struct):

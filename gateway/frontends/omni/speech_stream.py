@@ -43,6 +43,7 @@ from gateway.audio.encoders import AudioEncoder
 from gateway.audio.formats import RAW
 from gateway.audio.output import make_output
 from gateway.auth import presented_key
+from gateway.disclosure import watermark_of
 from gateway.errors import APIError
 from gateway.frontends.alignment import WordTime, word_times
 from gateway.frontends.omni.messages import (
@@ -102,6 +103,7 @@ class _OmniConnection:
         self.key = key
         """The API key the connection presented (whose dictionaries it may use)."""
         self.gateway = gateway
+        self.watermark = watermark_of(gateway.config)
         g = gateway.config.gateway
         self.cap = QueueCap(g.ws_max_queued_chars, g.ws_max_queued_sentences)
         self.lane = Lane("omni-session", self.cap)
@@ -252,7 +254,8 @@ class _OmniConnection:
             await self.send(
                 AudioStart(shown.utt, shown.index, shown.text, fmt.codec,
                            fmt.sample_rate if raw else None, 1 if raw else None,
-                           shown.config.word_timestamps)
+                           shown.config.word_timestamps, ai_generated=True,
+                           watermark=self.watermark)
             )  # fmt: skip
 
     async def _release(self, shown: _Shown) -> None:

@@ -30,6 +30,7 @@ from gateway.apis import Api
 from gateway.audio.encoders import AudioEncoder
 from gateway.audio.output import make_output
 from gateway.auth import ZMQ_KEY_HINT, ApiKeys
+from gateway.disclosure import watermark_of
 from gateway.errors import APIError
 from gateway.link import ClientLink
 from gateway.requests import ActiveRequest, open_text_too_long
@@ -130,6 +131,7 @@ class ZmqFrontend:
         self._requests: dict[tuple[bytes, int], _Request] = {}
         self._keys = ApiKeys(gateway.config.gateway.api_keys)
         self._max_message_bytes = gateway.config.gateway.zmq_max_message_bytes
+        self._watermark = watermark_of(gateway.config)
 
     async def run(self) -> None:
         sock = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
@@ -407,8 +409,9 @@ class ZmqFrontend:
                     self._append(req, pending, counted=True)
                 req.pending.clear()
                 started = Started(
-                    rid, active.stream.stream_id, params.output.sample_rate, params.response_format
-                )
+                    rid, active.stream.stream_id, params.output.sample_rate,
+                    params.response_format, watermark=self._watermark,
+                )  # fmt: skip
                 await link.write(self._reply(identity, started))
                 try:
                     await self._stream_audio(req, active, encoder)
