@@ -123,6 +123,7 @@ class Gateway:
             initial_limit=INITIAL_LIMIT,
             wait_budget=(lambda: self._wait_s) if learned else None,
             key_limits=KeyLimits(g.max_streams_per_key, g.key_max_streams),
+            key_weights=g.key_weights,
         )
         self.cluster = ClusterWatcher(layout.status)
         self.cluster.on_change(self._on_status)
