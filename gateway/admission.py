@@ -19,7 +19,8 @@ demand, whichever is less (``gateway.shares``, weights ``gateway.key_weights``);
 demand counts the streams it holds, its requests waiting and its requests refused lately
 whose Retry-After has not run out twice (a light key sleeping out its Retry-After still
 counts). Free slots go in turns: first to keys under their share, the one holding the fewest
-streams per weight, then the one admitted longest ago; a slot whose turn is a key that is
+streams per weight, then the one admitted least per weight over ``ADMITTED_WINDOW_S``, then
+the one admitted longest ago; a slot whose turn is a key that is
 only owed (refused lately, nothing waiting) is held for it until its client is back or its
 refusal is forgotten. A request of a key at or over its share while another key under its
 share has demand is refused at once with 429 ``too_many_concurrent_requests`` (its share,
@@ -74,9 +75,12 @@ ANONYMOUS = ""
 SHARE_RETRY_FACTOR = 2
 """A key refused for its share hears this many times ``retry_after_s``: the node is not
 full for the others, the key is over its part of it."""
-REMEMBER_NS = 30_000_000_000
-"""A key that holds, waits for and is owed nothing is remembered (its last admission: its
-place in the turns) this long after its last admission."""
+ADMITTED_WINDOW_S = 30.0
+"""A key's turns count its streams admitted over this long (divided by its weight): on a
+node that holds one stream, weights 3:1 give three turns to one."""
+REMEMBER_NS = int(ADMITTED_WINDOW_S * 1e9)
+"""A key that holds, waits for and is owed nothing is remembered (its admissions: its place
+in the turns) this long after its last admission."""
 OWED_FOR = 2.0
 """A refused request counts as its key's demand for this many times its Retry-After (its
 client sleeps it out and comes back), or until the key's next request arrives."""
@@ -106,7 +110,18 @@ class _Waiter:
 class _Standing:
     """One key's standing on the node while shares are in play (built per decision)."""
 
-    __slots__ = ("held", "here", "key", "last", "owed", "share", "since", "there", "weight")
+    __slots__ = (
+        "admitted",
+        "held",
+        "here",
+        "key",
+        "last",
+        "owed",
+        "share",
+        "since",
+        "there",
+        "weight",
+    )
 
     def __init__(
         self, key: str | None, counts: KeyCounts, here: int, weight: float, since: int
@@ -121,6 +136,7 @@ class _Standing:
         self.owed = counts.refused
         self.weight = weight
         self.last = counts.last_admit_ns
+        self.admitted = counts.admitted
         self.since = since
         self.share = 0.0
 
@@ -132,10 +148,11 @@ class _Standing:
         """It has a request waiting, or is owed a slot (refused lately, under its share)."""
         return self.here + self.there > 0 or (self.owed > 0 and self.held < self.share)
 
-    def turn(self) -> tuple[bool, float, int, int]:
+    def turn(self) -> tuple[bool, float, float, int, int]:
         """Its place in the turns (lowest first): under its share before over, fewer streams
-        per weight, admitted longer ago, waiting longer."""
-        return (self.held >= self.share, self.held / self.weight, self.last, self.since)
+        per weight held, then admitted lately, admitted longer ago, waiting longer."""
+        w = self.weight
+        return (self.held >= self.share, self.held / w, self.admitted / w, self.last, self.since)
 
 
 class Admission:
@@ -185,6 +202,8 @@ class Admission:
         """Per key, when each of its lately refused requests stops counting as demand (ns)."""
         self._last_admit: dict[str, int] = {}
         """When this process last admitted a stream of each key it knows (monotonic ns)."""
+        self._admitted: dict[str, deque[int]] = {}
+        """When this process admitted each key's streams, over ``ADMITTED_WINDOW_S`` (ns)."""
         self.shares: dict[str, float] = {}
         """The share of each key this process knows, as the last contended decision set it
         (empty while at most one key has demand)."""
@@ -273,11 +292,23 @@ class Admission:
                 owed = self._owed_of(key, now_ns)
             last = self._last_admit.get(key, 0)
             if held or waiting or owed or now_ns - last < REMEMBER_NS:
-                counts[self._ids[key]] = KeyCounts(held, waiting, owed, last)
+                counts[self._ids[key]] = KeyCounts(
+                    held, waiting, owed, last, self._admitted_of(key, now_ns)
+                )
             else:
                 del self._ids[key]
                 self._last_admit.pop(key, None)
+                self._admitted.pop(key, None)
         return counts
+
+    def _admitted_of(self, key: str, now_ns: int) -> int:
+        """``key``'s streams admitted here over the last ``ADMITTED_WINDOW_S``."""
+        d = self._admitted.get(key)
+        if d is None:
+            return 0
+        while d and now_ns - d[0] > REMEMBER_NS:
+            d.popleft()
+        return len(d)
 
     def _owed_of(self, key: str, now_ns: int) -> int:
         """``key``'s refused requests still counted as demand (the forgotten ones dropped)."""
@@ -569,6 +600,7 @@ class Admission:
                 here,
                 self._owed_of(key, now_ns),
                 self._last_admit.get(key, 0),
+                self._admitted_of(key, now_ns),
             )
             if asking is not None and asking.key == key:
                 counts = counts._replace(queued=counts.queued + 1)
@@ -653,7 +685,11 @@ class Admission:
         self.by_engine[engine] += 1
         self.by_key[key] = self.by_key.get(key, 0) + 1
         self._id(key)
-        self._last_admit[key] = time.monotonic_ns()
+        now_ns = self._last_admit[key] = time.monotonic_ns()
+        d = self._admitted.get(key)
+        if d is None:
+            d = self._admitted[key] = deque()
+        d.append(now_ns)
 
     def _queued_of(self, key: str) -> int:
         q = self._queues.get(key)

@@ -9,7 +9,8 @@ and the 429s of any gateway say what the node can take. The segment
              | active on engine 0..7: 8 x i64 | learned limit of engine 0..7: 8 x i64
              | (96 bytes unused)
              | per-key table: KEY_ENTRIES x (key id i64 | active i64 | queued i64
-                                             | refused i64 | last admitted ns i64)
+                                             | refused i64 | last admitted ns i64
+                                             | admitted lately i64)
 
 The per-engine counts place each stream on one of the node's vLLM engines (``llm.engines``)
 by the streams every gateway holds there, so two gateways do not pile onto one engine. The
@@ -17,7 +18,8 @@ learned limits (``gateway.admission = "learned"``) are each gateway's opinion of
 engine holds in real time (0: no fresh evidence); the node takes the lowest fresh one.
 The per-key table holds the streams (active and queued) each API key has in this gateway,
 the requests of the key it refused lately whose clients are still expected back (their
-Retry-After not yet out) and when it last admitted one of the key's streams, under a stable
+Retry-After not yet out), when it last admitted one of the key's streams and how many it
+admitted lately, under a stable
 63-bit id of the key (``key_id``; 0 marks a free entry), so that a key's concurrency limit
 (``gateway.max_streams_per_key``), its fair share of the node (``gateway.shares``) and the
 turns between keys are the node's, not one process's. A gateway publishes its ``KEY_ENTRIES`` busiest keys; one with more
@@ -52,9 +54,9 @@ from shm.ring import SHM_DIR
 
 HEADER_BYTES = 256
 KEY_ENTRIES = 128
-"""API keys one gateway publishes at once (5 KiB of its slot)."""
-KEY_FIELDS = 5
-"""Key id, active, queued, refused, last admitted (CLOCK_MONOTONIC ns)."""
+"""API keys one gateway publishes at once (6 KiB of its slot)."""
+KEY_FIELDS = 6
+"""Key id, active, queued, refused, last admitted (CLOCK_MONOTONIC ns), admitted lately."""
 SLOT_BYTES = HEADER_BYTES + KEY_ENTRIES * KEY_FIELDS * 8
 _FIELDS = SLOT_BYTES // 8
 PID, ACTIVE, QUEUED, OLDEST = 0, 1, 2, 3
@@ -75,6 +77,8 @@ class KeyCounts(NamedTuple):
     """Its requests refused lately whose clients are expected back (demand not served)."""
     last_admit_ns: int = 0
     """When one of its streams was last admitted (CLOCK_MONOTONIC; 0: not lately)."""
+    admitted: int = 0
+    """Its streams admitted lately (``gateway.admission.ADMITTED_WINDOW_S``): its turns."""
 
     def merged(self, other: KeyCounts) -> KeyCounts:
         return KeyCounts(
@@ -82,6 +86,7 @@ class KeyCounts(NamedTuple):
             self.queued + other.queued,
             self.refused + other.refused,
             max(self.last_admit_ns, other.last_admit_ns),
+            self.admitted + other.admitted,
         )
 
 
@@ -197,8 +202,8 @@ class AdmissionBoard:
             if wanted.size or every:
                 table = slot[KEYS0:].reshape(KEY_ENTRIES, KEY_FIELDS)
                 rows = table[table[:, 0] != 0] if every else table[np.isin(table[:, 0], wanted)]
-                for kid, a, q, r, t in rows.tolist():
-                    theirs = KeyCounts(a, q, r, t)
+                for kid, a, q, r, t, n in rows.tolist():
+                    theirs = KeyCounts(a, q, r, t, n)
                     held = counts.get(kid)
                     counts[kid] = theirs if held is None else held.merged(theirs)
         return Others(
