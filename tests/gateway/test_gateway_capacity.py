@@ -560,3 +560,39 @@ def test_a_node_too_slow_for_one_stream_says_so_once_in_the_log(
     assert held is not None and 0.3 < held < 0.7, held
     said = [r for r in caplog.records if "cannot hold one stream in real time" in r.message]
     assert len(said) == 1 and said[0].levelname == "WARNING", [r.message for r in said]
+
+
+async def test_a_node_too_slow_for_one_stream_shows_it_in_the_capacity_gauge(
+    layout: InstanceLayout, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node that plays one stream at half real time (``capacity=0.5``): one client speaking
+    one request after another; the capacity gauge falls below 1 to about what one stream
+    gets of its bound (0.5 / 1.1), and the gateway says so once."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with (
+        running_gateway(
+            layout, backend={"realtime": True, "capacity": 0.5, "tick_s": 0.02},
+            admission="learned",
+        ) as h,
+        aiohttp.ClientSession() as s,
+    ):  # fmt: skip
+
+        async def gauge() -> float:
+            async with s.get(f"{h.url}/metrics") as r:
+                text = await r.text()
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == "orpheus_gateway_capacity":
+                        return sample.value
+            raise AssertionError("no orpheus_gateway_capacity")
+
+        assert await gauge() >= 1
+        with caplog.at_level("INFO", logger="gateway.capacity"):
+            deadline = time.monotonic() + 40
+            while (value := await gauge()) >= 1:
+                assert time.monotonic() < deadline, "the gauge never fell below 1"
+                assert (await _speak(s, h.url, "", frames=12))[0] == 200
+    assert 0.3 <= value <= 0.6, value
+    said = [r for r in caplog.records if "cannot hold one stream in real time" in r.message]
+    assert len(said) == 1, [r.message for r in caplog.records]
