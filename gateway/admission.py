@@ -465,7 +465,7 @@ class Admission:
             with self._node() as others:
                 engine = self._place(others, ceiling=True)
                 if engine is not None:
-                    self._take(engine, key)
+                    self._take(engine, key, turn=False)
                     return engine
         key_limit = self._key_limits.of(key)
         loop = asyncio.get_running_loop()
@@ -681,10 +681,14 @@ class Admission:
         ahead = sum(1 for k in self._queues if k != key and self._node_held(k, others) <= held)
         return mine + ahead + 1
 
-    def _take(self, engine: int, key: str) -> None:
+    def _take(self, engine: int, key: str, *, turn: bool = True) -> None:
+        """Count a slot on ``engine`` for ``key``; ``turn``: a new stream, which counts in
+        the key's turns (the next sentence of an admitted response does not)."""
         self.by_engine[engine] += 1
         self.by_key[key] = self.by_key.get(key, 0) + 1
         self._id(key)
+        if not turn:
+            return
         now_ns = self._last_admit[key] = time.monotonic_ns()
         d = self._admitted.get(key)
         if d is None:

@@ -221,3 +221,26 @@ async def test_a_refusal_in_one_gateway_process_counts_in_the_other(node: Instan
     finally:
         a.close()
         b.close()
+
+
+async def test_the_next_sentences_of_a_response_do_not_count_in_its_keys_turns() -> None:
+    """Keys a and b each had one stream admitted (a first, then b), a's response with three
+    more sentences (``continuing``). When both wait for the slot c frees, a's turn comes
+    first: its sentences are one stream, not four."""
+    a = adm(1)
+    engine = await a.acquire("a")
+    for _ in range(3):
+        a.release(engine, "a")
+        engine = await a.acquire("a", continuing=True)
+    a.release(engine, "a")
+    a.release(await a.acquire("b"), "b")
+    await a.acquire("c")
+    first = asyncio.create_task(a.acquire("a"))
+    second = asyncio.create_task(a.acquire("b"))
+    await wait_until(lambda: a.queued == 2, what="a and b waiting")
+    a.release(0, "c")
+    await asyncio.sleep(0)
+    assert first.done() and not second.done()
+    a.release(0, "a")
+    await asyncio.wait_for(second, 1.0)
+    a.release(0, "b")
