@@ -17,6 +17,7 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
 - ``pauses``: a request's text cut at its break tags, its runs spoken in turn with the
   pauses' silence between them
 - ``admission``, ``cluster``: slots and the queue (fair between keys); ClusterStatus
+- ``shares``: each key's max-min fair share of a full node (admission's turns between keys)
 - ``capacity``: each engine's real-time limit, learned from the streams' audio
 - ``schemas``, ``voices``, ``errors``: request validation, voice names, JSON errors
 - ``voice_languages``: the languages of the checkpoint and of each voice (a request's

@@ -145,7 +145,7 @@ def build_app(gateway: Gateway) -> web.Application:
         # The one node-wide ratio no stream event keeps current (another process's streams,
         # an engine going down): computed at the scrape, the newest write of any process wins.
         gateway.metrics.saturation.set(gateway.admission.saturation())
-        gateway.metrics.capacity.set(gateway.admission.capacity())
+        gateway.metrics.capacity.set(gateway.capacity_gauge())
         body, content_type = gateway.metrics.exposition()
         return web.Response(body=body, headers={"Content-Type": content_type})
 

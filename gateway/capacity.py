@@ -296,6 +296,26 @@ class CapacityModel:
     def fresh(self, now: float) -> bool:
         return now - self.last_sample_at <= FRESH_S
 
+    def below_one(self, now: float) -> float | None:
+        """The part of one stream the engine holds in real time while one stream is too many
+        for it (load 1 found bad lately), else None: the measure that found it bad says how
+        short it falls (the real-time factor's bound over the one measured, else the start
+        budget over the start time, else the share of its streams that played without a
+        gap)."""
+        bad = self.lowest_bad()
+        if bad is None or bad[0] != 1 or now - bad[1] >= self._memory.get(1, BAD_MEMORY_S):
+            return None
+        rtf, start, ends = self._rtf.buckets.get(1), self._start.buckets.get(1), self._ends.get(1)
+        if rtf is not None and rtf.value > self.rtf_bound:
+            held = self.rtf_bound / rtf.value
+        elif start is not None and start.value > self.start_budget_s:
+            held = self.start_budget_s / start.value
+        elif ends is not None and ends.bad:
+            held = 1.0 - ends.underran / ends.streams
+        else:
+            held = 1.0
+        return round(held, 2)
+
     def predicted_start_s(self, n: int, now: float) -> float:
         """The start time the fit predicts at ``n`` streams (0: nothing seen yet)."""
         return self._start.predict(n, now)
@@ -467,6 +487,10 @@ class CapacityController:
         self._ratios: list[list[tuple[float, float]]] = [[] for _ in range(engines)]
         """This tick's generation samples per engine: (ratio, the window's average load)."""
         self._starts: list[list[float]] = [[] for _ in range(engines)]
+        self.below_one: list[float | None] = [None] * engines
+        """Per engine, the part of one stream it holds in real time while it cannot hold one
+        (``CapacityModel.below_one``), else None: the capacity gauge shows it, and the log
+        says so once when it starts and once when it ends."""
 
     def tick(self, streams: Iterable[Stream], node_by_engine: list[int], now: float) -> list[int]:
         """Take this tick's samples; returns each engine's opinion (0: no fresh evidence)."""
@@ -515,8 +539,27 @@ class CapacityController:
             limit = model.update(now)
             if model.changes != changes:
                 log.info("capacity: engine %d holds %d streams (%s)", e, limit, model.reason)
+            self._say_below_one(e, model.below_one(now), model)
             opinions.append(limit if model.fresh(now) else 0)
         return opinions
+
+    def _say_below_one(self, e: int, held: float | None, model: CapacityModel) -> None:
+        was = self.below_one[e]
+        self.below_one[e] = held
+        if held is not None and was is None:
+            bad = model.lowest_bad()
+            reason = f"one stream: {bad[2]}" if bad is not None else model.reason
+            log.warning(
+                "capacity: engine %d cannot hold one stream in real time (%s): it plays "
+                "%.2f of one, so every stream it serves may play with gaps; admission still "
+                "takes one stream at a time (give it faster or less shared cores, or a "
+                "smaller model)",
+                e,
+                reason,
+                held,
+            )
+        elif held is None and was is not None:
+            log.info("capacity: engine %d holds one stream in real time again", e)
 
     def _sample(self, t: _Tracked, now: float, *, final: bool = False) -> None:
         s = t.stream

@@ -95,7 +95,8 @@ class GatewayMetrics:
             "orpheus_gateway_capacity",
             "Streams the node can hold now: with learned admission the streams its ready "
             "engines hold in real time, learned from their audio (at most "
-            "gateway.max_active_streams); node-wide, refreshed at every scrape",
+            "gateway.max_active_streams); below 1 while no ready engine holds one stream in "
+            "real time (the part of one it holds); node-wide, refreshed at every scrape",
             registry=registry,
             multiprocess_mode="livemostrecent",
         )

@@ -123,6 +123,7 @@ class Gateway:
             initial_limit=INITIAL_LIMIT,
             wait_budget=(lambda: self._wait_s) if learned else None,
             key_limits=KeyLimits(g.max_streams_per_key, g.key_max_streams),
+            key_weights=g.key_weights,
         )
         self.cluster = ClusterWatcher(layout.status)
         self.cluster.on_change(self._on_status)
@@ -226,6 +227,21 @@ class Gateway:
         if status is None:
             return (False,) * self.layout.engines
         return status.ready_engines
+
+    def capacity_gauge(self) -> float:
+        """What ``orpheus_gateway_capacity`` shows: the streams the node admits now, or, while
+        none of its ready engines holds one stream in real time (learned admission), the part
+        of one stream they hold (below 1: the machine is too slow for real time)."""
+        capacity = self.admission.capacity()
+        if self.capacity is None:
+            return capacity
+        ready = self._ready_engines()
+        short = [
+            held for e, held in enumerate(self.capacity.below_one) if e < len(ready) and ready[e]
+        ]
+        if short and all(held is not None for held in short):
+            return sum(held for held in short if held is not None)
+        return capacity
 
     def _gate(self) -> APIError | None:
         return refusal(self.cluster.status, self.draining, self.config.gateway.retry_after_s)

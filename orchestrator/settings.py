@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -268,6 +269,8 @@ def validate(cfg: ServeConfig) -> None:
         problems.append("gateway.ttfb_budget_s must be > 0 and realtime_margin >= 0")
     if g.max_streams_per_key < 0 or any(n < 0 for n in g.key_max_streams.values()):
         problems.append("gateway.max_streams_per_key and key_max_streams must be >= 0")
+    if not all(w > 0 and math.isfinite(w) for w in g.key_weights.values()):
+        problems.append("gateway.key_weights must be finite and > 0")
     if g.zmq_max_message_bytes < 1024:
         problems.append("gateway.zmq_max_message_bytes must be >= 1024 (one speak message)")
     if not g.zmq_text_idle_timeout_s > 0 or not g.http_error_log_interval_s >= 0:

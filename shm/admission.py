@@ -8,16 +8,21 @@ and the 429s of any gateway say what the node can take. The segment
     slot i:  pid i64 | active i64 | queued i64 | oldest_wait_ns i64
              | active on engine 0..7: 8 x i64 | learned limit of engine 0..7: 8 x i64
              | (96 bytes unused)
-             | per-key table: KEY_ENTRIES x (key id i64 | active i64 | queued i64)
+             | per-key table: KEY_ENTRIES x (key id i64 | active i64 | queued i64
+                                             | refused i64 | last admitted ns i64
+                                             | admitted lately i64)
 
 The per-engine counts place each stream on one of the node's vLLM engines (``llm.engines``)
 by the streams every gateway holds there, so two gateways do not pile onto one engine. The
 learned limits (``gateway.admission = "learned"``) are each gateway's opinion of what each
 engine holds in real time (0: no fresh evidence); the node takes the lowest fresh one.
 The per-key table holds the streams (active and queued) each API key has in this gateway,
-under a stable 63-bit id of the key (``key_id``; 0 marks a free entry), so that a key's
-concurrency limit (``gateway.max_streams_per_key``) and the fair order between keys are the
-node's, not one process's. A gateway publishes its ``KEY_ENTRIES`` busiest keys; one with more
+the requests of the key it refused lately whose clients are still expected back (their
+Retry-After not yet out), when it last admitted one of the key's streams and how many it
+admitted lately, under a stable
+63-bit id of the key (``key_id``; 0 marks a free entry), so that a key's concurrency limit
+(``gateway.max_streams_per_key``), its fair share of the node (``gateway.shares``) and the
+turns between keys are the node's, not one process's. A gateway publishes its ``KEY_ENTRIES`` busiest keys; one with more
 keys at once counts the rest only locally (``Published.keys_left``).
 
 A slot is written only by its gateway (``index``), and only while that gateway holds an
@@ -49,8 +54,10 @@ from shm.ring import SHM_DIR
 
 HEADER_BYTES = 256
 KEY_ENTRIES = 128
-"""API keys one gateway publishes at once (3 KiB of its slot)."""
-SLOT_BYTES = HEADER_BYTES + KEY_ENTRIES * 3 * 8
+"""API keys one gateway publishes at once (6 KiB of its slot)."""
+KEY_FIELDS = 6
+"""Key id, active, queued, refused, last admitted (CLOCK_MONOTONIC ns), admitted lately."""
+SLOT_BYTES = HEADER_BYTES + KEY_ENTRIES * KEY_FIELDS * 8
 _FIELDS = SLOT_BYTES // 8
 PID, ACTIVE, QUEUED, OLDEST = 0, 1, 2, 3
 ENGINE0 = 4
@@ -58,9 +65,32 @@ ENGINE0 = 4
 LIMIT0 = ENGINE0 + MAX_ENGINES
 """Index of engine 0's learned limit in a slot."""
 KEYS0 = HEADER_BYTES // 8
-"""Index of the per-key table in a slot: entry ``k`` is ``KEYS0 + 3k .. KEYS0 + 3k + 2``."""
-KeyCounts = tuple[int, int]
-"""A key's (active, queued) streams."""
+"""Index of the per-key table in a slot: entry ``k`` is ``KEYS0 + 5k .. KEYS0 + 5k + 4``."""
+
+
+class KeyCounts(NamedTuple):
+    """A key's streams in one gateway (or, merged, in several)."""
+
+    active: int = 0
+    queued: int = 0
+    refused: int = 0
+    """Its requests refused lately whose clients are expected back (demand not served)."""
+    last_admit_ns: int = 0
+    """When one of its streams was last admitted (CLOCK_MONOTONIC; 0: not lately)."""
+    admitted: int = 0
+    """Its streams admitted lately (``gateway.admission.ADMITTED_WINDOW_S``): its turns."""
+
+    def merged(self, other: KeyCounts) -> KeyCounts:
+        return KeyCounts(
+            self.active + other.active,
+            self.queued + other.queued,
+            self.refused + other.refused,
+            max(self.last_admit_ns, other.last_admit_ns),
+            self.admitted + other.admitted,
+        )
+
+
+NO_COUNTS = KeyCounts()
 
 
 def key_id(key: str) -> int:
@@ -102,8 +132,8 @@ class Others(NamedTuple):
     limits: tuple[int, ...] = (0,) * MAX_ENGINES
     """The lowest learned limit of each engine among them (0: none has an opinion)."""
     keys: Mapping[int, KeyCounts] = {}
-    """Their (active, queued) streams of the keys asked for (``others(keys=...)``) by key id;
-    a key they hold none of is absent."""
+    """Their counts of the keys asked for (``others(keys=...)``; all of them with
+    ``every=True``) by key id; a key they hold, queue and refused none of is absent."""
 
 
 NOBODY = Others(0, 0, 0, -1)
@@ -142,9 +172,9 @@ class AdmissionBoard:
             self._locked = False
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def others(self, keys: Iterable[int] = ()) -> Others:
-        """The other gateways' counts (lock held), with those of the key ids ``keys``. Slots of
-        dead processes are zeroed."""
+    def others(self, keys: Iterable[int] = (), *, every: bool = False) -> Others:
+        """The other gateways' counts (lock held), with those of the key ids ``keys`` (every
+        key they publish with ``every``). Slots of dead processes are zeroed."""
         assert self._locked, "others() needs the lock"
         wanted = np.fromiter(keys, dtype=np.int64)
         counts: dict[int, KeyCounts] = {}
@@ -169,11 +199,13 @@ class AdmissionBoard:
             t = int(slot[OLDEST])
             if t and (oldest == 0 or t < oldest):
                 oldest, oldest_index = t, i
-            if wanted.size:
-                table = slot[KEYS0:].reshape(KEY_ENTRIES, 3)
-                for kid, a, q in table[np.isin(table[:, 0], wanted)].tolist():
-                    held = counts.get(kid, (0, 0))
-                    counts[kid] = (held[0] + a, held[1] + q)
+            if wanted.size or every:
+                table = slot[KEYS0:].reshape(KEY_ENTRIES, KEY_FIELDS)
+                rows = table[table[:, 0] != 0] if every else table[np.isin(table[:, 0], wanted)]
+                for kid, a, q, r, t, n in rows.tolist():
+                    theirs = KeyCounts(a, q, r, t, n)
+                    held = counts.get(kid)
+                    counts[kid] = theirs if held is None else held.merged(theirs)
         return Others(
             active,
             queued,
@@ -195,8 +227,8 @@ class AdmissionBoard:
     ) -> int:
         """Write this gateway's counts (lock held); ``by_engine``: its active streams on
         each engine (engines beyond it: none); ``limits``: its learned limit of each engine
-        (0 or missing: no opinion); ``keys``: its (active, queued) streams by key id (None:
-        leave the table as it is). Returns how many keys did not fit (``KEY_ENTRIES``; the
+        (0 or missing: no opinion); ``keys``: its ``KeyCounts`` (or their first fields) by key
+        id (None: leave the table as it is). Returns how many keys did not fit (``KEY_ENTRIES``; the
         busiest are published)."""
         assert self._locked, "publish() needs the lock"
         slot = self._slots[self.index]
@@ -211,13 +243,14 @@ class AdmissionBoard:
         opinions[: len(limits)] = limits
         if keys is None:
             return 0
-        table = slot[KEYS0:].reshape(KEY_ENTRIES, 3)
+        table = slot[KEYS0:].reshape(KEY_ENTRIES, KEY_FIELDS)
         table[:] = 0
         rows = list(keys.items())
         if len(rows) > KEY_ENTRIES:
-            rows.sort(key=lambda kv: kv[1][0] + kv[1][1], reverse=True)
-        for k, (kid, (a, q)) in enumerate(rows[:KEY_ENTRIES]):
-            table[k] = (kid, a, q)
+            rows.sort(key=lambda kv: kv[1][0] + kv[1][1] + kv[1][2], reverse=True)
+        for k, (kid, counts) in enumerate(rows[:KEY_ENTRIES]):
+            table[k, 0] = kid
+            table[k, 1 : 1 + len(counts)] = counts
         return max(0, len(rows) - KEY_ENTRIES)
 
     def close(self) -> None:

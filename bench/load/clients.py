@@ -7,6 +7,7 @@ summary does that from the trace.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from types import TracebackType
 from typing import Any, Protocol, Self
@@ -67,6 +68,8 @@ class HttpSpeechClient:
             ) as resp:
                 trace.status = resp.status
                 if resp.status != 200:
+                    with contextlib.suppress(ValueError):
+                        trace.retry_after_s = float(resp.headers.get("Retry-After", ""))
                     trace.error = (await resp.text())[:300]
                     trace.outcome = Outcome.HTTP_ERROR
                     return

@@ -47,6 +47,9 @@ class LevelPlan(msgspec.Struct, frozen=True, kw_only=True):
     fixed_tokens: int | None = None
     retry_backoff_s: float = 0.5
     """A closed-loop client waits this long after a failed request before the next one."""
+    honour_retry_after: bool = False
+    """A refused closed-loop client waits the refusal's ``Retry-After`` instead (where it
+    has one), as a well-behaved client does."""
 
     def trim(self, mode: Literal["closed", "open"], concurrency: int = 0) -> TrimPolicy:
         warmup = 0.1 * self.duration_s if self.warmup_s is None else self.warmup_s
@@ -210,7 +213,8 @@ async def run_closed(
             trace, request = level.issue(_now())
             await level.run_one(trace, request)
             if trace.outcome is not Outcome.OK:
-                await asyncio.sleep(plan.retry_backoff_s)
+                wait = trace.retry_after_s if plan.honour_retry_after else None
+                await asyncio.sleep(plan.retry_backoff_s if wait is None else wait)
 
     tasks = {asyncio.create_task(user()) for _ in range(concurrency)}
     deadline_hit = await level.wait_finished()

@@ -37,6 +37,8 @@ class StreamTrace(msgspec.Struct, kw_only=True):
     status: int | None = None
     outcome: Outcome | None = None
     error: str = ""
+    retry_after_s: float | None = None
+    """A refusal's ``Retry-After`` (None: none was sent)."""
     done: float | None = None
     times: list[float] = []
     sizes: list[int] = []

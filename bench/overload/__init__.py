@@ -3,6 +3,7 @@
 
 - ``cli``: the command; starts each arm's server, runs the levels and the fairness scenario.
 - ``classify``: a stream real-time or not, a level's numbers, refusal latency, the verdict.
+- ``shares``: the fairness scenario's keys against their fair shares and solo rates (issue 60).
 - ``timeline``: ``/metrics`` scraped during the run, the streams' lead over their players.
 - ``report``/``plot``: tables, JSON, PNG.
 

@@ -10,6 +10,7 @@ fast the others are told to go away (refusal latency: scheduled send to the 429/
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 
 import msgspec
@@ -23,6 +24,15 @@ REFUSAL_STATUSES = frozenset({429, 503})
 """Answers that say "full, come back later" (both carry Retry-After)."""
 
 MAX_ERROR_KINDS = 5
+_CODE = re.compile(r'"(?:code|status)"\s*:\s*"([A-Za-z_]+)"')
+"""A refusal body's error code: OpenAI's ``error.code``, ElevenLabs' ``detail.status``."""
+
+
+def refusal_code(trace: StreamTrace) -> str:
+    """The code a refusal's body names (``server_busy``, ``too_many_concurrent_requests``
+    ...), else its HTTP status."""
+    m = _CODE.search(trace.error)
+    return m.group(1) if m else str(trace.status)
 
 
 class OverloadLevel(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,6 +66,8 @@ class OverloadLevel(msgspec.Struct, frozen=True, kw_only=True):
     window_s: float
     refusals: dict[str, int]
     """Refused requests by HTTP status."""
+    refusal_codes: dict[str, int] = {}
+    """Refused requests by the error code of their body (``refusal_code``)."""
     errors: dict[str, int]
     """The most frequent messages of failed (not refused) requests."""
     first_gap_s: Summary = msgspec.field(default_factory=lambda: Summary.of([]))
@@ -118,6 +130,7 @@ def aggregate(run: LevelRun, slo: Slo, *, label: str, key: str | None = None) ->
         audio_s_per_s=audio_rate,
         window_s=window.length if window is not None else 0.0,
         refusals=dict(Counter(str(t.status) for t in refused)),
+        refusal_codes=dict(Counter(refusal_code(t) for t in refused)),
         errors=dict(
             Counter(t.error or str(metrics[t.index].outcome) for t in failed).most_common(
                 MAX_ERROR_KINDS

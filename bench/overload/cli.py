@@ -12,6 +12,8 @@ then stops the server (SIGTERM) and starts the next arm's. Examples::
     orpheus-serve bench overload --model tiny-model --device cpu --scenario fairness \\
         --arm learned --arm-set learned:gateway.admission=learned \\
         --arm-set learned:gateway.max_streams_per_key=4
+    orpheus-serve bench overload --model tiny-model --device cpu --scenario fairness \
+        --arm learned --fairness-clients 16,1 --fairness-clients 16,1,1 --duration 60
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import sys
 import time
 from pathlib import Path
@@ -55,9 +58,13 @@ from bench.overload.report import (
     arm_lines,
     arm_table,
     print_report,
+    shares_table,
 )
+from bench.overload.shares import KeyShare, key_shares, weights_of
 from bench.overload.timeline import MetricsScraper, lead_series, ticks
 from bench.report import now_iso, write_json
+
+DEFAULT_KEYS = ("bench-key-flood", "bench-key-single", "bench-key-single-2", "bench-key-single-3")
 
 DEFAULT_ARMS: dict[str, list[str]] = {
     "fixed": ["gateway.admission=fixed"],
@@ -74,6 +81,14 @@ class Arm(msgspec.Struct, frozen=True):
 
 class ArmError(ValueError):
     pass
+
+
+class Fairness(msgspec.Struct):
+    """The fairness scenario's phases of one arm."""
+
+    mixed: list[OverloadLevel] = []
+    solo: list[OverloadLevel] = []
+    shares: list[KeyShare] = []
 
 
 def arms_from_args(names: list[str], sets: list[str]) -> list[Arm]:
@@ -164,11 +179,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="fairness: closed-loop clients of the other key (1)",
     )  # fmt: skip
     p.add_argument(
+        "--fairness-clients",
+        action="append",
+        type=parse_ints,
+        default=[],
+        metavar="N,N,...",
+        help="fairness: one mixed phase's clients per key, the flooding key first (repeatable: "
+        "one phase each; default: --flood-clients,--single-clients)",
+    )
+    p.add_argument(
+        "--solo-duration", type=float, default=30.0, metavar="S",
+        help="fairness: each light key alone for this long before each mixed phase, its solo "
+        "rate (30; 0: none)",
+    )  # fmt: skip
+    p.add_argument(
         "--keys",
-        default="bench-key-flood,bench-key-single",
-        metavar="A,B",
-        help="fairness: the two API keys (the server gets gateway.api_keys=[A, B] before the "
-        "overrides; the levels run with A)",
+        default=",".join(DEFAULT_KEYS),
+        metavar="A,B,...",
+        help="fairness: the API keys, the flooding key first (the server gets "
+        "gateway.api_keys=[A, B, ...] before the overrides; the levels run with A)",
     )
     p.add_argument(
         "--retry-backoff", type=float, default=0.5, metavar="S",
@@ -192,20 +221,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def fairness_keys(args: argparse.Namespace) -> tuple[str, str] | None:
+def fairness_cases(args: argparse.Namespace) -> list[list[int]]:
+    """The mixed phases' clients per key (the flooding key first)."""
+    return args.fairness_clients or [[args.flood_clients, args.single_clients]]
+
+
+def fairness_keys(args: argparse.Namespace) -> list[str] | None:
     if args.scenario == "levels":
         return None
     keys = [k.strip() for k in args.keys.split(",")]
-    if len(keys) != 2 or not all(keys) or keys[0] == keys[1]:
-        raise ArmError(f"--keys takes two different keys A,B, got {args.keys!r}")
-    return keys[0], keys[1]
+    most = max(len(case) for case in fairness_cases(args))
+    if len(keys) < max(2, most) or not all(keys) or len(set(keys)) != len(keys):
+        raise ArmError(
+            f"--keys takes {max(2, most)} or more different keys A,B,..., got {args.keys!r}"
+        )
+    if any(len(case) < 2 or min(case) < 1 for case in fairness_cases(args)):
+        raise ArmError("--fairness-clients takes two or more client counts >= 1")
+    return keys
 
 
 def server_argv(arm: Arm, args: argparse.Namespace, port: int) -> list[str]:
     """Shared settings first, then the fairness keys, then the arm's own (the last wins)."""
     settings = list(args.set)
     if (keys := fairness_keys(args)) is not None:
-        settings.append(f'gateway.api_keys=["{keys[0]}", "{keys[1]}"]')
+        quoted = ", ".join(f'"{k}"' for k in keys)
+        settings.append(f"gateway.api_keys=[{quoted}]")
     settings += arm.overrides
     extra = [f"--set={kv}" for kv in settings]
     if args.config is not None:
@@ -235,6 +275,8 @@ class ArmRunner:
         )
         self.slo: Slo = slo_from_args(args)
         self.keys = fairness_keys(args)
+        self.weights: dict[str, float] = {}
+        """The keys' weights the server was given (``gateway.key_weights``)."""
         self.runs: list[LevelRun] = []
         self.phases: list[Phase] = []
         self.t0 = time.perf_counter()
@@ -248,8 +290,11 @@ class ArmRunner:
         end = max(r.finished for r in runs) - self.t0
         self.phases.append(Phase(label=label, clients=clients, start=start, end=end))
 
-    async def level(self, clients: int, plan: LevelPlan, label: str) -> OverloadLevel:
-        key = self.keys[0] if self.keys is not None else None
+    async def level(
+        self, clients: int, plan: LevelPlan, label: str, key: str | None = None
+    ) -> OverloadLevel:
+        if key is None and self.keys is not None:
+            key = self.keys[0]
         client = self.target(key).client()
         try:
             run = await offer_level(
@@ -258,49 +303,63 @@ class ArmRunner:
         finally:
             await client.aclose()
         self._phase(label, clients, [run])
-        result = aggregate(run, self.slo, label=label)
+        result = aggregate(run, self.slo, label=label, key=key)
         self.console.print(
             f"{label}: {result.answered} answered, {result.realtime} real-time, "
             f"{result.refused} refused, {result.failed} failed"
         )
         return result
 
-    async def fairness(self) -> list[OverloadLevel]:
-        """The flooding key's clients and the single key's, offered at once."""
+    async def fairness(
+        self, case: list[int]
+    ) -> tuple[list[OverloadLevel], list[OverloadLevel], list[KeyShare]]:
+        """Each light key alone (its solo rate), then every key at once: the flooding key's
+        clients retry after ``--retry-backoff``, the light keys' after the refusal's
+        Retry-After. Returns the mixed phase's levels, the solo levels and the shares."""
         assert self.keys is not None
-        flood, single = self.args.flood_clients, self.args.single_clients
-        clients = [self.target(k).client() for k in self.keys]
-        label = f"fairness {flood}+{single}"
+        keys = self.keys[: len(case)]
+        light = msgspec.structs.replace(self.plan, honour_retry_after=True)
+        solo: list[OverloadLevel] = []
+        solo_rates: dict[str, float] = {}
+        if self.args.solo_duration > 0:
+            plan = msgspec.structs.replace(light, duration_s=self.args.solo_duration)
+            for name, key, n in zip("BCDEFGH", keys[1:], case[1:], strict=False):
+                await asyncio.sleep(1.0)
+                lv = await self.level(n, plan, f"solo key {name} c={n}", key=key)
+                solo.append(lv)
+                if not math.isnan(lv.realtime_per_s):
+                    solo_rates[key] = lv.realtime_per_s
+        await asyncio.sleep(1.0)
+        clients = [self.target(k).client() for k in keys]
+        label = "fairness " + "+".join(str(n) for n in case)
         progress = LevelProgress(self.progress, label, None) if self.progress else None
         on_issue = progress.on_issue if progress is not None else None
         on_done = progress.on_done if progress is not None else None
+        plans = [self.plan] + [light] * (len(case) - 1)
         try:
             with progress if progress is not None else contextlib.nullcontext():
                 runs = await asyncio.gather(
                     *(
-                        run_closed(
-                            client, n, self.plan, self.corpus, on_issue=on_issue, on_done=on_done
-                        )
-                        for client, n in zip(clients, (flood, single), strict=True)
+                        run_closed(client, n, plan, self.corpus, on_issue=on_issue, on_done=on_done)
+                        for client, n, plan in zip(clients, case, plans, strict=True)
                     )
                 )
         finally:
             for c in clients:
                 await c.aclose()
-        self._phase(label, flood + single, list(runs))
-        return [
+        self._phase(label, sum(case), list(runs))
+        mixed = [
             aggregate(run, self.slo, label=f"key {name} c={n}", key=key)
-            for run, name, n, key in zip(runs, "AB", (flood, single), self.keys, strict=True)
+            for run, name, n, key in zip(runs, "ABCDEFGH", case, keys, strict=False)
         ]
+        return mixed, solo, key_shares(label, mixed, solo_rates, self.weights)
 
-    async def run(
-        self,
-    ) -> tuple[OverloadLevel | None, list[OverloadLevel], list[OverloadLevel], Timeline]:
+    async def run(self) -> tuple[OverloadLevel | None, list[OverloadLevel], Fairness, Timeline]:
         await check_ready(self.url)
         args = self.args
         warmup: OverloadLevel | None = None
         levels: list[OverloadLevel] = []
-        fairness: list[OverloadLevel] = []
+        fairness = Fairness()
         async with MetricsScraper(self.url, interval_s=args.scrape_interval) as scraper:
             self.t0 = time.perf_counter()
             if args.warmup_level > 0:
@@ -311,8 +370,11 @@ class ArmRunner:
                     await asyncio.sleep(1.0)  # one level's cancelled fillers leave first
                     levels.append(await self.level(c, self.plan, f"c={c}"))
             if args.scenario in ("fairness", "both"):
-                await asyncio.sleep(1.0)
-                fairness = await self.fairness()
+                for case in fairness_cases(args):
+                    mixed, solo, shares = await self.fairness(case)
+                    fairness.mixed += mixed
+                    fairness.solo += solo
+                    fairness.shares += shares
         end = time.perf_counter()
         traces = [t for run in self.runs for t in run.traces]
         timeline = Timeline(
@@ -343,6 +405,7 @@ def run_arm(
         server.wait_ready(args.ready_timeout)
         console.print(f"ready after {server.ready_after_s:.0f}s")
         runner = ArmRunner(server.url, args, corpus, progress, console)
+        runner.weights = weights_of([*args.set, *arm.overrides])
         warmup, levels, fairness, timeline = event_loop_runner()(runner.run())
     return ArmResult(
         name=arm.name,
@@ -353,7 +416,9 @@ def run_arm(
         warmup_level=warmup,
         levels=levels,
         verdict=verdict(levels),
-        fairness=fairness,
+        fairness=fairness.mixed,
+        solo=fairness.solo,
+        shares=fairness.shares,
         timeline=timeline,
     )
 
@@ -376,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
             result = run_arm(arm, args, corpus, console, progress)
             results.append(result)
             console.print(arm_table(result))
+            if result.shares:
+                console.print(shares_table(result))
             for line in arm_lines(result):
                 console.print(line)
     except (ServerFailed, NotReady) as exc:
@@ -397,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
                 "warmup_level_duration_s": args.warmup_level_duration,
                 "flood_clients": args.flood_clients,
                 "single_clients": args.single_clients,
+                "fairness_clients": fairness_cases(args) if scenario != "levels" else [],
+                "solo_duration_s": args.solo_duration,
                 "retry_backoff_s": args.retry_backoff,
                 "scrape_interval_s": args.scrape_interval,
             },

@@ -11,6 +11,7 @@ from rich.console import Console
 from bench.load.report import LoadHeader, fmt
 from bench.load.stats import Summary
 from bench.overload.classify import OverloadLevel, OverloadVerdict
+from bench.overload.shares import MIN_OF_FAIR, MIN_SHARE_REALTIME, KeyShare
 from bench.overload.timeline import LeadSample
 from bench.report import table
 
@@ -52,8 +53,13 @@ class ArmResult(msgspec.Struct, frozen=True, kw_only=True):
     levels: list[OverloadLevel]
     verdict: OverloadVerdict | None
     fairness: list[OverloadLevel]
-    """The fairness scenario: the flooding key's level, then the single client's."""
+    """The fairness scenario's mixed phases: per phase the flooding key's level, then each
+    light key's."""
     timeline: Timeline
+    solo: list[OverloadLevel] = []
+    """The fairness scenario: each light key alone before each mixed phase."""
+    shares: list[KeyShare] = []
+    """The fairness scenario: each key of each mixed phase against its fair share."""
 
 
 class OverloadReport(LoadHeader, kw_only=True):
@@ -113,8 +119,12 @@ def arm_table(arm: ArmResult) -> object:
         warm = _row(arm.warmup_level)
         rows += [(f"{warm[0]} (discarded)", *warm[1:]), None]
     rows += [_row(lv) for lv in arm.levels]
+    if arm.solo:
+        if rows:
+            rows.append(None)
+        rows += [_row(lv) for lv in arm.solo]
     if arm.fairness:
-        if arm.levels:
+        if rows:
             rows.append(None)
         rows += [_row(lv) for lv in arm.fairness]
     title = f"arm {arm.name}: {' '.join(arm.overrides) or '(defaults)'}"
@@ -132,6 +142,52 @@ def verdict_line(arm: ArmResult) -> str | None:
         f"real-time streams/s {_pct(v.goodput_ratio)} of the best level's ({v.best_level}), "
         f"refusal p99 {refusal}: goodput {mark} (goal: >= 95%, >= 80%, < 1 s)"
     )
+
+
+SHARE_COLUMNS = (
+    "phase",
+    "key",
+    "clients",
+    "weight",
+    "real-time streams/s",
+    "share real-time",
+    "solo streams/s",
+    "fair streams/s",
+    "of min(fair, solo)",
+    "refused by code",
+    "held",
+)
+
+
+def _codes(codes: dict[str, int]) -> str:
+    return ", ".join(f"{c} {n}" for c, n in sorted(codes.items())) or "-"
+
+
+def shares_table(arm: ArmResult) -> object:
+    rows: list[tuple[str, ...] | None] = []
+    for s in arm.shares:
+        if rows and s.key == arm.shares[0].key:
+            rows.append(None)
+        rows.append(
+            (
+                s.case,
+                s.key,
+                str(s.clients),
+                f"{s.weight:g}",
+                fmt(s.realtime_per_s),
+                _pct(s.share_realtime),
+                fmt(s.solo_realtime_per_s),
+                fmt(s.fair_realtime_per_s),
+                _pct(s.of_bound),
+                _codes(s.refusal_codes),
+                "-" if s.held is None else ("yes" if s.held else "no"),
+            )
+        )
+    title = (
+        f"arm {arm.name}, fair shares (a light key holds its share at >= "
+        f"{MIN_OF_FAIR:.0%} of min(fair, solo) and >= {MIN_SHARE_REALTIME:.0%} real-time)"
+    )
+    return table(title, SHARE_COLUMNS, rows, left=("phase", "key"), title_justify="left")
 
 
 def fairness_line(arm: ArmResult) -> str | None:
@@ -156,6 +212,8 @@ def arm_lines(arm: ArmResult) -> list[str]:
 def print_report(console: Console, report: OverloadReport) -> None:
     for arm in report.arms:
         console.print(arm_table(arm))
+        if arm.shares:
+            console.print(shares_table(arm))
         for line in arm_lines(arm):
             console.print(line)
         if arm.timeline.scrape_errors:

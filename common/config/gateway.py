@@ -38,6 +38,11 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     ZeroMQ request); one more is answered 429 ``too_many_concurrent_requests``. 0: no limit."""
     key_max_streams: dict[str, int] = {}
     """Per-key overrides of ``max_streams_per_key`` (the key as clients send it)."""
+    key_weights: dict[str, float] = {}
+    """Weights of API keys in the fair shares of a full node (the key as clients send it;
+    others weigh 1): while several keys want more than the node holds, each gets its demand
+    or its weight's part of the node's capacity, whichever is less, and a key over its share
+    is refused 429 ``too_many_concurrent_requests`` (docs/api.md)."""
     api_keys: list[str] = []
     max_input_chars: int = 4096
     max_break_s: float = 3.0

@@ -9,12 +9,20 @@ import math
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 from rich.console import Console
 
 from bench.load.summary import LevelRun, Slo
 from bench.load.trace import Outcome, StreamTrace, stream_metrics
-from bench.overload.classify import aggregate, is_realtime, refusal_latency, verdict
+from bench.overload.classify import (
+    OverloadLevel,
+    aggregate,
+    is_realtime,
+    refusal_code,
+    refusal_latency,
+    verdict,
+)
 from bench.overload.cli import (
     DEFAULT_ARMS,
     Arm,
@@ -23,6 +31,7 @@ from bench.overload.cli import (
     build_parser,
     server_argv,
 )
+from bench.overload.shares import key_shares, weights_of
 from bench.overload.timeline import lead_series, parse_gauges
 
 SLO = Slo(ttfb_s=1.0, ttfb_report_s=(1.0,), jitter_buffer_s=0.1)
@@ -109,11 +118,45 @@ def test_a_level_counts_answered_realtime_refused_and_failed() -> None:
     assert lv.refusal_s.n == 2
     assert lv.refusal_s.p50 == pytest.approx(0.2)
     assert lv.refusals == {"429": 1, "503": 1}
+    assert lv.refusal_codes == {"429": 1, "503": 1}  # "busy": no code in the body
     assert lv.errors == {"ClientPayloadError: reset": 1}
     assert lv.ttfb_s.n == 3 and lv.ttfb_s.max == pytest.approx(1.5)
     assert lv.window_s == pytest.approx(5.0)
     # audio that arrived inside the window: streams 1 (2 s), 2 (2 s), 3 (1 s), 0 and 7 outside
     assert lv.audio_s_per_s == pytest.approx(5.0 / 5)
+
+
+def test_a_refusal_is_counted_by_the_code_its_body_names() -> None:
+    openai, eleven = refused(0, 0.0, 0.1), refused(1, 0.0, 0.1)
+    openai.error = '{"error":{"message":"m","type":"rate_limit_error","param":null,"code":"too_many_concurrent_requests"}}'
+    eleven.error = '{"detail":{"status":"system_busy","message":"m"}}'
+    assert (refusal_code(openai), refusal_code(eleven)) == (
+        "too_many_concurrent_requests",
+        "system_busy",
+    )
+
+
+def test_each_key_is_judged_against_its_fair_share_and_its_solo_rate() -> None:
+    def mixed(key: str, clients: int, rate: float, share: float) -> OverloadLevel:
+        return msgspec.structs.replace(
+            level(clients, share, rate), key=key, refusal_codes={"server_busy": 1}
+        )
+
+    # The node played 0.57 streams/s under the flood; B alone played 0.2 (less than half):
+    # its fair rate is its solo rate, and A's the rest.
+    a, b = mixed("a", 16, 0.4, 0.8), mixed("b", 1, 0.17, 1.0)
+    sa, sb = key_shares("fairness 16+1", [a, b], {"b": 0.2}, {})
+    assert sa.fair_realtime_per_s == pytest.approx(0.37) and sa.held is None
+    assert sb.fair_realtime_per_s == pytest.approx(0.2) and sb.of_bound == pytest.approx(0.85)
+    assert sb.held and sb.refusal_codes == {"server_busy": 1}
+    # Three keys, B weighing 2: a node of 0.8 gives B 0.4, C and A 0.2 each; C at 0.1 holds
+    # half of its share: not held.
+    a, b, c = mixed("a", 16, 0.3, 1.0), mixed("b", 1, 0.4, 1.0), mixed("c", 1, 0.1, 1.0)
+    weights = weights_of(["gateway.admission=learned", 'gateway.key_weights={"b": 2}'])
+    assert weights == {"b": 2.0}
+    shares = key_shares("fairness 16+1+1", [a, b, c], {"b": 1.0, "c": 1.0}, weights)
+    assert [s.fair_realtime_per_s for s in shares] == pytest.approx([0.2, 0.4, 0.2])
+    assert [s.held for s in shares] == [None, True, False]
 
 
 def test_a_level_with_nothing_answered_has_no_share() -> None:
@@ -269,6 +312,7 @@ def test_the_report_prints_each_arm_and_plots_the_limit(
             name=name, overrides=[f"gateway.admission={name}"], argv=[], log="x",
             ready_after_s=1.0, warmup_level=None, levels=levels, verdict=verdict(levels),
             fairness=[level(16, 0.2, 0.3), level(1, 1.0, 1.0)],
+            shares=key_shares("fairness 16+1", [level(16, 0.2, 0.3), level(1, 1.0, 1.0)], {}, {}),
             timeline=Timeline(
                 interval_s=0.5, gauges=gauges, scrape_errors=0, lead=lead,
                 phases=[Phase(label="c=1", clients=1, start=0.0, end=2.0)],
@@ -283,7 +327,8 @@ def test_the_report_prints_each_arm_and_plots_the_limit(
     print_report(Console(width=250), report)
     printed = capsys.readouterr().out
     for text in ("arm fixed: gateway.admission=fixed", "share real-time", "refusal ms p50/p99",
-                 "arm learned at c=16", "not held", "arm learned, fairness: key B"):  # fmt: skip
+                 "arm learned at c=16", "not held", "arm learned, fairness: key B",
+                 "fair shares", "of min(fair, solo)"):  # fmt: skip
         assert text in printed, text
     png = tmp_path / "overload.png"
     plot_report(report, png)
@@ -317,6 +362,7 @@ def test_overload_runs_two_arms_against_real_servers(tiny_model: Path, tmp_path:
         "--model", str(tiny_model), "--device", "cpu", "--scenario", "both",
         "--concurrency", str(CLIENTS), "--duration", "12", "--warmup", "0",
         "--drain-timeout", "60", "--warmup-level", "0", "--flood-clients", "3",
+        "--solo-duration", "6",
         "--fixed-tokens", "168",
         "--ready-timeout", os.environ.get("LOADGEN_TEST_READY_S", "420"),
         "--log-dir", str(tmp_path / "logs"), "--json", str(out), "--plot", str(png),
@@ -341,7 +387,12 @@ def test_overload_runs_two_arms_against_real_servers(tiny_model: Path, tmp_path:
         assert max(v for _, v in gauges["orpheus_gateway_active_streams"]) >= 1
         assert [p["label"] for p in arm["timeline"]["phases"]] == [
             f"c={CLIENTS}",
+            "solo key B c=1",
             "fairness 3+1",
+        ]
+        assert [(s["key"], s["clients"]) for s in arm["shares"]] == [
+            ("bench-key-flood", 3),
+            ("bench-key-single", 1),
         ]
         assert arm["timeline"]["lead"]
     fixed, learned = report["arms"]
@@ -351,12 +402,18 @@ def test_overload_runs_two_arms_against_real_servers(tiny_model: Path, tmp_path:
     assert lv["refusal_s"]["p99"] < 2.0, lv["refusal_s"]  # the TTFB budget, not 10 s
     gauges = learned["timeline"]["gauges"]
     capacity = [v for _, v in gauges["orpheus_gateway_capacity"]]
-    assert 1 <= capacity[-1] < CLIENTS, capacity
+    assert 0 < capacity[-1] < CLIENTS, capacity  # below 1: the node holds no stream in real time
     highest = 0.0
     active = dict(gauges["orpheus_gateway_active_streams"])
     for t, limit in gauges["orpheus_gateway_capacity"]:
-        highest = max(highest, limit)
+        highest = max(highest, math.ceil(limit))  # the limit in force is at least 1
         assert active.get(t, 0) <= highest, (t, active.get(t), highest)
+    # Fair shares: the light key waits for its turn (never refused for the node or a share),
+    # and the flood, while the light key has demand, is refused for its share.
+    flood, light = learned["fairness"]
+    assert set(light["refusal_codes"]) <= {"queue_timeout"}, light["refusal_codes"]
+    over_share = flood["refusal_codes"].get("too_many_concurrent_requests", 0)
+    assert over_share >= 0.5 * flood["refused"], flood["refusal_codes"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

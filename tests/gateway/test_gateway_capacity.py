@@ -504,3 +504,95 @@ async def test_a_keys_limit_is_answered_in_each_protocols_terms(layout: Instance
         ) as r:
             assert (await r.json())["error"]["code"] == "too_many_concurrent_requests"
         assert (await first)[0] == 200
+
+
+def test_an_engine_that_cannot_hold_one_stream_says_how_short_it_falls() -> None:
+    m = model()
+    drive(m, lambda n: 1.6 * n, 120)  # one stream alone plays at 1/1.6 of real time
+    assert m.limit == 1
+    held = m.below_one(30.0)
+    assert held is not None and abs(held - (1 / (1 + MARGIN)) / 1.6) < 0.02, held
+    drive(m, lambda n: 0.25 * n, 2400, t0=30.0)  # the machine is free again
+    assert m.below_one(630.0) is None and m.limit >= 2
+
+
+class _SlowStream:
+    """A stream whose audio arrives at ``speed`` times real time (the controller's view)."""
+
+    def __init__(self, speed: float, now: float) -> None:
+        self.engine = 0
+        self.opened_at = now
+        self.first_audio_at: float | None = now + 0.1
+        self.first_chunk_bytes = 4096
+        self.bytes_received = 4096
+        self.min_lead_s = 0.0
+        self.last_record_at = now
+        self.text_closed = True
+        self.ended = False
+        self.speed = speed
+
+    def advance(self, now: float, dt: float) -> None:
+        self.bytes_received += int(self.speed * dt * 2 * SAMPLE_RATE)
+        self.last_record_at = now
+        played = now - (self.first_audio_at or now)
+        self.min_lead_s = min(self.min_lead_s, self.bytes_received / 2 / SAMPLE_RATE - played)
+
+
+def test_a_node_too_slow_for_one_stream_says_so_once_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from gateway.capacity import CapacityController
+
+    c = CapacityController(
+        1, margin=MARGIN, ttfb_budget_s=1.0, initial=1, upper=8, bytes_per_second=2 * SAMPLE_RATE
+    )
+    now = 0.0
+    with caplog.at_level("INFO", logger="gateway.capacity"):
+        for _ in range(20):  # twenty streams one after another, each at 0.6 x real time
+            s = _SlowStream(0.6, now)
+            for _ in range(12):
+                now += 0.25
+                s.advance(now, 0.25)
+                c.tick([s], [1], now)
+            s.ended = True
+            c.tick([], [0], now)
+    held = c.below_one[0]
+    assert held is not None and 0.3 < held < 0.7, held
+    said = [r for r in caplog.records if "cannot hold one stream in real time" in r.message]
+    assert len(said) == 1 and said[0].levelname == "WARNING", [r.message for r in said]
+
+
+async def test_a_node_too_slow_for_one_stream_shows_it_in_the_capacity_gauge(
+    layout: InstanceLayout, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node that plays one stream at half real time (``capacity=0.5``): one client speaking
+    one request after another; the capacity gauge falls below 1 to about what one stream
+    gets of its bound (0.5 / 1.1), and the gateway says so once."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with (
+        running_gateway(
+            layout, backend={"realtime": True, "capacity": 0.5, "tick_s": 0.02},
+            admission="learned",
+        ) as h,
+        aiohttp.ClientSession() as s,
+    ):  # fmt: skip
+
+        async def gauge() -> float:
+            async with s.get(f"{h.url}/metrics") as r:
+                text = await r.text()
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == "orpheus_gateway_capacity":
+                        return sample.value
+            raise AssertionError("no orpheus_gateway_capacity")
+
+        assert await gauge() >= 1
+        with caplog.at_level("INFO", logger="gateway.capacity"):
+            deadline = time.monotonic() + 40
+            while (value := await gauge()) >= 1:
+                assert time.monotonic() < deadline, "the gauge never fell below 1"
+                assert (await _speak(s, h.url, "", frames=12))[0] == 200
+    assert 0.3 <= value <= 0.6, value
+    said = [r for r in caplog.records if "cannot hold one stream in real time" in r.message]
+    assert len(said) == 1, [r.message for r in caplog.records]

@@ -439,3 +439,10 @@ def test_doc_check_mode_detects_a_stale_doc(tmp_path: Path) -> None:
     assert gen_docs.main(["--doc", str(doc)]) == 0
     assert gen_docs.main(["--check", "--doc", str(doc)]) == 0
     assert doc.read_text().startswith("# x\n\n")
+
+
+def test_key_weights_are_read_from_toml_and_must_be_positive(tmp_path: Path) -> None:
+    ok = write(tmp_path, '[gateway]\nkey_weights = { "gold" = 3, "silver" = 1.5 }\n', "ok.toml")
+    assert load_config(ok, None, {}).gateway.key_weights == {"gold": 3.0, "silver": 1.5}
+    message = config_error(tmp_path, toml='[gateway]\nkey_weights = { "gold" = 0 }\n')
+    assert "gateway.key_weights" in message
