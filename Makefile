@@ -16,12 +16,14 @@ CHECKOV_VERSION := 3.3.30
 # torch 2.11.0 (scripts/vllm025/make_env.sh says why). The engine-facing tests run on both.
 VENV025 := .venv-vllm025
 STAMP025 := $(VENV025)/.installed
-VLLM025_TESTS := tests/llm/test_llm_sampling_runner.py tests/llm/test_llm_sampling_plan.py \
-  tests/llm/test_llm_output_head.py tests/llm/test_llm_output_head_engine.py tests/llm/test_llm_warmup.py \
+VLLM025_TESTS := tests/llm/vllm_ext/sampling/test_runner.py tests/llm/vllm_ext/sampling/test_plan.py \
+  tests/llm/vllm_ext/sampling/test_processors.py \
+  tests/llm/vllm_ext/sampling/test_processors_engine.py \
+  tests/llm/engine/test_output_head.py tests/llm/engine/test_output_head_engine.py \
+  tests/llm/engine/test_warmup.py tests/llm/engine/test_cpu_seed.py \
   tests/llm/test_vllm_source_compat.py \
-  tests/llm/test_llm_sampling_processors.py tests/llm/test_llm_sampling_engine.py \
-  tests/llm/test_llm_worker_process.py tests/llm/test_llm_service.py tests/llm/test_llm_output.py \
-  tests/llm/test_request_limits.py tests/llm/test_llm_cpu_seed.py \
+  tests/llm/test_worker_process.py tests/llm/test_service.py tests/llm/test_output.py \
+  tests/llm/test_request_limits.py \
   tests/e2e/test_e2e_server.py::test_pcm_byte_count_matches_frames_generated \
   tests/e2e/test_e2e_server.py::test_client_disconnect_cancels_into_vllm
 

@@ -1,8 +1,8 @@
 """``orpheus-serve bench engine``: the engine alone, as a curve of step time against streams,
 with one engine or several sharing the device.
 
-Each engine is built exactly as the llm worker builds it: :func:`llm_worker.engine_plan.
-plan_engine` (model runner, sampling processors, output head), then :meth:`llm_worker.engine.
+Each engine is built exactly as the llm worker builds it: :func:`llm_worker.engine.plan.
+plan_engine` (model runner, sampling processors, output head), then :meth:`llm_worker.engine.engine.
 GenerationEngine.start` (the server's ``engine_args``: same model, runner, output head,
 stats, prefix cache), from the server's own configuration for ``--device`` (the CPU
 profile on ``cpu``), in a process of its own (as the server's llm workers are). Nothing else
@@ -296,7 +296,7 @@ def not_applicable(name: str, device: str) -> str | None:
 
 def engine_config(args: argparse.Namespace, variant: str, max_num_seqs: int) -> Any:
     """The server's ``LLMConfig`` of one of ``args.engine_count`` engines sharing the device:
-    ``llm.engines`` is K, so ``llm_worker.engine_args.engine_args`` gives it its share as it does
+    ``llm.engines`` is K, so ``llm_worker.engine.args.engine_args`` gives it its share as it does
     in the server (on CUDA ``gpu_memory_utilization / K``, and ``kv_cache_memory_bytes / K``
     where set; on CPU the KV cache follows its own ``max_num_seqs``)."""
     from orchestrator.settings import load_config
@@ -703,9 +703,9 @@ async def run_level(
 async def serve_engine(args: argparse.Namespace, side: EngineSide) -> None:
     """Build this engine (its share of the device), say ready, then run the levels the
     parent asks for until it says quit."""
-    from llm_worker.engine import GenerationEngine
-    from llm_worker.engine_info import describe_engine
-    from llm_worker.engine_plan import plan_engine
+    from llm_worker.engine.engine import GenerationEngine
+    from llm_worker.engine.info import describe_engine
+    from llm_worker.engine.plan import plan_engine
     from llm_worker.prompt import PromptBuilder
     from llm_worker.requests import RequestPlan, segment_params
 

@@ -53,7 +53,7 @@ class Bench:
         from vllm import EngineArgs, LLMEngine
 
         from common.config.llm import LLMConfig
-        from llm_worker.engine_env import own_vllm_sockets
+        from llm_worker.engine.env import own_vllm_sockets
         from llm_worker.prompt import PromptBuilder
         from llm_worker.vllm_ext.sampling import (
             ModelRunner,

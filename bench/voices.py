@@ -43,7 +43,7 @@ from bench.lockstep import (
     step_in_lockstep,
 )
 from bench.report import environment, write_json
-from llm_worker.engine_env import own_vllm_sockets
+from llm_worker.engine.env import own_vllm_sockets
 
 LORA_VARIANTS = ("no-lora", "0 adapters", "1 adapter", "4 adapters")
 LORA_RANK = 8
@@ -239,7 +239,7 @@ class LoraBench:
         from vllm.lora.request import LoRARequest
 
         from bench.doubles.tiny_model import write_random_lora
-        from llm_worker.engine_args import LORA_CPU_FIX
+        from llm_worker.engine.args import LORA_CPU_FIX
         from llm_worker.prompt import PromptBuilder
 
         self.args = args

@@ -1,7 +1,7 @@
 """Which cores the processes run on when the model runs on CPU (``device = "cpu"``).
 
 vLLM's CPU processes keep their cores busy while a request runs: the engine core computes
-(the model worker runs in it, ``llm_worker.engine_env``; with a worker process of its own,
+(the model worker runs in it, ``llm_worker.engine.env``; with a worker process of its own,
 the worker computes and the engine core polls it). A codec worker the kernel placed on one
 of those cores waited there: on the development machine (2 cores) its first window waited
 for the whole generation, 10-14 s. So on CPU the orchestrator's children split the cores: the llm worker and the vLLM

@@ -10,20 +10,14 @@ warm-up and ready). Modules, each with one job:
   ended, closed with exactly one END or ERROR); ``stream`` is the state they share and the
   engine as they see it
 - ``output``: ``RingSink``, the only writer of the code ring
-- ``engine``: ``GenerationEngine``, the running engine (owns ``AsyncLLM``; add, the one way
-  in, which converts a prompt to the output head's ids; abort; the step listener)
-- ``step_hooks``: how the worker learns a step's outputs are delivered (stats on or off)
+- ``engine/``: the vLLM engine, its set-up before it exists, and its warm-up
+  (``engine.engine``: ``GenerationEngine``, the running engine; ``engine.plan``,
+  ``engine.args``: how it is built; ``engine.warmup``: the batch before ready)
 - ``requests``, ``prompt``, ``text``: a request's plan, its prompt ids, its text pieces
 - ``codes``, ``repetition``: tokens to frames for all streams at once; the repetition guard
-- the engine's set-up, before it exists: ``engine_plan``, ``sampling_setup``,
-  ``output_head`` (its model runner, its logits processors and their per-stream hooks,
-  which output head: the audio-only head or the checkpoint's), then ``engine_args`` (its
-  ``AsyncEngineArgs`` and KV sizing, after ``engine_env``: the device check and the
-  environment vLLM reads)
-- ``engine_info``: what the startup log says vLLM built
-- ``warmup``: the warm-up batch before ready (every batch size the sampler switches at)
-- ``custom_voices``, ``lora``: zero-shot and LoRA voices
-- ``model_info``: the model's voices
+- ``voices/``: the voices beyond the checkpoint's own (``voices.custom``: zero-shot;
+  ``voices.lora``: LoRA)
+- ``model_info``: what the checkpoint says about itself (its voices, languages, emotion tags)
 - ``metrics``, ``profiling``: Prometheus metrics (labelled by engine); the profiler hook
 - ``vllm_ext/``: what vLLM loads by name into its own processes (the vLLM plugin, the audio
   head's model class, the logits processors, the CPU LoRA fix, the phase timers, the CPU heap

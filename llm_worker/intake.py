@@ -19,7 +19,6 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from common.config.llm import LLMConfig
 from common.voice_lookup import VoiceLookup
 from llm_worker import metrics as M
-from llm_worker.custom_voices import ZeroShotVoices
 from llm_worker.lifecycle import StreamLifecycle
 from llm_worker.model_info import ModelInfo
 from llm_worker.prompt import PromptBuilder
@@ -32,13 +31,14 @@ from llm_worker.requests import (
 )
 from llm_worker.stream import Engine, LlmStream
 from llm_worker.text import TextStream, normalise_tags, split_text
+from llm_worker.voices.custom import ZeroShotVoices
 from shm.messages import LlmAppendText, LlmCancel, LlmControl, LlmSubmit
 
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
 
     from common.tracing import Tracing
-    from llm_worker.lora import LoraVoices
+    from llm_worker.voices.lora import LoraVoices
 
 log = logging.getLogger(__name__)
 

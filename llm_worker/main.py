@@ -3,7 +3,7 @@
 ``run(config, layout, engine)``: the worker of vLLM engine ``engine`` (0 .. ``llm.engines`` - 1;
 each engine is one such process with its own sockets and code ring). Loads the tokenizer,
 the model's voices and the vLLM engine,
-runs the warm-up batch (:mod:`llm_worker.warmup`: every batch size up to 72 rows, above
+runs the warm-up batch (:mod:`llm_worker.engine.warmup`: every batch size up to 72 rows, above
 vLLM's sampler thresholds), tells the orchestrator it is ready, then serves until
 SIGTERM/SIGINT:
 
@@ -43,18 +43,18 @@ from common.profiling import ProfileTrigger
 from common.tracing import Tracing, setup_tracing
 from common.zmq_recv import incoming, incoming_multipart
 from llm_worker import metrics as M
-from llm_worker.custom_voices import ZeroShotVoices
-from llm_worker.engine import GenerationEngine
-from llm_worker.engine_info import describe_engine
-from llm_worker.engine_plan import EnginePlan, plan_engine
-from llm_worker.lora import LoraVoices
+from llm_worker.engine.engine import GenerationEngine
+from llm_worker.engine.info import describe_engine
+from llm_worker.engine.plan import EnginePlan, plan_engine
+from llm_worker.engine.warmup import warm_up
 from llm_worker.model_info import ModelInfo, load_model_info
 from llm_worker.output import RingSink
 from llm_worker.profiling import engine_profiler_config, profile_on_trigger
 from llm_worker.prompt import PromptBuilder
 from llm_worker.service import LLMService
 from llm_worker.vllm_ext.token_space import HeadKind
-from llm_worker.warmup import warm_up
+from llm_worker.voices.custom import ZeroShotVoices
+from llm_worker.voices.lora import LoraVoices
 from shm.layout import InstanceLayout
 from shm.messages import (
     UNDECODABLE,

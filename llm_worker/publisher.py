@@ -1,7 +1,7 @@
 """Each engine step out of the llm worker: the only writer of the code ring.
 
 It runs when the engine has delivered a step's outputs (``LLMService.on_step``, called by the
-engine's step hook: :class:`llm_worker.step_hooks.StepHook`), takes every live stream's new
+engine's step hook: :class:`llm_worker.engine.step_hooks.StepHook`), takes every live stream's new
 tokens, maps them all to frames in one vectorised call, stages one CODES record per stream
 that completed frames, and publishes them with one head update. Then it ends the segments
 that finished (the next piece starts through the intake's ``advance``) and writes the

@@ -27,7 +27,7 @@ cancellation), with a child ``llm.prefill`` span from the submit to the first sa
 record. No per-token work: the first token is one test per stream and step.
 
 The service sees the engine through :class:`llm_worker.stream.Engine` (``add``/``abort`` and
-the output collectors of :mod:`llm_worker.engine`) and the ring through a
+the output collectors of :mod:`llm_worker.engine.engine`) and the ring through a
 :class:`llm_worker.output.RecordSink`, so that unit tests drive it with fakes of both.
 """
 
@@ -37,7 +37,6 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from common.config.llm import LLMConfig
-from llm_worker.custom_voices import ZeroShotVoices
 from llm_worker.intake import Intake
 from llm_worker.lifecycle import StreamLifecycle
 from llm_worker.model_info import ModelInfo
@@ -46,11 +45,12 @@ from llm_worker.prompt import PromptBuilder
 from llm_worker.publisher import StepPublisher
 from llm_worker.stream import Engine
 from llm_worker.vllm_ext.sampling.hooks import SamplingHooks
+from llm_worker.voices.custom import ZeroShotVoices
 from shm.messages import LlmControl
 
 if TYPE_CHECKING:
     from common.tracing import Tracing
-    from llm_worker.lora import LoraVoices
+    from llm_worker.voices.lora import LoraVoices
 
 
 class LLMService:

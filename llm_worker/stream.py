@@ -1,6 +1,6 @@
 """A stream of the llm worker as its rooms share it: its state (:class:`LlmStream`), and what
 the rooms need of the engine (the :class:`Engine` protocol, which
-:class:`llm_worker.engine.GenerationEngine` meets and the unit tests fake)."""
+:class:`llm_worker.engine.engine.GenerationEngine` meets and the unit tests fake)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class Collector(Protocol):
 
 
 class Engine(Protocol):
-    """:class:`llm_worker.engine.GenerationEngine`, as the worker's rooms use it."""
+    """:class:`llm_worker.engine.engine.GenerationEngine`, as the worker's rooms use it."""
 
     space: TokenSpace
     """The engine's token ids: prompts go in as the checkpoint's (``add`` converts them),

@@ -181,7 +181,7 @@ def library_env(level: str, environ: Mapping[str, str]) -> dict[str, str]:
         # operator's vLLM logging config file needs vLLM's configuration on: it is kept.
         want["VLLM_CONFIGURE_LOGGING"] = "0"
     if not verbose(level):
-        # Progress bars (the hub's downloads; vLLM's weight loading: llm_worker.engine_args
+        # Progress bars (the hub's downloads; vLLM's weight loading: llm_worker.engine.args
         # passes tqdm's switch on as vLLM's use_tqdm_on_load).
         want["TQDM_DISABLE"] = "1"
         want["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"

@@ -36,7 +36,7 @@ import zmq
 
 from common.config import ServeConfig
 from common.cpu_plan import cpu_plan
-from llm_worker.engine_env import RPC_DIR_ENV, RPC_SOCKET_NAME_CHARS
+from llm_worker.engine.env import RPC_DIR_ENV, RPC_SOCKET_NAME_CHARS
 from orchestrator import proctree
 from orchestrator.child import SPEC_ENV, ChildSpec
 from orchestrator.failures import EXIT_PERMANENT, Failure

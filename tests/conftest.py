@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from common.cpu_plan import VLLM_BIND_ENV
-from llm_worker.engine_env import RPC_DIR_ENV, RPC_SOCKET_NAME
+from llm_worker.engine.env import RPC_DIR_ENV, RPC_SOCKET_NAME
 from shm.layout import InstanceLayout
 from shm.segments import destroy_instance
 

@@ -79,7 +79,7 @@ class LLMConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ids from ``<custom_token_0>`` on, i.e. the special tokens and the audio block, about 5.5x
     fewer columns for the LM head, penalties, temperature and top-p; text tokens can no longer
     be sampled), "full" (the whole 156,940-token vocabulary), or "auto": audio wherever it is
-    supported (llm_worker/output_head.py says where). Greedy outputs are identical either way
+    supported (llm_worker/engine/output_head.py says where). Greedy outputs are identical either way
     (docs/performance.md, "The audio-only output head")."""
     tensor_penalties: bool = True
     """Repetition penalty kept in preallocated tensors (ours) instead of vLLM's list path."""

@@ -1,11 +1,11 @@
 """The audio-only output head: vLLM's Llama with its vocabulary rotated and its head sliced.
 
 Selected with ``hf_overrides={"architectures": ["OrpheusAudioHeadForCausalLM"]}``
-(:meth:`llm_worker.output_head.HeadChoice.hf_overrides`) and registered with vLLM's model
+(:meth:`llm_worker.engine.output_head.HeadChoice.hf_overrides`) and registered with vLLM's model
 registry by the ``vllm.general_plugins`` entry point (:mod:`llm_worker.vllm_ext.plugin`), which
 vLLM loads in every process, the engine core included.
 
-Engine ids are the checkpoint's rotated (:mod:`llm_worker.output_head`): ``engine = (id -
+Engine ids are the checkpoint's rotated (:mod:`llm_worker.engine.output_head`): ``engine = (id -
 128256) mod vocab``. At load time this class rotates the embedding rows the same way (the
 head is tied to the embedding in Orpheus; an untied head is rotated too), so
 
@@ -18,7 +18,7 @@ head is tied to the embedding in Orpheus; an untied head is rotated too), so
 
 The projection lives in ``audio_logits``/``audio_head``, not in ``logits_processor``/
 ``lm_head``: vLLM's LoRA manager wraps those two for adapters that target the LM head, and
-such adapters are refused at load with the audio head (:mod:`llm_worker.lora`). Nor is it
+such adapters are refused at load with the audio head (:mod:`llm_worker.voices.lora`). Nor is it
 a draft model for speculative decoding (vLLM's local-argmax path reads ``lm_head``): the
 server runs none.
 """

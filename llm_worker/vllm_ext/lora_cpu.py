@@ -10,7 +10,7 @@ replacements do the same on CPU, by masking the rows of index -1.
 
 The worker process imports this module through vLLM's ``worker_extension_cls`` (the only
 hook that runs our code there before the model is built), set by
-:func:`llm_worker.engine_args.engine_args` when LoRA is on and the device is the CPU.
+:func:`llm_worker.engine.args.engine_args` when LoRA is on and the device is the CPU.
 """
 
 from __future__ import annotations

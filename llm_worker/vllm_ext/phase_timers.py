@@ -41,7 +41,7 @@ Phases (each a sum of the methods that exist, by name, in vLLM 0.25.1 and 0.32):
 The scheduler's phases and ``serialize`` are divided by the request-steps the scheduler
 scheduled; the runner's by those the runner executed (``execute_model``'s scheduler output),
 counted in the process where they run: with one device the runner runs inside the engine
-core (on the CPU build too: ``llm_worker.engine_env.worker_in_engine_core``), with tensor
+core (on the CPU build too: ``llm_worker.engine.env.worker_in_engine_core``), with tensor
 parallelism in the worker processes.
 """
 

@@ -1,7 +1,7 @@
 """Token ids as the engine sees them, for one output head: the checkpoint's ids, or (audio
 head) the same ids rotated so that the ids Orpheus can emit come first.
 
-The one place that knows the mapping (:mod:`llm_worker.output_head` explains the head and
+The one place that knows the mapping (:mod:`llm_worker.engine.output_head` explains the head and
 chooses it). The worker converts at the engine's boundary (prompts in, sampled ids out, the
 stop id); the code vLLM loads into its own processes, the audio head's model class and the
 logits processors, learns the space from the engine's configuration

@@ -1,7 +1,7 @@
 """Drive one engine with the soak's shapes and record how vLLM's processes' memory moves.
 
-The engine is built as the llm worker builds it (:func:`llm_worker.engine_plan.plan_engine`,
-:meth:`llm_worker.engine.GenerationEngine.start`, the ``--device`` profile
+The engine is built as the llm worker builds it (:func:`llm_worker.engine.plan.plan_engine`,
+:meth:`llm_worker.engine.engine.GenerationEngine.start`, the ``--device`` profile
 of the server's configuration), in this process; vLLM's engine core and worker are its
 children. Waves of requests follow one another until ``--duration``: each wave has a random
 number of streams (1 to ``--max-streams``; every ``--flood-every``-th wave all of them, like
@@ -86,8 +86,8 @@ async def one(
 
 
 async def drive(args: argparse.Namespace) -> dict[str, Any]:
-    from llm_worker.engine import GenerationEngine
-    from llm_worker.engine_plan import plan_engine
+    from llm_worker.engine.engine import GenerationEngine
+    from llm_worker.engine.plan import plan_engine
     from llm_worker.prompt import PromptBuilder
     from llm_worker.requests import RequestPlan, segment_params
     from orchestrator.settings import load_config

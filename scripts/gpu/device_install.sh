@@ -142,7 +142,7 @@ mods = ["vllm", "vllm.engine.arg_utils", "vllm.v1.engine.async_llm", "vllm.v1.en
         "vllm.v1.worker.gpu_worker", "vllm.v1.worker.gpu_model_runner",
         "vllm.model_executor.models.llama", "vllm.v1.attention.backends.flash_attn",
         "vllm.platforms.cuda", "vllm.model_executor.layers.quantization.fp8",
-        "orpheus_serve.cli", "llm_worker.engine", "codec_worker.engine", "gateway.app",
+        "orpheus_serve.cli", "llm_worker.engine.engine", "codec_worker.engine", "gateway.app",
         "bench.load.cli", "bench.load.baseline.engine"]
 if os.environ.get("VERIFY_NO_VLLM"):
     mods = [m for m in mods if not m.startswith(("vllm", "llm_worker", "bench.load.baseline"))]

@@ -161,7 +161,7 @@ def check_sampler() -> dict[str, Any]:
     from vllm.v1.sample.ops.topk_topp_sampler import flashinfer_sampler_supported
     from vllm.v1.sample.sampler import Sampler
 
-    from llm_worker.engine_env import prepare_engine_environment
+    from llm_worker.engine.env import prepare_engine_environment
 
     prepare_engine_environment()
     sampler = Sampler()  # V1's

@@ -116,8 +116,8 @@ venv025() {  # vLLM 0.25.1 on CPU: built here when it is this repo's own, else u
 step_e2e() {
   venv025 || return 1
   "$VENV025/bin/python" -m pytest -q -ra -p no:cacheprovider \
-    tests/llm/test_llm_sampling_runner.py tests/llm/test_llm_sampling_plan.py \
-    tests/llm/test_llm_worker_process.py tests/e2e/test_e2e_server.py -k "not elevenlabs" \
+    tests/llm/vllm_ext/sampling/test_runner.py tests/llm/vllm_ext/sampling/test_plan.py \
+    tests/llm/test_worker_process.py tests/e2e/test_e2e_server.py -k "not elevenlabs" \
     2>&1 | tee "$OUTDIR/e2e_vllm025.log" | tail -15
   return "${PIPESTATUS[0]}"
 }

@@ -35,7 +35,7 @@ from bench.engine import (
     summarize_engine,
     variant_overrides,
 )
-from llm_worker.step_hooks import OutputLoopHook
+from llm_worker.engine.step_hooks import OutputLoopHook
 
 LEGACY_LEVEL_KEYS = {
     "variant", "streams", "step_ms_p50", "step_ms_p99", "engine_cpu_ms_per_step",
@@ -135,7 +135,7 @@ def test_streams_split_evenly_over_the_engines(streams: int, engines: int) -> No
 def test_each_engine_gets_its_share_of_the_device_as_in_the_server() -> None:
     """The bench's engine is configured as one of the server's K engines: the server's
     ``engine_args`` splits the device, the server's CPU plan the cores."""
-    from llm_worker.engine_args import engine_args
+    from llm_worker.engine.args import engine_args
 
     def args(device: str, engines: int) -> SimpleNamespace:
         return SimpleNamespace(model="m", engine_count=engines, tokens=100, lever_head="full",
@@ -267,7 +267,7 @@ def test_bench_engine_runs_one_and_two_engines_on_the_tiny_model(tmp_path: Path)
 
 def test_a_variant_refuses_the_wrong_head() -> None:
     from bench.engine import check_head
-    from llm_worker.output_head import HeadChoice
+    from llm_worker.engine.output_head import HeadChoice
     from llm_worker.vllm_ext import tokens as T
     from llm_worker.vllm_ext.token_space import TokenSpace
 
@@ -280,7 +280,7 @@ def test_a_variant_refuses_the_wrong_head() -> None:
 
 def test_levers_can_sit_on_the_audio_head() -> None:
     from bench.engine import check_head
-    from llm_worker.output_head import HeadChoice
+    from llm_worker.engine.output_head import HeadChoice
     from llm_worker.vllm_ext import tokens as T
     from llm_worker.vllm_ext.token_space import TokenSpace
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_worker.output_head import PLUGIN_GROUP, PLUGIN_NAME, PLUGIN_TARGET
+from llm_worker.engine.output_head import PLUGIN_GROUP, PLUGIN_NAME, PLUGIN_TARGET
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("orpheus_serve", "bench", "orchestrator", "orpheus_client", "llm_worker",
@@ -49,5 +49,5 @@ def test_the_wheel_registers_the_vllm_plugin(wheel: Path) -> None:
 def test_the_wheel_carries_the_model_class_and_the_generation_config(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-        assert z.read("llm_worker/engine_generation_config/generation_config.json").strip() == b"{}"
+        assert z.read("llm_worker/engine/generation_config/generation_config.json").strip() == b"{}"
     assert {"llm_worker/vllm_ext/audio_head_model.py", "llm_worker/vllm_ext/plugin.py"} <= names

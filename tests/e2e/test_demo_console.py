@@ -56,7 +56,7 @@ def test_demo_console_is_short_and_its_log_is_full(tmp_path: Path) -> None:
     assert any(re.search(r"llm worker \(vLLM\) ready after \d+\.\d s", ln) for ln in console)
     assert not any(VLLM_INFO.search(ln) or "Traceback" in ln for ln in console)
     # The log has it all: every phase of the orchestrator, every worker, vLLM's engine core and
-    # its model worker (which runs in it: llm_worker.engine_env) at their own INFO level, the
+    # its model worker (which runs in it: llm_worker.engine.env) at their own INFO level, the
     # weight-loading bar.
     log = log_path.read_text(errors="replace")
     assert in_order(log, ("$ ", "tiny-model", "$ ", " serve ", *PHASES)) == []

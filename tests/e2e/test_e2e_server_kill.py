@@ -49,7 +49,7 @@ from e2e_harness import (
 
 from bench.load.soak import instance_segments, segment_bytes
 from gateway.jobs.store import JobStore
-from llm_worker.engine_env import RPC_SOCKET_NAME
+from llm_worker.engine.env import RPC_SOCKET_NAME
 from orchestrator import proctree
 from shm.records import SAMPLE_RATE
 from shm.ring import SHM_DIR

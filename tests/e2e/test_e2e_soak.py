@@ -14,7 +14,7 @@ in the last window after the warm-up; ``bench.load.growth``, ``bench.load.probe_
   the floods bring (+0.5 MB between the first and the last half hour of the 2-hour soak's
   judged span), so its bound is ``CODEC_LIVE_FLOOR_MB``.
 - *Private RSS*, from outside: within ``RSS_FLOOR_MB`` (or 0.5%), except the codec and vLLM's
-  CPU worker (which runs in ``VLLM::EngineCore``: llm_worker.engine_env). Those two hand their
+  CPU worker (which runs in ``VLLM::EngineCore``: llm_worker.engine.env). Those two hand their
   floods' memory back (``common.host_heap.HeapBound``) but keep free heap between trims, the
   codec up to ``KEEP_FREE_BYTES`` (64 MiB), so their level moves by tens of MB without growing
   (measured with the worker in a process of its own: -13 to +26 MB, its settled level

@@ -30,11 +30,11 @@ from common.voice_lookup import VoiceLookup, unknown_voice
 from gateway.custom_voices import decode_reference
 from gateway.errors import APIError
 from llm_worker.codes import FrameAssembler
-from llm_worker.custom_voices import ZeroShotVoices
 from llm_worker.model_info import ModelInfo
 from llm_worker.prompt import PromptBuilder
 from llm_worker.requests import BadRequest, plan_request
 from llm_worker.vllm_ext import tokens as T
+from llm_worker.voices.custom import ZeroShotVoices
 from shm.layout import InstanceLayout
 from shm.messages import LlmSubmit
 from store.lora import LoraEntry, LoraRegistry
@@ -316,7 +316,7 @@ async def test_a_lora_voice_that_fails_to_restore_is_marked(tmp_path: Path) -> N
     """The llm_worker is the authority: an entry it cannot load again at start is marked
     failed (the gateways refuse it), one that loads clears a stale marker, and loading the
     voice again through the admin API works."""
-    from llm_worker.lora import LoraVoices
+    from llm_worker.voices.lora import LoraVoices
     from shm.messages import LoraLoad, LoraUnload
 
     registry = LoraRegistry(tmp_path)
@@ -365,7 +365,7 @@ async def test_lora_voices_follow_other_workers_sharing_the_state_directory(
     """Two workers (two pods) on one state directory: what one loads or unloads through the
     admin API, the other loads or unloads at its next sync; its own load is not loaded
     again; an entry written by another worker is loaded too."""
-    from llm_worker.lora import LoraVoices
+    from llm_worker.voices.lora import LoraVoices
     from shm.messages import LoraLoad, LoraUnload
 
     registry = LoraRegistry(tmp_path)
@@ -429,7 +429,7 @@ async def test_lora_voices_follow_other_workers_sharing_the_state_directory(
 
 async def test_lora_sync_never_removes_a_configured_voice(tmp_path: Path) -> None:
     from common.config.llm import LoraVoice
-    from llm_worker.lora import LoraVoices
+    from llm_worker.voices.lora import LoraVoices
 
     registry = LoraRegistry(tmp_path)
     cfg = LLMConfig(lora_voices={"Ava": LoraVoice("/adapters/ava")})
@@ -452,7 +452,7 @@ async def test_lora_sync_never_removes_a_configured_voice(tmp_path: Path) -> Non
 async def test_a_lora_entry_that_fails_to_sync_is_marked_once(tmp_path: Path) -> None:
     """An entry that fails to load here is marked and not tried again on every pass, only
     once its entry is written again; a bad entry never makes sync raise."""
-    from llm_worker.lora import LoraVoices
+    from llm_worker.voices.lora import LoraVoices
     from shm.messages import LoraLoad
 
     registry = LoraRegistry(tmp_path)
@@ -515,7 +515,7 @@ async def test_a_lora_entry_that_fails_to_sync_is_marked_once(tmp_path: Path) ->
 async def test_lora_sync_and_admin_calls_do_not_interleave(tmp_path: Path) -> None:
     """A sync that starts while an admin load waits on the engine waits for it: it would
     otherwise see the voice in the table before its entry is written, and unload it."""
-    from llm_worker.lora import LoraVoices
+    from llm_worker.voices.lora import LoraVoices
     from shm.messages import LoraLoad
 
     registry = LoraRegistry(tmp_path)
@@ -879,7 +879,7 @@ async def test_the_audio_head_refuses_an_adapter_that_changes_the_vocabulary_row
     adapter loads with the full head, and an ordinary adapter loads with either."""
     import json
 
-    from llm_worker.lora import LoraVoices
+    from llm_worker.voices.lora import LoraVoices
     from shm.messages import LoraLoad
 
     def adapter(name: str, **cfg: object) -> str:

@@ -261,7 +261,7 @@ async def test_a_lora_voice_loaded_at_run_time_keeps_its_language(
     layout: InstanceLayout, tmp_path: Path
 ) -> None:
     """The entry the llm worker writes when ``POST /v1/admin/lora`` loaded the adapter
-    (``llm_worker.lora``), with the language the call named."""
+    (``llm_worker.voices.lora``), with the language the call named."""
     cfg = serve(tmp_path, enable_lora=True)
     async with running_gateway(layout, serve=cfg, backend={"voices": ["tara", "ben"]}) as h:
         registry = LoraRegistry(tmp_path)

@@ -3,8 +3,8 @@
 library), vLLM-Omni's ``session.config``, Baseten's WebSocket and HTTP, long-form jobs.
 ``top_k``, the field added last, proves the path: declared once, it travels everywhere.
 Against the gateway with its synthetic backend (tests/harness/gateway_harness.py); the engine side
-(``SamplingParams.top_k``) is tests/llm/test_llm_requests.py and, through a real engine,
-tests/llm/test_llm_worker_process.py (``test_top_k_reaches_vllm``)."""
+(``SamplingParams.top_k``) is tests/llm/test_requests.py and, through a real engine,
+tests/llm/test_worker_process.py (``test_top_k_reaches_vllm``)."""
 
 from __future__ import annotations
 

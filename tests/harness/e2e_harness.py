@@ -17,7 +17,7 @@ import pytest
 
 from bench.doubles.local_server import free_port, wait_ready
 from bench.load.servers import ORPHEUS_SERVE, orpheus_serve_argv
-from llm_worker.engine_env import MULTIPROCESSING_ENV, RPC_DIR_ENV
+from llm_worker.engine.env import MULTIPROCESSING_ENV, RPC_DIR_ENV
 from orchestrator import proctree
 from shm.records import SAMPLES_PER_FRAME
 from shm.ring import SHM_DIR
@@ -178,7 +178,7 @@ def start_server(
     (placement, faults, cleanup), so they admit by a fixed count unless asked; learned
     admission against the real engine is tested in tests/bench/test_overload_bench.py.
     ``worker_process``: vLLM's model worker in a process of its own, vLLM's CPU default, which
-    the server changes (``llm_worker.engine_env.worker_in_engine_core``) and an operator's
+    the server changes (``llm_worker.engine.env.worker_in_engine_core``) and an operator's
     ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` restores: for the tests of what that process leaves
     behind (its ``psm_*`` queues, as tensor parallelism has on a GPU)."""
     port = free_port()

@@ -3,7 +3,7 @@ without a worker process or an event loop, laid out as the server's engine is.
 
 An ``LLM`` runs its engine core in a process of its own. vLLM's CPU platform would put the
 model worker in a third process (it turns the ``"uni"`` executor into ``"mp"``), as it would
-the server's but for ``llm_worker.engine_env.worker_in_engine_core``, whose switch would here
+the server's but for ``llm_worker.engine.env.worker_in_engine_core``, whose switch would here
 pull the whole engine into the test's process. Naming the one-process executor by its class
 (an engine argument vLLM takes, ``distributed_executor_backend``) keeps the worker in the engine
 core: one spawn and one import of vLLM fewer per engine."""
@@ -36,6 +36,6 @@ def offline_llm(**engine_args: Any) -> LLM:
 
 
 def sync_llm(args: AsyncEngineArgs, *extra: str) -> LLM:
-    """An offline engine built from ``args`` (``llm_worker.engine_args.engine_args``): the shared
+    """An offline engine built from ``args`` (``llm_worker.engine.args.engine_args``): the shared
     fields plus ``extra`` (the feature under test), with a fixed engine seed."""
     return offline_llm(**{k: getattr(args, k) for k in (*_SHARED, *extra)}, seed=0)

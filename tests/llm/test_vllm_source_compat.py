@@ -192,7 +192,7 @@ SUBCLASSES = [
     ("llm_worker/vllm_ext/sampling/constraint.py", "AudioTokenConstraint"),
     ("llm_worker/vllm_ext/sampling/constraint_v2.py", "AudioTokenConstraintV2"),
     ("bench/load/baseline/constraint.py", "AudioSlotConstraint"),
-    ("llm_worker/step_hooks.py", "StepHook"),
+    ("llm_worker/engine/step_hooks.py", "StepHook"),
     ("llm_worker/vllm_ext/audio_head_model.py", "OrpheusAudioHeadForCausalLM"),
 ]
 
@@ -311,27 +311,27 @@ CONFIG_READS = [
         "vllm.config",
         "VllmConfig",
     ),
-    (("llm_worker/engine_info.py",), "vc", "vllm.config", "VllmConfig"),
-    (("llm_worker/engine_info.py",), "vllm_config", "vllm.config", "VllmConfig"),
+    (("llm_worker/engine/info.py",), "vc", "vllm.config", "VllmConfig"),
+    (("llm_worker/engine/info.py",), "vllm_config", "vllm.config", "VllmConfig"),
     (
         ("llm_worker/vllm_ext/sampling/penalty.py", "llm_worker/vllm_ext/sampling/constraint.py"),
         "vllm_config.scheduler_config",
         "vllm.config",
         "SchedulerConfig",
     ),
-    (("llm_worker/engine_info.py",), "vc.scheduler_config", "vllm.config", "SchedulerConfig"),
+    (("llm_worker/engine/info.py",), "vc.scheduler_config", "vllm.config", "SchedulerConfig"),
     (
         ("llm_worker/vllm_ext/sampling/penalty.py", "bench/load/baseline/constraint.py"),
         "vllm_config.model_config",
         "vllm.config",
         "ModelConfig",
     ),
-    (("llm_worker/engine_info.py",), "mc", "vllm.config", "ModelConfig"),
-    (("llm_worker/engine_info.py",), "vc.model_config", "vllm.config", "ModelConfig"),
-    (("llm_worker/engine_info.py",), "vc.cache_config", "vllm.config", "CacheConfig"),
-    (("llm_worker/engine_info.py",), "vllm_config.cache_config", "vllm.config", "CacheConfig"),
+    (("llm_worker/engine/info.py",), "mc", "vllm.config", "ModelConfig"),
+    (("llm_worker/engine/info.py",), "vc.model_config", "vllm.config", "ModelConfig"),
+    (("llm_worker/engine/info.py",), "vc.cache_config", "vllm.config", "CacheConfig"),
+    (("llm_worker/engine/info.py",), "vllm_config.cache_config", "vllm.config", "CacheConfig"),
     (
-        ("llm_worker/engine_info.py",),
+        ("llm_worker/engine/info.py",),
         "vllm_config.attention_config",
         "vllm.config",
         "AttentionConfig",
@@ -373,7 +373,7 @@ def test_use_v2_model_runner_is_a_property(source: VllmSource) -> None:
 
 
 CONSTRUCTORS = [
-    ("llm_worker/engine_args.py", "AsyncEngineArgs", "vllm.engine.arg_utils", "AsyncEngineArgs"),
+    ("llm_worker/engine/args.py", "AsyncEngineArgs", "vllm.engine.arg_utils", "AsyncEngineArgs"),
     ("llm_worker/profiling.py", "ProfilerConfig", "vllm.config", "ProfilerConfig"),
     ("llm_worker/requests.py", "SamplingParams", "vllm", "SamplingParams"),
     ("bench/load/baseline/engine.py", "SamplingParams", "vllm", "SamplingParams"),
@@ -430,8 +430,8 @@ def test_sampling_params_fields(source: VllmSource) -> None:
 ENGINE_USERS = (
     "llm_worker/main.py",
     "llm_worker/profiling.py",
-    "llm_worker/engine.py",
-    "llm_worker/engine_info.py",
+    "llm_worker/engine/engine.py",
+    "llm_worker/engine/info.py",
     "bench/load/baseline/server.py",
     "bench/load/baseline/__main__.py",
 )
@@ -468,11 +468,11 @@ def test_stat_logger_record_signature(source: VllmSource) -> None:
 
 
 def test_attention_backend_call(source: VllmSource) -> None:
-    """engine_info.py's get_attn_backend(...) call binds to this release's signature."""
+    """engine/info.py's get_attn_backend(...) call binds to this release's signature."""
     fn = source.function_def("vllm.v1.attention.selector", "get_attn_backend")
     a = fn.args
     names = {p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)}
-    (call,) = project("llm_worker/engine_info.py").calls("get_attn_backend")
+    (call,) = project("llm_worker/engine/info.py").calls("get_attn_backend")
     assert call_keywords(call) <= names or a.kwarg is not None
     assert len(call.args) <= len(a.posonlyargs) + len(a.args) or a.vararg is not None
 
@@ -655,7 +655,7 @@ def test_ast_reader_agrees_with_import() -> None:
 
 
 def test_output_handler_fetches_each_step_at_the_top_of_its_loop(source: VllmSource) -> None:
-    """``llm.engine_stats = false``: :class:`llm_worker.step_hooks.OutputLoopHook` wraps the
+    """``llm.engine_stats = false``: :class:`llm_worker.engine.step_hooks.OutputLoopHook` wraps the
     engine-core client's ``get_output_async`` (on the instance). That signals "the previous
     step is delivered" only if AsyncLLM's output handler looks the method up on each pass of
     one loop, first thing, and hands out the step's outputs (``process_outputs``) after it."""

@@ -20,7 +20,7 @@ import pytest
 
 from common.config import ServeConfig
 from common.config.llm import LLMConfig
-from llm_worker.engine_env import RPC_DIR_ENV
+from llm_worker.engine.env import RPC_DIR_ENV
 from orchestrator.child import SPEC_ENV, ChildSpec
 from orchestrator.failures import EXIT_PERMANENT
 from orchestrator.supervisor import LOOP_STALL_WARN_S, Supervisor

@@ -1,6 +1,6 @@
 """The baseline's vLLM engine, prompt and sampling.
 
-The engine is built from the same ``LLMConfig`` and the same ``llm_worker.engine_args.engine_args``
+The engine is built from the same ``LLMConfig`` and the same ``llm_worker.engine.args.engine_args``
 as orpheus-serve's (model, max_model_len, max_num_seqs, dtype, KV cache size, eager mode,
 async scheduling where supported, seed): the comparison is about how audio is produced
 from the engine's tokens, not about engine settings. What differs is what the reference
@@ -28,8 +28,8 @@ def build_engine(config: LLMConfig, device: str) -> AsyncLLM:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from bench.load.baseline.constraint import AudioSlotConstraint
-    from llm_worker.engine_args import engine_args
-    from llm_worker.engine_env import check_device, prepare_engine_environment
+    from llm_worker.engine.args import engine_args
+    from llm_worker.engine.env import check_device, prepare_engine_environment
 
     check_device(device)
     prepare_engine_environment()

@@ -14,7 +14,7 @@ after start-of-speech) must lie in slot ``s = p mod 7``'s range
 Step 3 writes each logit once (a fill) instead of building a ``[batch, vocab]`` mask.
 Values already at -inf stay there (min_tokens masks end-of-speech before this runs).
 
-Column numbers are engine ids (:class:`llm_worker.output_head.TokenSpace`): with the audio
+Column numbers are engine ids (:class:`llm_worker.engine.output_head.TokenSpace`): with the audio
 output head the audio block starts at column 10 and end-of-speech is column 2.
 """
 

@@ -9,7 +9,7 @@ it).
 :class:`SamplingHooks` is the default: vLLM's own repetition penalty, no constraint, no
 board. :class:`PlanHooks` is the one the worker runs: a :class:`SamplingPlan`'s request
 arguments and, with the constraint on, the board's :class:`CounterSlots`
-(:mod:`llm_worker.sampling_setup` builds it).
+(:mod:`llm_worker.engine.sampling_setup` builds it).
 """
 
 from __future__ import annotations

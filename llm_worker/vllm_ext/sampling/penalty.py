@@ -20,7 +20,7 @@ Columns past a row's history hold the row's first prompt token, a token the row 
 already seen, so the padding is harmless too. Rows the penalty does not apply to get a
 penalty of 1.0, an exact no-op.
 
-With the audio output head (:mod:`llm_worker.output_head`) the logits are narrower than
+With the audio output head (:mod:`llm_worker.engine.output_head`) the logits are narrower than
 the vocabulary: prompt ids past their width (text) can never be sampled and have no column
 to penalise, so they are written into the history as the prompt's first id inside the
 width (an id the row has seen, like the padding).

@@ -22,8 +22,8 @@ from vllm import LLM, SamplingParams
 
 from bench.doubles.tiny_model import write_tiny_model
 from common.config.llm import LLMConfig
-from llm_worker.engine_args import GENERATION_CONFIG
-from llm_worker.output_head import HeadChoice, choose_output_head
+from llm_worker.engine.args import GENERATION_CONFIG
+from llm_worker.engine.output_head import HeadChoice, choose_output_head
 from llm_worker.vllm_ext import tokens as T
 from llm_worker.vllm_ext.sampling import (
     ModelRunner,
@@ -68,7 +68,7 @@ def build(model: Path, plan: SamplingPlan, head: HeadChoice) -> LLM:
         enforce_eager=True,
         seed=0,
         skip_tokenizer_init=True,
-        generation_config=GENERATION_CONFIG,  # as the worker (llm_worker/engine.py says why)
+        generation_config=GENERATION_CONFIG,  # as the worker (llm_worker/engine/engine.py says why)
         logits_processors=plan.logits_processors(),
         **({"hf_overrides": overrides} if overrides else {}),
     )

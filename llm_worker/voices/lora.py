@@ -12,7 +12,7 @@ different adapters (at most ``max_loras`` in one step) with requests of the base
 voices are unaffected. The prompt is the built-in one, ``"{speaker}: {text}"``, with the
 name the fine-tune was trained with.
 
-With the audio output head (:mod:`llm_worker.output_head`) the vocabulary rows are rotated
+With the audio output head (:mod:`llm_worker.engine.output_head`) the vocabulary rows are rotated
 and the head is a slice of them: an adapter that touches ``lm_head`` or ``embed_tokens``
 (as a LoRA target or in ``modules_to_save``) would be applied to the wrong rows, so it is
 refused at load with a line that says so (serve it with ``llm.output_head = full``).

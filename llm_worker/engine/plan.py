@@ -3,13 +3,13 @@ chosen together before the engine exists (each choice depends on the one before)
 
 1. The model runner (``llm.model_runner``, :mod:`llm_worker.vllm_ext.sampling.runner`), pinned into
    ``VLLM_USE_V2_MODEL_RUNNER`` (the engine core inherits it).
-2. The sampling processors for that runner (:mod:`llm_worker.sampling_setup`: repetition
+2. The sampling processors for that runner (:mod:`llm_worker.engine.sampling_setup`: repetition
    penalty, audio-token constraint, their prevented-token board).
-3. The output head (``llm.output_head``, :mod:`llm_worker.output_head`): the audio head needs
+3. The output head (``llm.output_head``, :mod:`llm_worker.engine.output_head`): the audio head needs
    our tensor penalty on the V1 runner.
 
-The engine's arguments are built from the plan (:func:`llm_worker.engine_args.
-prepare_engine_args`); :class:`llm_worker.engine.GenerationEngine` is started from them and
+The engine's arguments are built from the plan (:func:`llm_worker.engine.args.
+prepare_engine_args`); :class:`llm_worker.engine.engine.GenerationEngine` is started from them and
 confirms vLLM ran the runner the plan was made for (:meth:`EnginePlan.check_runner`).
 """
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.config.llm import LLMConfig
-from llm_worker.output_head import HeadChoice, choose_output_head
-from llm_worker.sampling_setup import SamplingSetup, setup_sampling
+from llm_worker.engine.output_head import HeadChoice, choose_output_head
+from llm_worker.engine.sampling_setup import SamplingSetup, setup_sampling
 
 
 @dataclass

@@ -17,7 +17,7 @@ from vllm.inputs import TokensPrompt
 
 from bench.doubles.tiny_model import write_tiny_model
 from common.config.llm import LLMConfig
-from llm_worker.engine_args import engine_args
+from llm_worker.engine.args import engine_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 

@@ -11,7 +11,7 @@ import pytest
 
 from common.config.llm import LLMConfig
 from common.host_heap import HeapBound
-from llm_worker.engine_env import HEAP_TRIM_ENV, trim_vllm_heap
+from llm_worker.engine.env import HEAP_TRIM_ENV, trim_vllm_heap
 from llm_worker.vllm_ext import heap_trim
 
 

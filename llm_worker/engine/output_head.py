@@ -20,7 +20,7 @@ its head is the first ``width`` rows: a contiguous slice, no copy.
 
 This module is the one place that knows the mapping. The worker converts at the engine's
 boundary: prompts on the way in (:meth:`TokenSpace.to_engine`, in
-:class:`llm_worker.engine.GenerationEngine`), sampled ids on the way out (one vectorised add
+:class:`llm_worker.engine.engine.GenerationEngine`), sampled ids on the way out (one vectorised add
 where tokens become codes, :meth:`TokenSpace.from_engine_`), and the stop id of the
 sampling parameters (:attr:`TokenSpace.end_of_speech`). The logits processors in the engine
 core learn the space from the engine's configuration (:func:`engine_token_space`).

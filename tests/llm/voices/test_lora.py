@@ -14,7 +14,7 @@ from vllm.lora.request import LoRARequest
 
 from bench.doubles.tiny_model import write_random_lora, write_tiny_model
 from common.config.llm import LLMConfig, LoraVoice
-from llm_worker.engine_args import engine_args
+from llm_worker.engine.args import engine_args
 from llm_worker.vllm_ext import tokens as T
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]

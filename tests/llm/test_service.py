@@ -796,8 +796,8 @@ async def _continuous(
 async def test_generation_engine_feeds_token_ids_and_relays_steps() -> None:
     from vllm.inputs.engine import tokens_input
 
-    from llm_worker.engine import GenerationEngine
-    from llm_worker.step_hooks import StepHook, StepRelay
+    from llm_worker.engine.engine import GenerationEngine
+    from llm_worker.engine.step_hooks import StepHook, StepRelay
 
     calls: list[tuple[Any, ...]] = []
 
@@ -830,7 +830,7 @@ async def test_generation_engine_run_goes_through_the_one_entry_and_reads_to_the
     ids) and the collector read until the request finished."""
     from vllm.inputs.engine import tokens_input
 
-    from llm_worker.engine import GenerationEngine
+    from llm_worker.engine.engine import GenerationEngine
 
     space = TokenSpace.audio(T.VOCAB_SIZE)
     added: list[tuple[str, Any]] = []

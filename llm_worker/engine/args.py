@@ -14,9 +14,9 @@
   id, and adds it to every request's stop ids and min_tokens mask: a stray stop on the full
   head, an index past the logits' width on the audio head.)
 
-:func:`prepare_engine_args` is the worker's one step from an :class:`~llm_worker.engine_plan.
+:func:`prepare_engine_args` is the worker's one step from an :class:`~llm_worker.engine.plan.
 EnginePlan` to the arguments: the device check and the environment
-(:mod:`llm_worker.engine_env`), then :func:`engine_args`. :mod:`llm_worker.engine` starts
+(:mod:`llm_worker.engine.env`), then :func:`engine_args`. :mod:`llm_worker.engine.engine` starts
 the engine from them.
 """
 
@@ -31,14 +31,14 @@ from vllm.config import ProfilerConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 
 from common.config.llm import LLMConfig
-from llm_worker.engine_env import check_device, prepare_engine_environment
+from llm_worker.engine.env import check_device, prepare_engine_environment
+from llm_worker.engine.output_head import HeadChoice
 from llm_worker.model_info import find_model_file
-from llm_worker.output_head import HeadChoice
 
 if TYPE_CHECKING:
-    from llm_worker.engine_plan import EnginePlan
+    from llm_worker.engine.plan import EnginePlan
 
-GENERATION_CONFIG = str(Path(__file__).with_name("engine_generation_config"))
+GENERATION_CONFIG = str(Path(__file__).with_name("generation_config"))
 """A directory holding an empty ``generation_config.json``: no defaults, no stop ids."""
 CPU_KV_CACHE_MAX_BYTES = 4 << 30
 CPU_KV_CACHE_MIN_BYTES = 64 << 20

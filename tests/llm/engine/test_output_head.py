@@ -1,5 +1,5 @@
-"""The output head's choice and its token space (no engine: tests/llm/test_llm_output_head_engine.py
-runs the head in vLLM)."""
+"""The output head's choice and its token space (no engine:
+tests/llm/engine/test_output_head_engine.py runs the head in vLLM)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llm_worker.output_head import choose_output_head
+from llm_worker.engine.output_head import choose_output_head
 from llm_worker.vllm_ext import tokens as T
 from llm_worker.vllm_ext.token_space import (
     AUDIO_HEAD_ARCHITECTURE,

@@ -1,6 +1,6 @@
-"""The warm-up before ready (llm_worker/warmup.py): every batch size up to the rows above
+"""The warm-up before ready (llm_worker/engine/warmup.py): every batch size up to the rows above
 vLLM's top-p kernel thresholds, with the configured voices' sampling and the head's ids.
-The worker process test (test_llm_worker_process.py) checks it ran before WorkerReady."""
+The worker process test (tests/llm/test_worker_process.py) checks it ran before WorkerReady."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 
 from bench.doubles.tiny_model import write_tiny_model
 from common.config.llm import LLMConfig, VoiceSampling
+from llm_worker.engine.warmup import WARMUP_ROWS, warm_up, warmup_lengths, warmup_samplings
 from llm_worker.prompt import PromptBuilder
 from llm_worker.vllm_ext import tokens as T
 from llm_worker.vllm_ext.sampling.hooks import SamplingHooks
 from llm_worker.vllm_ext.token_space import TokenSpace
-from llm_worker.warmup import WARMUP_ROWS, warm_up, warmup_lengths, warmup_samplings
 
 
 @pytest.fixture(scope="module")

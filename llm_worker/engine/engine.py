@@ -2,12 +2,12 @@
 
 :class:`GenerationEngine` is what the service (:mod:`llm_worker.service`) talks to: it owns
 the ``AsyncLLM`` and offers ``add`` (prompt token ids in, the request's output collector
-out), ``abort``, and ``on_step`` (the step hook's listener, :mod:`llm_worker.step_hooks`).
+out), ``abort``, and ``on_step`` (the step hook's listener, :mod:`llm_worker.engine.step_hooks`).
 A fake with the same three members drives the service in unit tests without vLLM's engine.
 
-The engine is built from its plan (:mod:`llm_worker.engine_plan`: model runner, processors,
-output head) and its arguments (:mod:`llm_worker.engine_args`). With the audio output head
-(``llm.output_head``, :mod:`llm_worker.output_head`) the engine's token ids are the
+The engine is built from its plan (:mod:`llm_worker.engine.plan`: model runner, processors,
+output head) and its arguments (:mod:`llm_worker.engine.args`). With the audio output head
+(``llm.output_head``, :mod:`llm_worker.engine.output_head`) the engine's token ids are the
 checkpoint's rotated: :meth:`GenerationEngine.add` converts prompts, and
 :attr:`GenerationEngine.space` tells the service how to read sampled ids.
 """
@@ -26,12 +26,12 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.output_processor import RequestOutputCollector
 
 from common.config.llm import LLMConfig
-from llm_worker.engine_args import prepare_engine_args
-from llm_worker.step_hooks import OutputLoopHook, StepHook, StepRelay
+from llm_worker.engine.args import prepare_engine_args
+from llm_worker.engine.step_hooks import OutputLoopHook, StepHook, StepRelay
 from llm_worker.vllm_ext.token_space import TokenSpace
 
 if TYPE_CHECKING:
-    from llm_worker.engine_plan import EnginePlan
+    from llm_worker.engine.plan import EnginePlan
 
 
 def start_engine(args: AsyncEngineArgs, on_step: Callable[[], None]) -> AsyncLLM:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from common.config.llm import LLMConfig
-from llm_worker.engine_env import (
+from llm_worker.engine.env import (
     MULTIPROCESSING_ENV,
     ONEDNN_CACHE_ENV,
     bound_onednn_cache,

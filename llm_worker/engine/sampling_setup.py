@@ -1,5 +1,5 @@
 """Wiring of the sampling package (:mod:`llm_worker.vllm_ext.sampling`) into the worker, for a model
-runner already chosen (:func:`llm_worker.engine_plan.plan_engine` chooses and pins it).
+runner already chosen (:func:`llm_worker.engine.plan.plan_engine` chooses and pins it).
 
 The package supplies the logits processors (tensor repetition penalty on the legacy model
 runner, audio-token constraint) and the per-request arguments that switch them on. This

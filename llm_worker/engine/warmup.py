@@ -14,7 +14,7 @@ of the configured voices' sampling, :func:`llm_worker.requests.segment_params` w
 sampling package's arguments and the engine's end-of-speech id), with lengths ``rows,
 rows - 1, ..., 1``: the batch shrinks by one row per step, so every batch size from ``rows``
 down to 1 is sampled once, on both sides of every threshold. They go in through the engine's
-one entry (:meth:`llm_worker.engine.GenerationEngine.add`, which converts the prompt to the
+one entry (:meth:`llm_worker.engine.engine.GenerationEngine.add`, which converts the prompt to the
 output head's ids), so the output head, processors and runner are the ones in use.
 """
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 
 class Engine(Protocol):
-    """:class:`llm_worker.engine.GenerationEngine`, as the warm-up uses it."""
+    """:class:`llm_worker.engine.engine.GenerationEngine`, as the warm-up uses it."""
 
     space: TokenSpace
 

@@ -1,7 +1,7 @@
 """The process environment vLLM reads while it builds the engine, and the device check.
 
 Set before the engine exists: the engine core and its workers inherit the environment.
-:func:`llm_worker.engine_args.prepare_engine_args` calls both for the worker; the baseline
+:func:`llm_worker.engine.args.prepare_engine_args` calls both for the worker; the baseline
 engine of ``bench load`` and the GPU preflight call them on their own.
 """
 
