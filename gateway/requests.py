@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from common.config.gateway import GatewayConfig
 from gateway.admission import Admission
+from gateway.cache.control import USE, CacheUse
 from gateway.errors import APIError
 from gateway.link import ClientLink
 from gateway.metrics import GatewayMetrics
@@ -49,16 +50,24 @@ from gateway.schemas import SpeechParams, check_text
 from gateway.streams import PcmStream, StreamRegistry
 from gateway.text.breaks import has_breaks, split_breaks
 from gateway.upstream import Upstream, UpstreamUnavailable
-from shm.records import SAMPLE_RATE, StreamEnd, StreamError
+from shm.records import SAMPLE_RATE, SAMPLES_PER_FRAME, StreamEnd, StreamError
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
     from common.tracing import Tracing
+    from gateway.cache.keys import UnitKey
+    from gateway.cache.service import AudioCache
 
 stream_log = logging.getLogger("orpheus.streams")
 
 BYTES_PER_SECOND = SAMPLE_RATE * 2
+PCM_FRAME_BYTES = SAMPLES_PER_FRAME * 2
+HIT_CHUNK_BYTES = BYTES_PER_SECOND // 2
+"""A cache hit's PCM goes to its front end in pieces of half a second (encoders and
+socket messages work chunk by chunk)."""
+STORED_ENDS = frozenset({"stop", "length"})
+"""How a unit's worker stream must have ended for the cache to store its audio."""
 
 _SPAN_FIELDS = ("engine", "ttfb_s", "rtf", "audio_s", "bytes_sent", "text_chars")
 """The stream log line's fields that the request's span gets at its end (the others it has)."""
@@ -103,6 +112,9 @@ class ActiveRequest:
         "_tracker",
         "api",
         "bytes_sent",
+        "cache_key",
+        "cache_state",
+        "cache_use",
         "completed",
         "first_byte_at",
         "link",
@@ -142,6 +154,13 @@ class ActiveRequest:
         """Its text cut at break tags, spoken run by run (``gateway.pauses``); None: one run."""
         self.traceparent: str | None = None
         """The client's W3C trace context, continued when tracing is on."""
+        self.cache_use: CacheUse = USE
+        """What the request lets the sentence audio cache do (``gateway.cache.control``)."""
+        self.cache_state: str | None = None
+        """``hit`` (served from the cache, no engine slot), ``miss`` (synthesised), or None:
+        the cache is off or the unit cannot be cached (open text, break tags)."""
+        self.cache_key: UnitKey | None = None
+        """The unit's key, when its audio is to be stored once it has been synthesised."""
         self.span: Span | None = None
         """The request's ``tts.request`` span (tracing on), from admission to finish."""
 
@@ -217,8 +236,11 @@ class RequestTracker:
         upstream: Upstream,
         metrics: GatewayMetrics,
         tracing: Tracing | None = None,
+        cache: AudioCache | None = None,
     ) -> None:
         self.config = config
+        self.cache = cache
+        """The sentence audio cache (``gateway.cache``); None: off."""
         self.tracing = tracing
         self.incoming_traceparent = INCOMING_TRACEPARENT
         """Set by the app's tracing middleware: the HTTP request's ``traceparent`` header."""
@@ -245,15 +267,19 @@ class RequestTracker:
         started_at: float | None = None,
         traceparent: str | None = None,
         text_chars: int | None = None,
+        cache: CacheUse = USE,
     ) -> ActiveRequest:
         """A request for ``params`` whose audio goes out on ``link`` (its ``api`` labels the
         request), to enter with ``async with`` (admitted on entry). ``traceparent``: the
         client's W3C trace context (default: the HTTP request's header,
         ``INCOMING_TRACEPARENT``); used only when tracing is on. ``text_chars``: the
         client's characters ``params.text`` stands for, when the front end rewrote or held
-        back some of it (ZeroMQ's open text; default ``len(params.text)``)."""
+        back some of it (ZeroMQ's open text; default ``len(params.text)``). ``cache``: what
+        the request lets the sentence audio cache do (its ``Cache-Control``, its protocol's
+        field)."""
         t0 = self.loop.time() if started_at is None else started_at
         request = ActiveRequest(self, params, link, t0, text_open)
+        request.cache_use = cache
         if text_chars is not None:  # the client's characters, before the front end's rewriting
             request.text_chars = text_chars
         if self.tracing is not None:
@@ -301,6 +327,9 @@ class RequestTracker:
 
     async def admit(self, request: ActiveRequest) -> None:
         asked_ns = 0 if self.tracing is None else self._trace_request(request)
+        if self.cache is not None and (pcm := await self._look_up(request)) is not None:
+            self._admit_hit(request, pcm, asked_ns)
+            return
         with self.metrics.queued.track_inprogress():
             try:
                 link = request.link
@@ -353,6 +382,8 @@ class RequestTracker:
             ) from None
         stream.on_abort = request.link.abort
         request.link.units_open += 1
+        if request.cache_key is not None:
+            stream.record = []
         if runs is not None:
             request.runs = runs
             stream.on_end = lambda end: self._next_run(request, runs, end)
@@ -362,6 +393,71 @@ class RequestTracker:
         self.active.add(request)
         self.metrics.active.inc()
         self._engine_active[engine].inc()
+
+    # -- the sentence audio cache --------------------------------------------------------------
+    async def _look_up(self, request: ActiveRequest) -> bytes | None:
+        """The unit's cached PCM if the request may read it and the cache has it; else sets
+        what the request's synthesis is to store (``cache_key``)."""
+        cache = self.cache
+        assert cache is not None
+        params = request.params
+        if request.text_open or has_breaks(params.text) or not params.text.strip():
+            return None  # not one unit (open text, pauses): never cached
+        key = cache.key(request.link.key, params.text, params.voice, params.sampling)
+        request.cache_state = "miss"
+        use = request.cache_use
+        pcm = None
+        if use.read:
+            pcm = await cache.lookup(key)
+        else:
+            cache.bypassed()
+        if pcm is None and use.write:
+            request.cache_key = key
+        return pcm
+
+    def _admit_hit(self, request: ActiveRequest, pcm: bytes, asked_ns: int) -> None:
+        """Serve ``request`` from the cache: no engine slot (the key's concurrency counts
+        it: ``Admission.hold_key``), no worker stream; its audio is all there at once."""
+        link = request.link
+        try:
+            self.admission.hold_key(link.key)
+        except APIError as e:
+            self.metrics.count_request(request.api, "rejected")
+            if asked_ns:
+                self._trace_admitted(request, asked_ns, None, "rejected", str(e))
+                self._end_span(request.span, "rejected", str(e))
+            raise
+        if asked_ns:
+            self._trace_admitted(request, asked_ns, None)
+        request.cache_state = "hit"
+        now = self.loop.time()
+        stream = PcmStream(0, now)
+        stream.first_audio_at = now
+        for i in range(0, len(pcm), HIT_CHUNK_BYTES):
+            stream.push(pcm[i : i + HIT_CHUNK_BYTES])
+        stream.finish(StreamEnd("stop", len(pcm) // PCM_FRAME_BYTES))
+        stream.on_abort = link.abort
+        link.units_open += 1
+        request.stream = stream
+        self.active.add(request)
+        self.metrics.active.inc()
+
+    def _store(self, request: ActiveRequest) -> None:
+        """A miss whose unit was synthesised whole and delivered: its audio to the cache."""
+        stream = request.stream
+        end = stream.end
+        if (
+            self.cache is not None
+            and request.cache_key is not None
+            and stream.record
+            and stream.ended
+            and end is not None
+            and end.reason in STORED_ENDS
+        ):
+            self.cache.store(
+                request.cache_key, b"".join(stream.record), force=not request.cache_use.read
+            )
+        stream.record = None
 
     def _silence(self, stream: PcmStream) -> Silence:
         return lambda ms: self.registry.push_silence(stream, ms)
@@ -404,6 +500,9 @@ class RequestTracker:
     def finish(self, request: ActiveRequest, exc: BaseException | None) -> None:
         stream = request.stream
         outcome = request_outcome(request, exc)
+        hit = request.cache_state == "hit"
+        if outcome == "ok" and not hit:
+            self._store(request)
         self.registry.release(
             stream, "client_disconnected" if outcome in ("cancelled", "ok") else outcome
         )
@@ -417,7 +516,7 @@ class RequestTracker:
         # One line per stream at its end (JSON lines carry the fields as keys).
         fields = {
             "stream_id": f"{stream.stream_id:#x}", "api": str(request.api), "outcome": outcome,
-            "engine": stream.engine,
+            "engine": None if hit else stream.engine, "cache": request.cache_state,
             "ttfb_s": None if ttfb is None else round(ttfb, 4),
             "rtf": None if rtf is None else round(rtf, 4), "audio_s": round(audio_s, 3),
             "bytes_sent": request.bytes_sent, "text_chars": request.text_chars,
@@ -433,10 +532,13 @@ class RequestTracker:
             self._end_span(request.span, outcome, stream.error.message if stream.error else "")
         self.active.discard(request)
         self.metrics.active.dec()
-        self._engine_active[stream.engine].dec()
         link = request.link
         link.units_open -= 1
         link.unit_ended_at = self.loop.time()
+        if hit:
+            self.admission.release_key(link.key)
+            return
+        self._engine_active[stream.engine].dec()
         self.admission.release(stream.engine, link.key)
 
     @staticmethod

@@ -92,6 +92,7 @@ class PcmStream:
         "on_abort",
         "on_end",
         "opened_at",
+        "record",
         "stream_id",
         "text_closed",
     )
@@ -122,6 +123,9 @@ class PcmStream:
         self.text_closed = text_closed
         self.on_abort: Callable[[], None] | None = None
         """Set by the front end: tears down the client connection (slow or stalled client)."""
+        self.record: list[bytes] | None = None
+        """Set for a unit the sentence audio cache may store (``gateway.requests``): every
+        chunk pushed is kept here too (the same bytes objects), joined at the end."""
         self.on_end: Callable[[StreamEnd], StreamEnd | None] | None = None
         """Set for a request of several runs of text (break tags between them,
         ``gateway.requests``): told each worker stream's END; returns None when the stream
@@ -147,6 +151,8 @@ class PcmStream:
         self._pending.append(data)
         self.buffered_bytes += len(data)
         self.bytes_received += len(data)
+        if self.record is not None:
+            self.record.append(data)
         self._wake()
 
     def finish(self, end: StreamEnd) -> None:

@@ -1,0 +1,158 @@
+"""The gateway's sentence audio cache (``Gateway.cache``): a unit's key, its lookup and its
+store, run off the event loop, counted, and never failing a request.
+
+``gateway.requests`` asks ``lookup`` before admission (a hit streams at once and takes no
+engine slot) and ``store`` once a miss's worker stream ended whole and its client has it.
+Disk errors are counted (``orpheus_gateway_cache_errors``) and logged once a minute; the
+request goes on as a miss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from common.config import ServeConfig
+from gateway.cache.keys import NODE_SCOPE, UnitKey, checkpoint_identity
+from gateway.cache.metrics import CacheMetrics
+from gateway.cache.node import NodeCache, SweepResult
+from shm.messages import SamplingOverrides
+from store.voices import resolve_state_dir
+
+log = logging.getLogger(__name__)
+
+SWEEP_EVERY_S = 60.0
+"""A process sweeps the node's entries at least this often while it stores (TTL, sightings,
+the byte bound as other processes' writes moved it)."""
+_LOG_EVERY_S = 60.0
+
+
+def cache_dir(config: ServeConfig) -> Path:
+    """``cache.dir``, or ``audio-cache/`` in ``voices.state_dir``."""
+    c = config.cache
+    if c.dir:
+        return resolve_state_dir(c.dir)
+    return resolve_state_dir(config.voices.state_dir) / "audio-cache"
+
+
+class AudioCache:
+    def __init__(
+        self,
+        config: ServeConfig,
+        metrics: CacheMetrics,
+        voice_version: Callable[[str], str],
+    ) -> None:
+        c = config.cache
+        self.node = NodeCache(
+            cache_dir(config), max_bytes=c.max_bytes, ttl_s=c.ttl_s, admit_after=c.admit_after
+        )
+        self.shared = c.scope == "node"
+        self.model = checkpoint_identity(config.llm.model)
+        self.codec = checkpoint_identity(config.codec.model)
+        self.metrics = metrics
+        self._voice_version = voice_version
+        self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="audio-cache-read")
+        self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audio-cache-write")
+        """Writes (fsync, sweeps) in one thread of their own: lookups never wait behind them,
+        and one sweep runs at a time."""
+        self._pending: set[asyncio.Future[object]] = set()
+        self._logged_at = -_LOG_EVERY_S
+
+    def key(self, tenant: str, text: str, voice: str, sampling: SamplingOverrides) -> UnitKey:
+        """The key of the unit ``text`` (final: as the model reads it) spoken by ``voice``
+        with ``sampling`` for ``tenant`` (the API key; the node's scope when shared)."""
+        return UnitKey(
+            NODE_SCOPE if self.shared else tenant,
+            self.model,
+            self.codec,
+            voice,
+            self._voice_version(voice),
+            text,
+            sampling,
+        )
+
+    def _failed(self, what: str, e: BaseException) -> None:
+        self.metrics.errors.inc()
+        now = time.monotonic()
+        if now - self._logged_at >= _LOG_EVERY_S:
+            self._logged_at = now
+            log.warning("sentence audio cache: %s failed (%s); going on without it", what, e)
+
+    async def lookup(self, key: UnitKey) -> bytes | None:
+        """The unit's PCM if the cache has it (counted as a hit or a miss)."""
+        loop = asyncio.get_running_loop()
+        try:
+            pcm = await loop.run_in_executor(self._reads, self.node.get, key.tenant, key.digest())
+        except Exception as e:  # a failing cache never fails a request
+            self._failed("a lookup", e)
+            pcm = None
+        self.metrics.by_result["hit" if pcm is not None else "miss"].inc()
+        return pcm
+
+    def bypassed(self) -> None:
+        self.metrics.by_result["bypass"].inc()
+
+    def store(self, key: UnitKey, pcm: bytes, *, force: bool = False) -> None:
+        """Count a synthesis of the unit and store its ``pcm`` if admitted (or ``force``: the
+        request asked for new audio, ``no-cache``), in the background."""
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self._writes, self._store, key.tenant, key.digest(), pcm, force)
+        self._pending.add(fut)
+        fut.add_done_callback(self._stored)
+
+    def _store(
+        self, tenant: str, digest: str, pcm: bytes, force: bool
+    ) -> tuple[bool, SweepResult | None]:
+        node = self.node
+        if not force:
+            node.sighted(tenant, digest)
+        swept_at = node.swept_at
+        written = node.put(tenant, digest, pcm, force=force)
+        if node.swept_at == swept_at and time.time() - swept_at > SWEEP_EVERY_S:
+            node.sweep()
+        return written, node.last_sweep if node.swept_at != swept_at else None
+
+    def _stored(self, fut: asyncio.Future[tuple[bool, SweepResult | None]]) -> None:
+        self._pending.discard(fut)
+        if fut.cancelled():
+            return
+        if (e := fut.exception()) is not None:
+            self._failed("a store", e)
+            return
+        written, swept = fut.result()
+        if written:
+            self.metrics.stores.inc()
+        if swept is not None:
+            self._swept(swept)
+
+    def _swept(self, r: SweepResult) -> None:
+        self.metrics.evictions.inc(r.evicted)
+        self.metrics.entries.set(r.entries)
+        self.metrics.bytes.set(r.bytes)
+
+    async def start(self) -> None:
+        """A first sweep: the node's entries and bytes as they are (another process's, or
+        this node's before a restart)."""
+        loop = asyncio.get_running_loop()
+        try:
+            self._swept(await loop.run_in_executor(self._writes, self.node.sweep))
+        except Exception as e:
+            self._failed("the first sweep", e)
+
+    async def purge(self, tenant: str) -> int:
+        """Remove every entry of ``tenant`` (the API key); how many there were."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._writes, self.node.purge, NODE_SCOPE if self.shared else tenant
+        )
+
+    async def close(self) -> None:
+        """Let the stores under way finish (they are whole or not at all either way)."""
+        if self._pending:
+            await asyncio.wait(list(self._pending), timeout=5.0)
+        self._reads.shutdown(wait=False)
+        self._writes.shutdown(wait=False)

@@ -1,0 +1,185 @@
+"""The sentence audio cache in the gateway, over the synthetic backend: a repeat is served
+from the cache (``X-Cache: hit``, no worker stream, the stored bytes), never across API keys,
+never under ``Cache-Control: no-store``; ``no-cache`` synthesises again and stores; a
+streaming protocol's sentences hit one by one; a hit holds no engine slot but counts in its
+key's concurrency; a cache whose directory is gone fails no request."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import aiohttp
+import pytest
+from gateway_harness import Harness, running_gateway, wait_until
+
+from common.config.cache import CacheConfig
+from gateway.admission import Admission, KeyLimits
+from gateway.errors import APIError
+from shm.layout import InstanceLayout
+
+pytestmark = pytest.mark.timeout(60)
+
+TEXT = "Thank you for calling, how can I help you today?"
+
+
+def _cache(tmp_path: Path, **kw: object) -> dict[str, object]:
+    return {"cache": CacheConfig(enabled=True, dir=str(tmp_path / "cache"), **kw)}
+
+
+async def _speak(
+    h: Harness,
+    s: aiohttp.ClientSession,
+    key: str,
+    text: str = TEXT,
+    cache_control: str | None = None,
+) -> tuple[str | None, bytes]:
+    headers = {"Authorization": f"Bearer {key}"}
+    if cache_control is not None:
+        headers["Cache-Control"] = cache_control
+    body = {"model": "tts-1", "input": text, "voice": "tara", "response_format": "pcm"}
+    async with s.post(h.url + "/v1/audio/speech", json=body, headers=headers) as r:
+        assert r.status == 200, await r.text()
+        return r.headers.get("X-Cache"), await r.read()
+
+
+def _stores(h: Harness) -> float:
+    return h.metric("orpheus_gateway_cache_stores_total")
+
+
+async def _stored(h: Harness, n: int) -> None:
+    await wait_until(lambda: _stores(h) >= n, what=f"{n} cache stores")
+
+
+async def test_a_repeat_is_served_from_the_cache_byte_identical(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    async with (
+        running_gateway(layout, serve=_cache(tmp_path), api_keys=["k1", "k2"]) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        assert (await _speak(h, s, "k1"))[0] == "miss"
+        state, first = await _speak(h, s, "k1")
+        assert state == "miss"
+        await _stored(h, 1)  # the second synthesis stored it (admitted on second sight)
+        submits = len(h.backend.submitted())
+        state, audio = await _speak(h, s, "k1")
+        assert state == "hit" and audio == first and len(audio) > 0
+        assert len(h.backend.submitted()) == submits  # no worker stream for a hit
+        assert h.metric("orpheus_gateway_cache_lookups_total", {"result": "hit"}) == 1
+        assert h.gateway.admission.by_engine == [0] and not h.gateway.admission.by_key
+        # Another key says the same: a miss (its own entries), synthesised.
+        state, _ = await _speak(h, s, "k2")
+        assert state == "miss" and len(h.backend.submitted()) == submits + 1
+        # A format other than the stored PCM is encoded from the same entry.
+        body = {"model": "tts-1", "input": TEXT, "voice": "tara", "response_format": "wav"}
+        async with s.post(
+            h.url + "/v1/audio/speech", json=body, headers={"Authorization": "Bearer k1"}
+        ) as r:
+            assert r.headers["X-Cache"] == "hit" and (await r.read()).startswith(b"RIFF")
+        # A text with a pause is not one unit: never cached.
+        state, _ = await _speak(h, s, "k1", 'Hello. <break time="0.2s"/> Goodbye.')
+        assert state is None
+
+
+async def test_no_store_neither_reads_nor_writes_and_no_cache_regenerates(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    async with (
+        running_gateway(layout, serve=_cache(tmp_path), api_keys=["k1"]) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        for _ in range(3):
+            assert (await _speak(h, s, "k1", cache_control="no-store"))[0] == "miss"
+        await asyncio.sleep(0.2)
+        assert _stores(h) == 0 and not list((tmp_path / "cache").glob("*/*"))
+        await _speak(h, s, "k1")
+        await _speak(h, s, "k1")
+        await _stored(h, 1)
+        assert (await _speak(h, s, "k1", cache_control="no-store"))[0] == "miss"
+        submits = len(h.backend.submitted())
+        assert (await _speak(h, s, "k1", cache_control="no-cache"))[0] == "miss"
+        assert len(h.backend.submitted()) == submits + 1  # synthesised again
+        await _stored(h, 2)  # and stored again
+        assert (await _speak(h, s, "k1"))[0] == "hit"
+        assert h.metric("orpheus_gateway_cache_lookups_total", {"result": "bypass"}) == 5
+
+
+async def test_node_scope_shares_entries_between_keys(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    async with (
+        running_gateway(layout, serve=_cache(tmp_path, scope="node"), api_keys=["k1", "k2"]) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        await _speak(h, s, "k1")
+        await _speak(h, s, "k2")
+        await _stored(h, 1)
+        assert (await _speak(h, s, "k2"))[0] == "hit"
+        assert (await _speak(h, s, "k1"))[0] == "hit"
+
+
+async def test_a_streaming_protocol_s_sentences_hit_one_by_one(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    """vLLM-Omni's WebSocket: each sentence is a unit; a known one streams from the cache,
+    the new one behind it is synthesised."""
+    greeting, new = "Hello, thanks for calling.", "Your order ships on Monday."
+
+    async def say(h: Harness, s: aiohttp.ClientSession, text: str) -> int:
+        async with s.ws_connect(h.url + "/v1/audio/speech/stream") as ws:
+            await ws.send_json({"type": "session.config", "voice": "tara"})
+            await ws.send_json({"type": "input.text", "text": text})
+            await ws.send_json({"type": "input.done"})
+            audio = 0
+            async for msg in ws:
+                if msg.type == aiohttp.WSMsgType.BINARY:
+                    audio += len(msg.data)
+                elif msg.type == aiohttp.WSMsgType.TEXT and '"session.done"' in msg.data:
+                    break
+            return audio
+
+    async with (
+        running_gateway(layout, serve=_cache(tmp_path)) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        await say(h, s, greeting)
+        await say(h, s, greeting)
+        await _stored(h, 1)
+        submits = len(h.backend.submitted())
+        assert await say(h, s, f"{greeting} {new}") > 0
+        sent = [m.text for m in h.backend.submitted()[submits:]]
+        assert sent == [new]  # the greeting came from the cache
+
+
+async def test_a_cache_whose_directory_went_away_fails_no_request(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    async with (
+        running_gateway(layout, serve=_cache(tmp_path, admit_after=1), api_keys=["k1"]) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        await _speak(h, s, "k1")
+        await _stored(h, 1)
+        shutil.rmtree(tmp_path / "cache")
+        (tmp_path / "cache").write_text("not a directory")  # every read and write fails
+        for _ in range(3):
+            state, audio = await _speak(h, s, "k1")
+            assert state == "miss" and audio
+        await wait_until(lambda: h.metric("orpheus_gateway_cache_errors_total") >= 3)
+
+
+async def test_a_hit_counts_in_its_key_s_concurrency_and_takes_no_engine_slot() -> None:
+    admission = Admission(4, 4, 1.0, 1, lambda: None, key_limits=KeyLimits(1))
+    admission.hold_key("k1")
+    assert admission.by_engine == [0] and admission.by_key == {"k1": 1}
+    with pytest.raises(APIError) as e:
+        await admission.acquire("k1")
+    assert e.value.status == 429
+    with pytest.raises(APIError):
+        admission.hold_key("k1")
+    assert await admission.acquire("k2") == 0  # other keys: the engine slot is free
+    admission.release_key("k1")
+    assert admission.by_key == {"k2": 1}
+    assert await admission.acquire("k1") == 0
