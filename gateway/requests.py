@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 from common.config.gateway import GatewayConfig
 from gateway.admission import Admission
 from gateway.cache.control import USE, CacheUse
+from gateway.cache.units import sentences
 from gateway.errors import APIError
 from gateway.link import ClientLink
 from gateway.metrics import GatewayMetrics
@@ -66,6 +67,8 @@ PCM_FRAME_BYTES = SAMPLES_PER_FRAME * 2
 HIT_CHUNK_BYTES = BYTES_PER_SECOND // 2
 """A cache hit's PCM goes to its front end in pieces of half a second (encoders and
 socket messages work chunk by chunk)."""
+MAX_SENTENCE_LOOKUPS = 16
+"""Sentences of one text looked up at most (its cached start); the rest is synthesised."""
 STORED_ENDS = frozenset({"stop", "length"})
 """How a unit's worker stream must have ended for the cache to store its audio."""
 
@@ -113,6 +116,8 @@ class ActiveRequest:
         "api",
         "bytes_sent",
         "cache_key",
+        "cache_prefix",
+        "cache_rest",
         "cache_state",
         "cache_use",
         "completed",
@@ -157,10 +162,15 @@ class ActiveRequest:
         self.cache_use: CacheUse = USE
         """What the request lets the sentence audio cache do (``gateway.cache.control``)."""
         self.cache_state: str | None = None
-        """``hit`` (served from the cache, no engine slot), ``miss`` (synthesised), or None:
-        the cache is off or the unit cannot be cached (open text, break tags)."""
+        """``hit`` (served from the cache, no engine slot), ``partial`` (its first sentences
+        from the cache, the rest synthesised), ``miss`` (synthesised), or None: the cache is
+        off or the text cannot be cached (open text, break tags)."""
         self.cache_key: UnitKey | None = None
         """The unit's key, when its audio is to be stored once it has been synthesised."""
+        self.cache_prefix: bytes | None = None
+        """``partial``: the PCM of the text's first sentences, from the cache."""
+        self.cache_rest: str | None = None
+        """``partial``: the text after them, the one worker stream synthesised."""
         self.span: Span | None = None
         """The request's ``tts.request`` span (tracing on), from admission to finish."""
 
@@ -354,6 +364,11 @@ class RequestTracker:
             self.loop.time(), text_closed=not request.text_open, engine=engine
         )
         text, text_open, runs = params.text, request.text_open, None
+        if request.cache_prefix is not None and request.cache_rest is not None:
+            # Its first sentences from the cache, before the rest's audio; the rest is
+            # submitted now, not once they have been sent (no gap at the seam).
+            self._push_cached(stream, request.cache_prefix)
+            text = request.cache_rest
         if text_open or has_breaks(text):
             # Break tags (checked by build_params, or by the front end for open text): one
             # worker stream per run of text, the pauses' silence pushed between them
@@ -403,17 +418,39 @@ class RequestTracker:
         params = request.params
         if request.text_open or has_breaks(params.text) or not params.text.strip():
             return None  # not one unit (open text, pauses): never cached
-        key = cache.key(request.link.key, params.text, params.voice, params.sampling)
+        tenant, voice, sampling = request.link.key, params.voice, params.sampling
+        key = cache.key(tenant, params.text, voice, sampling)
         request.cache_state = "miss"
         use = request.cache_use
-        pcm = None
-        if use.read:
-            pcm = await cache.lookup(key)
-        else:
-            cache.bypassed()
-        if pcm is None and use.write:
-            request.cache_key = key
-        return pcm
+        if not use.read:
+            cache.count("bypass")
+            request.cache_key = key if use.write else None
+            return None
+        pcm = await cache.lookup(key)
+        if pcm is not None:
+            cache.count("hit")
+            return pcm
+        # Several sentences (an HTTP text): the longest run of cached ones from its start
+        # plays at once, the rest is one worker stream. Not with ``max_tokens``, the length
+        # of the whole text.
+        parts = sentences(params.text) if sampling.max_tokens is None else []
+        found: list[bytes] = []
+        if len(parts) > 1:
+            for sentence in parts[:MAX_SENTENCE_LOOKUPS]:
+                if (p := await cache.lookup(cache.key(tenant, sentence, voice, sampling))) is None:
+                    break
+                found.append(p)
+        if found and len(found) == len(parts):
+            cache.count("hit")
+            return b"".join(found)
+        if found:
+            request.cache_state = "partial"
+            request.cache_prefix = b"".join(found)
+            request.cache_rest = " ".join(parts[len(found) :])
+            key = cache.key(tenant, request.cache_rest, voice, sampling)
+        cache.count(request.cache_state)
+        request.cache_key = key if use.write else None
+        return None
 
     def _admit_hit(self, request: ActiveRequest, pcm: bytes, asked_ns: int) -> None:
         """Serve ``request`` from the cache: no engine slot (the key's concurrency counts
@@ -433,14 +470,21 @@ class RequestTracker:
         now = self.loop.time()
         stream = PcmStream(0, now)
         stream.first_audio_at = now
-        for i in range(0, len(pcm), HIT_CHUNK_BYTES):
-            stream.push(pcm[i : i + HIT_CHUNK_BYTES])
+        self._push_cached(stream, pcm)
         stream.finish(StreamEnd("stop", len(pcm) // PCM_FRAME_BYTES))
         stream.on_abort = link.abort
         link.units_open += 1
         request.stream = stream
         self.active.add(request)
         self.metrics.active.inc()
+
+    @staticmethod
+    def _push_cached(stream: PcmStream, pcm: bytes) -> None:
+        """Cached ``pcm`` into ``stream``, in ``HIT_CHUNK_BYTES`` pieces (``cached_bytes``:
+        the learned capacity measures the workers' audio only)."""
+        for i in range(0, len(pcm), HIT_CHUNK_BYTES):
+            stream.push(pcm[i : i + HIT_CHUNK_BYTES])
+        stream.cached_bytes += len(pcm)
 
     def _store(self, request: ActiveRequest) -> None:
         """A miss whose unit was synthesised whole and delivered: its audio to the cache."""

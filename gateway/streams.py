@@ -81,6 +81,7 @@ class PcmStream:
         "_waiter",
         "buffered_bytes",
         "bytes_received",
+        "cached_bytes",
         "end",
         "engine",
         "error",
@@ -108,6 +109,8 @@ class PcmStream:
         self._waiter: asyncio.Future[None] | None = None
         self.buffered_bytes = 0
         self.bytes_received = 0
+        self.cached_bytes = 0
+        """Of ``bytes_received``, those from the sentence audio cache (a cached start)."""
         self.next_seq = 0
         self.end: StreamEnd | None = None
         self.error: StreamError | None = None
@@ -331,9 +334,10 @@ class StreamRegistry:
                     if first is None:  # (a pause's silence may have come before it)
                         stream.first_audio_at = now
                         stream.first_chunk_bytes = n
-                    elif (lead := stream.bytes_received / BYTES_PER_S - (now - first)) < (
-                        stream.min_lead_s
-                    ):
+                    elif (
+                        lead := (stream.bytes_received - stream.cached_bytes) / BYTES_PER_S
+                        - (now - first)
+                    ) < stream.min_lead_s:
                         stream.min_lead_s = lead
                     stream.push(bytes(payload))
             elif kind == _END:

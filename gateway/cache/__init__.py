@@ -7,6 +7,7 @@ again to a repeat (``[cache]``, ``common.config.cache``; docs/api.md).
   served);
 - ``node``: the node's entries, files in one directory that every gateway process of the
   node shares (atomic writes, a byte bound, a TTL, admission on second sight, LRU);
+- ``units``: a whole text's sentences as keyed (an HTTP text whose start is cached);
 - ``control``: what a request lets the cache do (``Cache-Control``, a protocol's field);
 - ``service``: the gateway's cache (``Gateway.cache``): lookups and stores off the event
   loop, never failing a request;

@@ -53,6 +53,15 @@ def of_header(cache_control: str | None) -> CacheUse:
     return USE
 
 
+def of_http(cache_control: str | None, enable_logging: str | None = None) -> CacheUse:
+    """The use of an HTTP request or WebSocket upgrade: its ``Cache-Control`` header, then
+    ElevenLabs' ``enable_logging`` query parameter (``false``: never stored)."""
+    use = of_header(cache_control)
+    if enable_logging is not None and enable_logging.strip().lower() == "false":
+        use = without_logging(use)
+    return use
+
+
 def without_logging(use: CacheUse) -> CacheUse:
     """``use`` for a request that asked for zero retention (ElevenLabs' ``enable_logging``
     false): never written."""

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-RESULTS = ("hit", "miss", "bypass")
+RESULTS = ("hit", "partial", "miss", "bypass")
 
 
 class CacheMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.lookups = Counter(
             "orpheus_gateway_cache_lookups",
-            "Synthesis units looked up in the sentence audio cache, by result (bypass: the "
-            "request's Cache-Control or its protocol's cache field skipped the lookup)",
+            "Requests looked up in the sentence audio cache, by result (partial: its first "
+            "sentences were cached, the rest was synthesised; bypass: the request's "
+            "Cache-Control or its protocol's cache field skipped the lookup)",
             ["result"],
             registry=registry,
         )

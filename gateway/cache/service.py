@@ -20,6 +20,7 @@ from common.config import ServeConfig
 from gateway.cache.keys import NODE_SCOPE, UnitKey, checkpoint_identity
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.node import NodeCache, SweepResult
+from gateway.cache.units import unit_text
 from shm.messages import SamplingOverrides
 from store.voices import resolve_state_dir
 
@@ -71,7 +72,7 @@ class AudioCache:
             self.codec,
             voice,
             self._voice_version(voice),
-            text,
+            unit_text(text),
             sampling,
         )
 
@@ -83,18 +84,18 @@ class AudioCache:
             log.warning("sentence audio cache: %s failed (%s); going on without it", what, e)
 
     async def lookup(self, key: UnitKey) -> bytes | None:
-        """The unit's PCM if the cache has it (counted as a hit or a miss)."""
+        """The unit's PCM if the cache has it (not counted: ``count`` the request's result)."""
         loop = asyncio.get_running_loop()
         try:
             pcm = await loop.run_in_executor(self._reads, self.node.get, key.tenant, key.digest())
         except Exception as e:  # a failing cache never fails a request
             self._failed("a lookup", e)
             pcm = None
-        self.metrics.by_result["hit" if pcm is not None else "miss"].inc()
         return pcm
 
-    def bypassed(self) -> None:
-        self.metrics.by_result["bypass"].inc()
+    def count(self, result: str) -> None:
+        """A request's lookup result: ``hit``, ``partial``, ``miss`` or ``bypass``."""
+        self.metrics.by_result[result].inc()
 
     def store(self, key: UnitKey, pcm: bytes, *, force: bool = False) -> None:
         """Count a synthesis of the unit and store its ``pcm`` if admitted (or ``force``: the

@@ -11,12 +11,16 @@ import shutil
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import pytest
+import zmq
+import zmq.asyncio
 from gateway_harness import Harness, running_gateway, wait_until
 
 from common.config.cache import CacheConfig
 from gateway.admission import Admission, KeyLimits
 from gateway.errors import APIError
+from orpheus_wire.zeromq import Audio, Done, Started, server_decoder
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(60)
@@ -106,6 +110,33 @@ async def test_no_store_neither_reads_nor_writes_and_no_cache_regenerates(
         assert h.metric("orpheus_gateway_cache_lookups_total", {"result": "bypass"}) == 5
 
 
+async def test_a_text_whose_first_sentence_is_cached_is_a_partial_hit(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    """The cached greeting plays first and only the rest reaches the workers, submitted
+    with the request; a text all of whose sentences are cached is a hit."""
+    greeting, rest = "Hello, thanks for calling.", "Your order ships on Monday."
+    async with (
+        running_gateway(layout, serve=_cache(tmp_path), api_keys=["k1"]) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        await _speak(h, s, "k1", greeting)
+        _, greeting_pcm = await _speak(h, s, "k1", greeting)
+        await _stored(h, 1)
+        submits = len(h.backend.submitted())
+        state, audio = await _speak(h, s, "k1", f"{greeting}  {rest}")
+        assert state == "partial"
+        assert [m.text for m in h.backend.submitted()[submits:]] == [rest]
+        assert audio.startswith(greeting_pcm) and len(audio) > len(greeting_pcm)
+        assert h.metric("orpheus_gateway_cache_lookups_total", {"result": "partial"}) == 1
+        _, rest_pcm = await _speak(h, s, "k1", rest)  # the rest's second synthesis: stored
+        await _stored(h, 2)
+        submits = len(h.backend.submitted())
+        state, both = await _speak(h, s, "k1", f"{greeting} {rest}")
+        assert state == "hit" and both == greeting_pcm + rest_pcm
+        assert len(h.backend.submitted()) == submits
+
+
 async def test_node_scope_shares_entries_between_keys(
     layout: InstanceLayout, tmp_path: Path
 ) -> None:
@@ -183,3 +214,68 @@ async def test_a_hit_counts_in_its_key_s_concurrency_and_takes_no_engine_slot() 
     admission.release_key("k1")
     assert admission.by_key == {"k2": 1}
     assert await admission.acquire("k1") == 0
+
+
+async def test_elevenlabs_zero_retention_never_stores_and_its_sentences_hit(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    """ElevenLabs' ``enable_logging=false`` stores nothing; its units are cached like any
+    protocol's otherwise (sentence by sentence)."""
+    body = {"text": "Hello world. Bye now.", "model_id": "eleven_turbo_v2_5"}
+    url = "/v1/text-to-speech/tara/stream?output_format=pcm_24000"
+    async with (
+        running_gateway(layout, serve=_cache(tmp_path), api_keys=["k"]) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        hdr = {"xi-api-key": "k"}
+        for _ in range(3):
+            async with s.post(h.url + url + "&enable_logging=false", json=body, headers=hdr) as r:
+                assert r.status == 200 and await r.read()
+        await asyncio.sleep(0.2)
+        assert _stores(h) == 0 and not list((tmp_path / "cache").glob("*/*.pcm"))
+        for _ in range(2):
+            async with s.post(h.url + url, json=body, headers=hdr) as r:
+                first = await r.read()
+        await _stored(h, 2)  # both sentences
+        submits = len(h.backend.submitted())
+        async with s.post(h.url + url, json=body, headers=hdr) as r:
+            assert await r.read() == first
+        assert len(h.backend.submitted()) == submits
+
+
+async def test_zeromq_says_hit_in_done_and_takes_the_cache_field(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    async with running_gateway(layout, zmq=True, serve=_cache(tmp_path)) as h:
+        sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(h.config.gateway.zmq_endpoint or "")
+        try:
+
+            async def speak(rid: int, **fields: object) -> tuple[Done, bytes]:
+                msg = {"type": "speak", "request_id": rid, "input": TEXT, "voice": "tara"}
+                await sock.send(msgspec.msgpack.encode({**msg, **fields}))
+                audio = b""
+                while True:
+                    assert await sock.poll(10_000)
+                    reply = server_decoder.decode(await sock.recv())
+                    if isinstance(reply, Audio):
+                        audio += reply.data
+                    elif isinstance(reply, Done):
+                        return reply, audio
+                    else:
+                        assert isinstance(reply, Started), reply
+
+            assert (await speak(1, cache="no-store"))[0].cache == "miss"
+            assert (await speak(2, cache="no-store"))[0].cache == "miss"
+            await asyncio.sleep(0.2)
+            assert _stores(h) == 0
+            await speak(3)
+            done, audio = await speak(4)
+            assert done.cache == "miss"
+            await _stored(h, 1)
+            done, hit = await speak(5)
+            assert done.cache == "hit" and hit == audio
+            assert (await speak(6, cache="no-cache"))[0].cache == "miss"
+        finally:
+            sock.close(linger=0)
