@@ -119,6 +119,7 @@ class ActiveRequest:
         "cache_prefix",
         "cache_rest",
         "cache_state",
+        "cache_tenant",
         "cache_use",
         "completed",
         "first_byte_at",
@@ -161,6 +162,8 @@ class ActiveRequest:
         """The client's W3C trace context, continued when tracing is on."""
         self.cache_use: CacheUse = USE
         """What the request lets the sentence audio cache do (``gateway.cache.control``)."""
+        self.cache_tenant: str | None = None
+        """Whose entries the request reads and writes; None: its link's API key."""
         self.cache_state: str | None = None
         """``hit`` (served from the cache, no engine slot), ``partial`` (its first sentences
         from the cache, the rest synthesised), ``miss`` (synthesised), or None: the cache is
@@ -278,6 +281,7 @@ class RequestTracker:
         traceparent: str | None = None,
         text_chars: int | None = None,
         cache: CacheUse = USE,
+        cache_tenant: str | None = None,
     ) -> ActiveRequest:
         """A request for ``params`` whose audio goes out on ``link`` (its ``api`` labels the
         request), to enter with ``async with`` (admitted on entry). ``traceparent``: the
@@ -286,10 +290,12 @@ class RequestTracker:
         client's characters ``params.text`` stands for, when the front end rewrote or held
         back some of it (ZeroMQ's open text; default ``len(params.text)``). ``cache``: what
         the request lets the sentence audio cache do (its ``Cache-Control``, its protocol's
-        field)."""
+        field); ``cache_tenant``: whose entries it uses, when not its link's key (a job's
+        owner: ``gateway.cache.keys.job_tenant``)."""
         t0 = self.loop.time() if started_at is None else started_at
         request = ActiveRequest(self, params, link, t0, text_open)
         request.cache_use = cache
+        request.cache_tenant = cache_tenant
         if text_chars is not None:  # the client's characters, before the front end's rewriting
             request.text_chars = text_chars
         if self.tracing is not None:
@@ -418,7 +424,8 @@ class RequestTracker:
         params = request.params
         if request.text_open or has_breaks(params.text) or not params.text.strip():
             return None  # not one unit (open text, pauses): never cached
-        tenant, voice, sampling = request.link.key, params.voice, params.sampling
+        tenant = request.link.key if request.cache_tenant is None else request.cache_tenant
+        voice, sampling = params.voice, params.sampling
         key = cache.key(tenant, params.text, voice, sampling)
         request.cache_state = "miss"
         use = request.cache_use

@@ -11,6 +11,8 @@ again to a repeat (``[cache]``, ``common.config.cache``; docs/api.md).
 - ``control``: what a request lets the cache do (``Cache-Control``, a protocol's field);
 - ``service``: the gateway's cache (``Gateway.cache``): lookups and stores off the event
   loop, never failing a request;
+- ``routes``: ``DELETE /v1/cache`` (a key's purge) and ``DELETE /v1/admin/cache`` (the
+  node's);
 - ``metrics``: its Prometheus metrics (lookups by result, stores, evictions, errors,
   entries, bytes).
 """

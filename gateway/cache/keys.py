@@ -29,6 +29,16 @@ KEY_VERSION = 1
 NODE_SCOPE = "\x00node"
 """The tenant of every entry under ``cache.scope = "node"`` (no API key can be this)."""
 
+JOB_TENANT_PREFIX = "\x00job:"
+
+
+def job_tenant(owner: str) -> str:
+    """The tenant of a long-form job's units: its owner (``gateway.jobs.store.owner_of``, a
+    digest of the key; a job keeps no key in clear). Apart from the key's interactive
+    entries; a key's purge removes both."""
+    return JOB_TENANT_PREFIX + owner
+
+
 _WEIGHT_SUFFIXES = (".json", ".safetensors", ".bin", ".pt", ".model", ".txt")
 
 

@@ -173,6 +173,20 @@ class NodeCache:
         shutil.rmtree(d, ignore_errors=True)
         return n
 
+    def purge_all(self) -> int:
+        """Remove every entry and sighting of the node; the number of entries removed."""
+        try:
+            tenants = [t.path for t in os.scandir(self.directory) if t.is_dir()]
+        except FileNotFoundError:
+            return 0
+        n = 0
+        for t in tenants:
+            with contextlib.suppress(FileNotFoundError):
+                n += sum(1 for f in os.scandir(t) if f.name.endswith(ENTRY))
+            shutil.rmtree(t, ignore_errors=True)
+        self.bytes_estimate = 0
+        return n
+
     # -- the bound -------------------------------------------------------------------------
     def sweep(self, now: float | None = None) -> SweepResult:
         """Scan every tenant's entries: remove the expired ones, stale temporary files and

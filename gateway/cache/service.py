@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -144,12 +144,21 @@ class AudioCache:
         except Exception as e:
             self._failed("the first sweep", e)
 
-    async def purge(self, tenant: str) -> int:
-        """Remove every entry of ``tenant`` (the API key); how many there were."""
+    async def purge(self, key: str, also: Sequence[str] = ()) -> int:
+        """Remove every entry of API key ``key`` and of the tenants ``also`` (its jobs');
+        how many there were."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._writes, self.node.purge, NODE_SCOPE if self.shared else tenant
-        )
+        if self.shared:
+            return await loop.run_in_executor(self._writes, self.node.purge, NODE_SCOPE)
+        n = 0
+        for tenant in (key, *also):
+            n += await loop.run_in_executor(self._writes, self.node.purge, tenant)
+        return n
+
+    async def purge_all(self) -> int:
+        """Remove every entry of the node; how many there were."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._writes, self.node.purge_all)
 
     async def close(self) -> None:
         """Let the stores under way finish (they are whole or not at all either way)."""

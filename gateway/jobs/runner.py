@@ -40,6 +40,7 @@ from common.config.jobs import JobsConfig
 from gateway.apis import Api
 from gateway.audio.formats import OutputFormat
 from gateway.audio.output import make_output
+from gateway.cache.keys import job_tenant
 from gateway.errors import APIError
 from gateway.jobs.store import (
     BYTES_PER_SECOND,
@@ -476,7 +477,9 @@ class JobRunner:
                 # connection to tear down, and counts its bytes as a client's.
                 link = stack.enter_context(self.gateway.links.open(Api.JOBS))
                 request = await stack.enter_async_context(
-                    self.gateway.requests.open(job.params(index), link)
+                    self.gateway.requests.open(
+                        job.params(index), link, cache_tenant=job_tenant(job.spec.owner)
+                    )
                 )
             job.active.add(request)
             if job.stopping:  # cancelled while it waited for its slot

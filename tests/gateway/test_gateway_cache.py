@@ -279,3 +279,44 @@ async def test_zeromq_says_hit_in_done_and_takes_the_cache_field(
             assert (await speak(6, cache="no-cache"))[0].cache == "miss"
         finally:
             sock.close(linger=0)
+
+
+async def test_a_key_purges_its_own_entries_and_an_admin_the_node_s(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    async with (
+        running_gateway(
+            layout,
+            serve=_cache(tmp_path, admit_after=1),
+            api_keys=["k1", "k2"],
+            admin_keys=["adm"],
+        ) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        await _speak(h, s, "k1")
+        await _speak(h, s, "k2")
+        await _stored(h, 2)
+
+        async def purge(path: str, key: str) -> tuple[int, dict[str, object]]:
+            headers = {"Authorization": f"Bearer {key}"}
+            async with s.delete(h.url + path, headers=headers) as r:
+                return r.status, await r.json()
+
+        assert await purge("/v1/cache", "k1") == (200, {"purged": 1})
+        assert (await _speak(h, s, "k1"))[0] == "miss"  # gone (and stored again: admit_after 1)
+        assert (await _speak(h, s, "k2"))[0] == "hit"  # k2's stayed
+        assert (await purge("/v1/admin/cache", "k1"))[0] == 401
+        await _stored(h, 3)
+        assert await purge("/v1/admin/cache", "adm") == (200, {"purged": 2})
+        assert (await _speak(h, s, "k2"))[0] == "miss"
+
+
+async def test_a_shared_cache_is_purged_by_an_admin_only(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    async with (
+        running_gateway(layout, serve=_cache(tmp_path, scope="node"), api_keys=["k1"]) as h,
+        aiohttp.ClientSession() as s,
+        s.delete(h.url + "/v1/cache", headers={"Authorization": "Bearer k1"}) as r,
+    ):
+        assert r.status == 409 and (await r.json())["error"]["code"] == "cache_shared"
