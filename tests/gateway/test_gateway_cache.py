@@ -320,3 +320,25 @@ async def test_a_shared_cache_is_purged_by_an_admin_only(
         s.delete(h.url + "/v1/cache", headers={"Authorization": "Bearer k1"}) as r,
     ):
         assert r.status == 409 and (await r.json())["error"]["code"] == "cache_shared"
+
+
+async def test_a_websocket_upgrade_s_no_store_holds_for_all_its_units(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    async with (
+        running_gateway(layout, serve=_cache(tmp_path, admit_after=1)) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        for _ in range(2):
+            async with s.ws_connect(
+                h.url + "/v1/audio/speech/stream", headers={"Cache-Control": "no-store"}
+            ) as ws:
+                await ws.send_json({"type": "session.config", "voice": "tara"})
+                await ws.send_json({"type": "input.text", "text": "One. Two."})
+                await ws.send_json({"type": "input.done"})
+                async for msg in ws:
+                    if msg.type == aiohttp.WSMsgType.TEXT and '"session.done"' in msg.data:
+                        break
+        assert len(h.backend.submitted()) == 4  # every unit synthesised, each time
+        assert _stores(h) == 0
+        assert h.metric("orpheus_gateway_cache_lookups_total", {"result": "bypass"}) == 4
