@@ -27,7 +27,8 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
 - ``jobs``: long-form speech as durable jobs (store, runner, routes)
 - ``text``: how a request's text is read (normalisation, pronunciation dictionaries)
 - ``cache``: the sentence audio cache (each synthesis unit's PCM, kept on the node and served
-  again to a repeat; ``[cache]``)
+  again to a repeat; ``[cache]``); ``warm``: ``POST /v1/cache/warm``, filling it in spare
+  capacity
 - ``custom_voices``: the voices API; ``metrics``: Prometheus metrics (no front end imports
   it); ``apis``: ``Api``, which front end served a request (the metrics' label)
 - ``app``: the aiohttp application: each front end's routes in one loop

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import web
 
-from gateway import custom_voices, jobs
+from gateway import custom_voices, jobs, warm
 from gateway.auth import ApiKeys, http_middleware
 from gateway.browser_guard import BrowserGuard, add_cors_headers
 from gateway.cache import routes as cache_routes
@@ -165,6 +165,7 @@ def build_app(gateway: Gateway) -> web.Application:
         app.router.add_routes(
             cache_routes.routes(gateway.cache, lambda key: [job_tenant(owner_of(key))])
         )
+        warm.setup(app, gateway)  # POST /v1/cache/warm
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)

@@ -123,6 +123,7 @@ class ActiveRequest:
         "cache_use",
         "completed",
         "first_byte_at",
+        "flight_leader",
         "link",
         "params",
         "runs",
@@ -162,6 +163,8 @@ class ActiveRequest:
         """The client's W3C trace context, continued when tracing is on."""
         self.cache_use: CacheUse = USE
         """What the request lets the sentence audio cache do (``gateway.cache.control``)."""
+        self.flight_leader: PcmStream | None = None
+        """A follower's leader: the twin whose synthesis it hears (single flight)."""
         self.cache_tenant: str | None = None
         """Whose entries the request reads and writes; None: its link's API key."""
         self.cache_state: str | None = None
@@ -254,6 +257,8 @@ class RequestTracker:
         self.config = config
         self.cache = cache
         """The sentence audio cache (``gateway.cache``); None: off."""
+        self._flights: dict[str, PcmStream] = {}
+        """Key digest -> the stream synthesising that unit now (a single flight's leader)."""
         self.tracing = tracing
         self.incoming_traceparent = INCOMING_TRACEPARENT
         """Set by the app's tracing middleware: the HTTP request's ``traceparent`` header."""
@@ -343,8 +348,11 @@ class RequestTracker:
 
     async def admit(self, request: ActiveRequest) -> None:
         asked_ns = 0 if self.tracing is None else self._trace_request(request)
-        if self.cache is not None and (pcm := await self._look_up(request)) is not None:
-            self._admit_hit(request, pcm, asked_ns)
+        if self.cache is not None and (found := await self._look_up(request)) is not None:
+            if isinstance(found, PcmStream):  # a twin being synthesised: follow it
+                self._admit_hit(request, b"", asked_ns, leader=found)
+            else:
+                self._admit_hit(request, found, asked_ns)
             return
         with self.metrics.queued.track_inprogress():
             try:
@@ -405,6 +413,8 @@ class RequestTracker:
         request.link.units_open += 1
         if request.cache_key is not None:
             stream.record = []
+            if request.cache_state == "miss" and request.cache_use.read:
+                self._lead(stream, request.cache_key.digest())
         if runs is not None:
             request.runs = runs
             stream.on_end = lambda end: self._next_run(request, runs, end)
@@ -416,9 +426,10 @@ class RequestTracker:
         self._engine_active[engine].inc()
 
     # -- the sentence audio cache --------------------------------------------------------------
-    async def _look_up(self, request: ActiveRequest) -> bytes | None:
-        """The unit's cached PCM if the request may read it and the cache has it; else sets
-        what the request's synthesis is to store (``cache_key``)."""
+    async def _look_up(self, request: ActiveRequest) -> bytes | PcmStream | None:
+        """The unit's cached PCM if the request may read it and the cache has it, or the
+        stream of a twin being synthesised in this process (a single flight's leader, to
+        follow); else sets what the request's synthesis is to store (``cache_key``)."""
         cache = self.cache
         assert cache is not None
         params = request.params
@@ -437,6 +448,10 @@ class RequestTracker:
         if pcm is not None:
             cache.count("hit")
             return pcm
+        leader = self._flights.get(key.digest())
+        if leader is not None and leader.error is None and leader.record is not None:
+            cache.count("join")
+            return leader
         # Several sentences (an HTTP text): the longest run of cached ones from its start
         # plays at once, the rest is one worker stream. Not with ``max_tokens``, the length
         # of the whole text.
@@ -459,9 +474,13 @@ class RequestTracker:
         request.cache_key = key if use.write else None
         return None
 
-    def _admit_hit(self, request: ActiveRequest, pcm: bytes, asked_ns: int) -> None:
+    def _admit_hit(
+        self, request: ActiveRequest, pcm: bytes, asked_ns: int, leader: PcmStream | None = None
+    ) -> None:
         """Serve ``request`` from the cache: no engine slot (the key's concurrency counts
-        it: ``Admission.hold_key``), no worker stream; its audio is all there at once."""
+        it: ``Admission.hold_key``), no worker stream; its audio is all there at once. With
+        ``leader``: a follower of that twin's synthesis (its audio so far at once, the rest
+        as it is made, its end)."""
         link = request.link
         try:
             self.admission.hold_key(link.key)
@@ -477,13 +496,71 @@ class RequestTracker:
         now = self.loop.time()
         stream = PcmStream(0, now)
         stream.first_audio_at = now
-        self._push_cached(stream, pcm)
-        stream.finish(StreamEnd("stop", len(pcm) // PCM_FRAME_BYTES))
+        if leader is None:
+            self._push_cached(stream, pcm)
+            stream.finish(StreamEnd("stop", len(pcm) // PCM_FRAME_BYTES))
+        else:
+            self._follow(request, stream, leader)
         stream.on_abort = link.abort
         link.units_open += 1
         request.stream = stream
         self.active.add(request)
         self.metrics.active.inc()
+
+    # -- single flight: concurrent twins synthesise once ----------------------------------------
+    def _lead(self, stream: PcmStream, digest: str) -> None:
+        """``stream`` synthesises the unit ``digest`` (a miss): the twins that ask for it
+        while it is made follow it (``_follow``), in this process."""
+        if digest not in self._flights:
+            self._flights[digest] = stream
+            stream.flight = digest
+            stream.followers = []
+
+    def _follow(self, request: ActiveRequest, stream: PcmStream, leader: PcmStream) -> None:
+        record = leader.record or []
+        for chunk in record:
+            stream.push(chunk)
+        if leader.end is not None:
+            stream.finish(leader.end)  # it ended: all its audio was in its record
+            return
+        assert leader.followers is not None
+        leader.followers.append(stream)
+        request.flight_leader = leader
+
+    def _end_flight(self, request: ActiveRequest) -> bool:
+        """A leader's request is leaving: no twin joins it any more. True when its worker
+        stream goes on for its followers (its client left first): it is orphaned, and its
+        slot is released when it ends (``_orphan_done``)."""
+        stream = request.stream
+        if stream.flight is not None and self._flights.get(stream.flight) is stream:
+            del self._flights[stream.flight]
+        if not stream.followers or stream.done:
+            return False
+        stream.orphan()
+        stream.on_done = lambda: self._orphan_done(request)
+        return True
+
+    def _orphan_done(self, request: ActiveRequest) -> None:
+        """An orphaned leader's worker stream ended or failed: store it if whole, free its
+        slot."""
+        stream = request.stream
+        if stream.ended:
+            self._store(request)
+        self._engine_active[stream.engine].dec()
+        self.admission.release(stream.engine, request.link.key)
+
+    def _leave_flight(self, request: ActiveRequest) -> None:
+        """A follower is leaving; the last follower of an orphaned leader cancels it."""
+        leader, request.flight_leader = request.flight_leader, None
+        if leader is None:
+            return
+        if leader.followers and request.stream in leader.followers:
+            leader.followers.remove(request.stream)
+        if leader.orphaned and not leader.followers and not leader.done:
+            self.registry.release(leader, "cancelled")  # its worker stream is cancelled
+            leader.fail(
+                StreamError("cancelled", "nobody listens any more", 499), discard_pending=True
+            )
 
     @staticmethod
     def _push_cached(stream: PcmStream, pcm: bytes) -> None:
@@ -552,11 +629,17 @@ class RequestTracker:
         stream = request.stream
         outcome = request_outcome(request, exc)
         hit = request.cache_state == "hit"
+        orphaned = False
+        if hit:
+            self._leave_flight(request)
+        elif stream.flight is not None:
+            orphaned = self._end_flight(request)
         if outcome == "ok" and not hit:
             self._store(request)
-        self.registry.release(
-            stream, "client_disconnected" if outcome in ("cancelled", "ok") else outcome
-        )
+        if not orphaned:
+            self.registry.release(
+                stream, "client_disconnected" if outcome in ("cancelled", "ok") else outcome
+            )
         elapsed = self.loop.time() - request.started_at
         audio_s = request.audio_seconds
         rtf = elapsed / audio_s if audio_s else None
@@ -589,6 +672,8 @@ class RequestTracker:
         if hit:
             self.admission.release_key(link.key)
             return
+        if orphaned:
+            return  # its slot is its followers' until its worker stream ends
         self._engine_active[stream.engine].dec()
         self.admission.release(stream.engine, link.key)
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-RESULTS = ("hit", "partial", "miss", "bypass")
+RESULTS = ("hit", "join", "partial", "miss", "bypass")
 
 
 class CacheMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.lookups = Counter(
             "orpheus_gateway_cache_lookups",
-            "Requests looked up in the sentence audio cache, by result (partial: its first "
-            "sentences were cached, the rest was synthesised; bypass: the request's "
-            "Cache-Control or its protocol's cache field skipped the lookup)",
+            "Requests looked up in the sentence audio cache, by result (join: a twin being "
+            "synthesised in the same gateway process was followed, a single flight; partial: "
+            "its first sentences were cached, the rest was synthesised; bypass: the "
+            "request's Cache-Control or its protocol's cache field skipped the lookup)",
             ["result"],
             registry=registry,
         )

@@ -54,6 +54,7 @@ from gateway.jobs.store import (
     describe_os_error,
     write_atomic,
 )
+from gateway.readiness import background_room
 from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams
 from gateway.service import Gateway
@@ -206,17 +207,11 @@ class JobRunner:
     def has_room(self) -> bool:
         """A unit may start: the node has a stream slot beyond the interactive reserve and no
         request waits for one."""
-        admission = self.gateway.admission
-        active, queued = admission.node_counts()
-        capacity = admission.capacity()
-        # Learned admission: the reserve is at most half of what the node holds in real
-        # time, so that a small node still speaks jobs while nobody else talks.
-        reserve = self.config.reserve_streams
-        if admission.learned:
-            reserve = min(reserve, capacity // 2)
-        limit = capacity - reserve
-        self.metrics.job_reserve_in_use.set(max(0, min(active - limit, capacity)))
-        return queued == 0 and active < limit and not self.gateway.draining
+        room, reserve_in_use = background_room(
+            self.gateway.admission, self.config.reserve_streams, self.gateway.draining
+        )
+        self.metrics.job_reserve_in_use.set(reserve_in_use)
+        return room
 
     @contextlib.asynccontextmanager
     async def _node_turn(self, job: RunningJob) -> AsyncIterator[None]:

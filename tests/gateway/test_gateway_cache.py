@@ -342,3 +342,102 @@ async def test_a_websocket_upgrade_s_no_store_holds_for_all_its_units(
         assert len(h.backend.submitted()) == 4  # every unit synthesised, each time
         assert _stores(h) == 0
         assert h.metric("orpheus_gateway_cache_lookups_total", {"result": "bypass"}) == 4
+
+
+SHORT = "Hello there, friend."
+"""20 characters: 20 frames of the synthetic backend, 1.7 s at its real-time pace."""
+
+
+async def test_concurrent_twins_synthesise_once(layout: InstanceLayout, tmp_path: Path) -> None:
+    """Single flight: five twins that ask while the first is synthesised follow it (its
+    audio so far at once, the rest as it is made): one worker stream for six answers."""
+    async with (
+        running_gateway(
+            layout, backend={"realtime": True}, serve=_cache(tmp_path), api_keys=["k1"]
+        ) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        first = asyncio.create_task(_speak(h, s, "k1", SHORT))
+        await wait_until(lambda: len(h.backend.submitted()) == 1, what="the first submit")
+        twins = await asyncio.gather(*(_speak(h, s, "k1", SHORT) for _ in range(5)))
+        state, audio = await first
+        assert state == "miss" and len(audio) == len(SHORT) * 2048 * 2
+        assert twins == [("hit", audio)] * 5
+        assert len(h.backend.submitted()) == 1
+        assert h.metric("orpheus_gateway_cache_lookups_total", {"result": "join"}) == 5
+        assert h.gateway.admission.by_engine == [0] and not h.gateway.admission.by_key
+
+
+async def test_a_leader_whose_client_left_goes_on_for_its_followers(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    async with (
+        running_gateway(
+            layout,
+            backend={"realtime": True},
+            serve=_cache(tmp_path, admit_after=1),
+            api_keys=["k1"],
+        ) as h,
+        aiohttp.ClientSession() as s,
+        aiohttp.ClientSession() as leaver,
+    ):
+        body = {"model": "tts-1", "input": SHORT, "voice": "tara", "response_format": "pcm"}
+        resp = await leaver.post(
+            h.url + "/v1/audio/speech", json=body, headers={"Authorization": "Bearer k1"}
+        )
+        await resp.content.readany()  # its first audio
+        follower = asyncio.create_task(_speak(h, s, "k1", SHORT))
+        await wait_until(
+            lambda: h.metric("orpheus_gateway_cache_lookups_total", {"result": "join"}) == 1,
+            what="the follower joined",
+        )
+        resp.close()  # the leader's client goes away mid-stream
+        state, audio = await follower
+        assert state == "hit" and len(audio) == len(SHORT) * 2048 * 2  # all of it
+        assert not h.backend.cancelled_ids()  # its worker stream was not cancelled
+        await _stored(h, 1)  # and, whole, it was stored
+        await wait_until(lambda: h.gateway.admission.by_engine == [0], what="the slot freed")
+        assert (await _speak(h, s, "k1", SHORT)) == ("hit", audio)
+
+
+async def test_warming_fills_the_cache_so_the_first_call_hits(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    """``POST /v1/cache/warm``: each phrase's sentences stored at once (no second sight),
+    already cached ones skipped; the first request of a warmed phrase is a hit."""
+    async with (
+        running_gateway(layout, serve=_cache(tmp_path), api_keys=["k1", "k2"]) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        body = {"input": [TEXT, "Please hold. We will be right with you."], "voice": "tara"}
+        headers = {"Authorization": "Bearer k1"}
+        async with s.post(h.url + "/v1/cache/warm", json=body, headers=headers) as r:
+            assert r.status == 202 and await r.json() == {"units": 3}
+        await _stored(h, 3)
+        submits = len(h.backend.submitted())
+        assert (await _speak(h, s, "k1"))[0] == "hit"
+        assert (await _speak(h, s, "k1", "Please hold. We will be right with you."))[0] == "hit"
+        assert (await _speak(h, s, "k2"))[0] == "miss"  # warmed for k1 only
+        async with s.post(h.url + "/v1/cache/warm", json=body, headers=headers) as r:
+            assert r.status == 202
+        await asyncio.sleep(0.3)
+        assert len(h.backend.submitted()) == submits + 1  # the k2 miss; nothing re-warmed
+        async with s.post(h.url + "/v1/cache/warm", json={"input": []}, headers=headers) as r:
+            assert r.status == 400
+
+
+async def test_warming_waits_for_room_beyond_the_interactive_reserve(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    """With every slot inside the jobs' reserve (2 slots, a reserve of 8) nothing is warmed,
+    while an interactive request is served."""
+    async with (
+        running_gateway(layout, serve=_cache(tmp_path), max_active_streams=2) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        async with s.post(h.url + "/v1/cache/warm", json={"input": ["Hello there."]}) as r:
+            assert r.status == 202
+        await asyncio.sleep(1.0)
+        assert not h.backend.submitted() and _stores(h) == 0
+        assert (await _speak(h, s, "", "Something else."))[0] == "miss"
+        assert len(h.backend.submitted()) == 1
