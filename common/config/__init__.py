@@ -115,6 +115,8 @@ INTERNAL_KEYS: dict[str, str] = {
     "phrases (bench/cache/policy.py: the hit ratio is flat past them)",
     "cache.ttl_s": "what changes a unit's audio is in its key; the TTL only ages entries out",
     "cache.admit_after": "the policy chosen by bench/cache/policy.py; an A/B switch",
+    "cache.fleet_url": "a fleet's manifests set it beside the server they run (deploy/); "
+    "none keeps each node's cache its own",
 }
 """Keys an operator has no reason to set, each with why: they still load from the file, the
 environment and ``--set`` (tests and benchmarks set them), and docs/configuration.md lists

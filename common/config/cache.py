@@ -27,6 +27,10 @@ class CacheConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     hold about 3 hours of speech, 3,500 sentences of 3 s."""
     ttl_s: float = 7 * 86400.0
     """An entry older than this is never served (and is removed by the next sweep)."""
+    fleet_url: str = ""
+    """A Valkey (or Redis) server the nodes behind one load balancer share entries in
+    (``valkey://host:6379/0``, ``redis://...``; ``gateway.cache.fleet``); empty: each node
+    its own. A slow or absent server fails no request: the node's cache answers alone."""
     admit_after: int = 2
     """A unit is stored when it has been synthesised this many times within a day
     (2: on its second sight, so that a flood of one-off sentences does not push the

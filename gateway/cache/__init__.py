@@ -9,6 +9,8 @@ again to a repeat (``[cache]``, ``common.config.cache``; docs/api.md).
   node shares (atomic writes, a byte bound, a TTL, admission on second sight, LRU);
 - ``units``: a whole text's sentences as keyed (an HTTP text whose start is cached);
 - ``control``: what a request lets the cache do (``Cache-Control``, a protocol's field);
+- ``fleet``: the entries a fleet of nodes shares in Valkey (``[cache] fleet_url``), asked when
+  the node misses, never failing a request;
 - ``service``: the gateway's cache (``Gateway.cache``): lookups and stores off the event
   loop, never failing a request;
 - ``routes``: ``DELETE /v1/cache`` (a key's purge) and ``DELETE /v1/admin/cache`` (the

@@ -19,6 +19,11 @@ class CacheMetrics:
             registry=registry,
         )
         self.by_result = {r: self.lookups.labels(r) for r in RESULTS}
+        self.fleet_hits = Counter(
+            "orpheus_gateway_cache_fleet_hits",
+            "Hits answered by the fleet's cache (cache.fleet_url) after the node's missed",
+            registry=registry,
+        )
         self.stores = Counter(
             "orpheus_gateway_cache_stores",
             "Units' audio written to the cache",

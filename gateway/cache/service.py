@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from common.config import ServeConfig
+from gateway.cache.fleet import FleetCache
 from gateway.cache.keys import NODE_SCOPE, UnitKey, checkpoint_identity
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.node import NodeCache, SweepResult
@@ -55,6 +56,8 @@ class AudioCache:
         self.model = checkpoint_identity(config.llm.model)
         self.codec = checkpoint_identity(config.codec.model)
         self.metrics = metrics
+        self.fleet = FleetCache(c.fleet_url, c.ttl_s) if c.fleet_url else None
+        """The fleet's shared entries (Valkey), asked when the node misses; None: none."""
         self._voice_version = voice_version
         self._reads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="audio-cache-read")
         self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audio-cache-write")
@@ -91,6 +94,11 @@ class AudioCache:
         except Exception as e:  # a failing cache never fails a request
             self._failed("a lookup", e)
             pcm = None
+        if pcm is None and self.fleet is not None:
+            pcm = await self.fleet.get(key.tenant, key.digest())
+            if pcm is not None:  # the next repeat on this node is local
+                self.metrics.fleet_hits.inc()
+                self._write(self.node.put, key.tenant, key.digest(), pcm, force=True)
         return pcm
 
     def count(self, result: str) -> None:
@@ -101,9 +109,22 @@ class AudioCache:
         """Count a synthesis of the unit and store its ``pcm`` if admitted (or ``force``: the
         request asked for new audio, ``no-cache``), in the background."""
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._writes, self._store, key.tenant, key.digest(), pcm, force)
+        tenant, digest = key.tenant, key.digest()
+        fut = loop.run_in_executor(self._writes, self._store, tenant, digest, pcm, force)
         self._pending.add(fut)
-        fut.add_done_callback(self._stored)
+        fut.add_done_callback(lambda f: self._stored(f, tenant, digest, pcm))
+
+    def _write(self, fn: Callable[..., object], *args: object, force: bool = False) -> None:
+        """``fn(*args, force=force)`` in the writer thread, its failure counted."""
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self._writes, lambda: fn(*args, force=force))
+        self._pending.add(fut)
+        fut.add_done_callback(self._written)
+
+    def _written(self, fut: asyncio.Future[object]) -> None:
+        self._pending.discard(fut)
+        if not fut.cancelled() and (e := fut.exception()) is not None:
+            self._failed("a copy from the fleet", e)
 
     def _store(
         self, tenant: str, digest: str, pcm: bytes, force: bool
@@ -117,7 +138,13 @@ class AudioCache:
             node.sweep()
         return written, node.last_sweep if node.swept_at != swept_at else None
 
-    def _stored(self, fut: asyncio.Future[tuple[bool, SweepResult | None]]) -> None:
+    def _stored(
+        self,
+        fut: asyncio.Future[tuple[bool, SweepResult | None]],
+        tenant: str,
+        digest: str,
+        pcm: bytes,
+    ) -> None:
         self._pending.discard(fut)
         if fut.cancelled():
             return
@@ -127,6 +154,10 @@ class AudioCache:
         written, swept = fut.result()
         if written:
             self.metrics.stores.inc()
+            if self.fleet is not None:
+                task = asyncio.ensure_future(self.fleet.put(tenant, digest, pcm))
+                self._pending.add(task)
+                task.add_done_callback(self._pending.discard)
         if swept is not None:
             self._swept(swept)
 
@@ -148,21 +179,27 @@ class AudioCache:
         """Remove every entry of API key ``key`` and of the tenants ``also`` (its jobs');
         how many there were."""
         loop = asyncio.get_running_loop()
-        if self.shared:
-            return await loop.run_in_executor(self._writes, self.node.purge, NODE_SCOPE)
+        tenants = [NODE_SCOPE] if self.shared else [key, *also]
         n = 0
-        for tenant in (key, *also):
+        for tenant in tenants:
             n += await loop.run_in_executor(self._writes, self.node.purge, tenant)
+            if self.fleet is not None:
+                await self.fleet.purge(tenant)
         return n
 
     async def purge_all(self) -> int:
         """Remove every entry of the node; how many there were."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._writes, self.node.purge_all)
+        n = await loop.run_in_executor(self._writes, self.node.purge_all)
+        if self.fleet is not None:
+            await self.fleet.purge(None)
+        return n
 
     async def close(self) -> None:
         """Let the stores under way finish (they are whole or not at all either way)."""
         if self._pending:
             await asyncio.wait(list(self._pending), timeout=5.0)
+        if self.fleet is not None:
+            await self.fleet.close()
         self._reads.shutdown(wait=False)
         self._writes.shutdown(wait=False)
