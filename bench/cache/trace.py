@@ -1,8 +1,10 @@
 """The sentence audio cache on the real server: a voice-agent trace with the cache used and
 bypassed, side by side on one server in one run.
 
-    python -m bench.cache.trace --model tiny-model --codec-model tiny-model/snac \\
+    orpheus-serve bench cache --model tiny-model --codec-model tiny-model/snac \\
         --json docs/results/cache_trace_cpu.json --plot docs/results/cache_trace_cpu.png
+
+(``python -m bench.cache.trace`` the same.)
 
 One server (``cache.enabled``, two API keys' worth of clients in the same key), closed-loop
 clients each speaking voice-agent turns (``bench.cache.policy.voice_agent_trace``'s sentences
