@@ -18,8 +18,6 @@ from __future__ import annotations
 import logging
 import time
 
-import valkey.asyncio as valkey
-
 from gateway.cache import entry
 from gateway.cache.node import tenant_id
 
@@ -35,6 +33,10 @@ RETRY_S = 5.0
 
 class FleetCache:
     def __init__(self, url: str, ttl_s: float) -> None:
+        # Imported here: a gateway without a fleet (and an environment without the client,
+        # as the vLLM 0.25.1 test environment may be) never loads it.
+        import valkey.asyncio as valkey
+
         self.url = url
         self.ttl_s = ttl_s
         self._client = valkey.from_url(
