@@ -16,6 +16,12 @@ machine and the same model. Per arm: requests, audio seconds delivered per secon
 first byte (request sent to first body byte, at the client) p50/p99 by ``X-Cache`` (hit,
 miss), the hit ratio; the cache's entries and bytes at the end (``/metrics``).
 
+``--scenario repeat``: the issue's closed-loop check instead, the ``repeat`` arm's clients
+cycling through five sentences (cached after their second synthesis) against the
+``unique`` arm's clients whose sentences never repeat, both using the cache; per arm also
+the streams per second and the share of streams played in real time (a player that starts
+100 ms after the first byte never runs dry).
+
 The tiny model's random weights do not stop on their own: every request asks for
 ``max_tokens`` of 7 per 6 characters (a frame of 85 ms per 6 characters, about speech's
 pace), so a sentence's audio length follows its text in both arms.
@@ -31,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +50,37 @@ from bench.report import environment, now_iso, write_json
 
 BYTES_PER_S = 48_000
 KEY = "bench-cache"
+JITTER_S = 0.1
+"""A stream is real-time when a player that starts this long after its first byte never
+runs dry."""
+FIVE = [
+    "Thank you for calling, how can I help you today?",
+    "One moment please, let me look that up for you.",
+    "Is there anything else I can help you with?",
+    "Please hold while I transfer your call.",
+    "Thank you for your patience, goodbye.",
+]
 
 
-def turns(seed: int) -> list[str]:
+def five(seed: int) -> Iterator[str]:
+    """Five stock sentences, cycled (from a different one per client)."""
+    i = seed
+    while True:
+        yield FIVE[i % len(FIVE)]
+        i += 1
+
+
+def unique(seed: int) -> Iterator[str]:
+    """Sentences that never repeat, of the same lengths as ``FIVE``'s."""
+    n = 0
+    while True:
+        n += 1
+        base = FIVE[n % len(FIVE)]
+        tag = f"{seed}-{n} "
+        yield tag + base[len(tag) :]
+
+
+def turns(seed: int) -> Iterator[str]:
     """Endless voice-agent turns: a stock phrase (Zipf s=1 over ``STOCK``) opening or closing
     two one-off sentences."""
     rng = random.Random(seed)
@@ -62,8 +97,8 @@ def turns(seed: int) -> list[str]:
 
 async def speak(
     s: aiohttp.ClientSession, url: str, text: str, use_cache: bool
-) -> tuple[str, float, float]:
-    """(X-Cache, TTFB s, audio s) of one sentence."""
+) -> tuple[str, float, float, bool]:
+    """(X-Cache, TTFB s, audio s, played in real time) of one sentence."""
     headers = {"Authorization": f"Bearer {KEY}"}
     if not use_cache:
         headers["Cache-Control"] = "no-store"
@@ -72,20 +107,29 @@ async def speak(
     t0 = time.perf_counter()
     ttfb = None
     n = 0
+    realtime = True
     async with s.post(url + "/v1/audio/speech", json=body, headers=headers) as r:
         r.raise_for_status()
         state = "off" if not use_cache else r.headers.get("X-Cache", "none")
         async for chunk in r.content.iter_any():
+            now = time.perf_counter() - t0
             if ttfb is None:
-                ttfb = time.perf_counter() - t0
+                ttfb = now
+            # Before this chunk, the player (started JITTER_S after the first byte) must
+            # not have played past what had arrived.
+            if now - ttfb - JITTER_S > n / BYTES_PER_S:
+                realtime = False
             n += len(chunk)
-    return state, ttfb if ttfb is not None else float("nan"), n / BYTES_PER_S
+    return state, ttfb if ttfb is not None else float("nan"), n / BYTES_PER_S, realtime
+
+
+Result = tuple[str, float, float, bool]
 
 
 async def run_phase(
     url: str, clients: int, seconds: float, use_cache: bool, sources: list[Any]
-) -> list[tuple[str, float, float]]:
-    out: list[tuple[str, float, float]] = []
+) -> list[Result]:
+    out: list[Result] = []
     end = time.perf_counter() + seconds
 
     async def client(i: int) -> None:
@@ -104,14 +148,18 @@ def pct(xs: list[float], q: float) -> float | None:
     return round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1000, 1)
 
 
-def summarise(results: list[tuple[str, float, float]], seconds: float) -> dict[str, Any]:
+def summarise(results: list[Result], seconds: float) -> dict[str, Any]:
     by: dict[str, list[float]] = {}
-    for state, ttfb, _ in results:
+    for state, ttfb, _, _ in results:
         by.setdefault(state, []).append(ttfb)
-    audio = sum(a for *_, a in results)
+    audio = sum(a for _, _, a, _ in results)
     hits = len(by.get("hit", []))
     return {
         "requests": len(results),
+        "streams_per_s": round(len(results) / seconds, 3),
+        "realtime_ratio": round(sum(rt for *_, rt in results) / len(results), 3)
+        if results
+        else None,
         "audio_s_per_s": round(audio / seconds, 3),
         "hit_ratio": round(hits / len(results), 3) if results else None,
         "ttfb_ms": {
@@ -142,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--phase-s", type=float, default=30.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--scenario", choices=["trace", "repeat"], default="trace")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
     args = ap.parse_args(argv)
@@ -155,14 +204,20 @@ def main(argv: list[str] | None = None) -> int:
         url = f"http://127.0.0.1:{port}"
         with ServerProcess("orpheus-serve", argv_, url, Path(tmp) / "server.log") as srv:
             srv.wait_ready(600)
-            sources = {arm: [turns(100 * i + j) for i in range(args.clients)]
-                       for j, arm in enumerate(("on", "off"))}  # fmt: skip
-            arms: dict[str, list[tuple[str, float, float]]] = {"on": [], "off": []}
+            if args.scenario == "trace":
+                names, uses = ("on", "off"), {"on": True, "off": False}
+                sources = {arm: [turns(100 * i + j) for i in range(args.clients)]
+                           for j, arm in enumerate(names)}  # fmt: skip
+            else:
+                names, uses = ("repeat", "unique"), {"repeat": True, "unique": True}
+                sources = {"repeat": [five(i) for i in range(args.clients)],
+                           "unique": [unique(i) for i in range(args.clients)]}  # fmt: skip
+            arms: dict[str, list[Result]] = {arm: [] for arm in names}
             load = []
             for _ in range(args.rounds):
-                for arm in ("on", "off"):
+                for arm in names:
                     res = asyncio.run(
-                        run_phase(url, args.clients, args.phase_s, arm == "on", sources[arm])
+                        run_phase(url, args.clients, args.phase_s, uses[arm], sources[arm])
                     )
                     arms[arm] += res
                     load.append(os.getloadavg()[0])
@@ -178,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 "command": recorded_argv(
                     [sys.executable, "-m", "bench.cache.trace", *(argv or sys.argv[1:])]
                 ),
+                "scenario": args.scenario,
                 "clients": args.clients,
                 "phase_s": args.phase_s,
                 "rounds": args.rounds,
