@@ -161,6 +161,7 @@ def summarise(results: list[Result], seconds: float) -> dict[str, Any]:
         if results
         else None,
         "audio_s_per_s": round(audio / seconds, 3),
+        "realtime_audio_s_per_s": round(sum(a for _, _, a, rt in results if rt) / seconds, 3),
         "hit_ratio": round(hits / len(results), 3) if results else None,
         "ttfb_ms": {
             k: {
