@@ -58,15 +58,16 @@ $(RUN_STAMP): pyproject.toml Makefile
 # `make test`: the run-time set, the bench and dev extras (pytest, import-linter, the
 # voice-agent clients the protocols are tested with, browser and deploy checkers) and Debian
 # tools some tests use (each such test skips with a reason where they are missing): chromium
-# (playground page), nginx/haproxy/promtool (deploy files).
+# (playground page), nginx/haproxy/promtool (deploy files), redis-server (the sentence audio
+# cache's fleet backend, a Valkey stand-in).
 $(STAMP): $(RUN_STAMP) pyproject.toml Makefile
 	@echo "installing what the tests need into $(VENV)/ (pip's output: $(INSTALL_LOG))"
 	@$(STEP) "the bench and dev extras (pytest, import-linter, Pipecat, LiveKit, Playwright...)" \
 	  $(BIN)/python -m pip install -q -e '.[bench,dev]'
-	@command -v chromium >/dev/null 2>&1 && command -v haproxy >/dev/null 2>&1 || { \
-	  command -v apt-get >/dev/null 2>&1 && echo "  Debian: chromium, nginx, haproxy, prometheus" && \
+	@command -v chromium >/dev/null 2>&1 && command -v haproxy >/dev/null 2>&1 && command -v redis-server >/dev/null 2>&1 || { \
+	  command -v apt-get >/dev/null 2>&1 && echo "  Debian: chromium, nginx, haproxy, prometheus, redis-server" && \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	    apt-get install -y -qq chromium nginx-light haproxy prometheus; } >>$(INSTALL_LOG) 2>&1 \
+	    apt-get install -y -qq chromium nginx-light haproxy prometheus redis-server; } >>$(INSTALL_LOG) 2>&1 \
 	  || echo "  Debian test tools not installed ($(INSTALL_LOG) says why): the tests that need them will be skipped"; }
 	@touch $(STAMP)
 

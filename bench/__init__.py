@@ -21,6 +21,9 @@ and versions of ``environment.py``), one way to draw a table. Needs the ``bench`
   comparison with the reference approach (``load/baseline/``);
 - ``overload/``: closed-loop levels past capacity against two admission modes, and the
   fairness between two API keys (issue 43), on ``load/``'s clients and statistics;
+- ``cache/``: the sentence audio cache: its admission and eviction policy on a voice-agent
+  trace (``cache/policy.py``: LRU, second sight, TinyLFU), and the real server on such a
+  trace with the cache used and bypassed (``cache/trace.py``);
 - ``doubles/``: the tiny random-weight Orpheus model and SNAC writer, a synthetic llm+codec
   backend for the gateway, the reference streaming decoder, a local server starter, an
   HTTP streaming client, reference clips (WAV) for custom voices.

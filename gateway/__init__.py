@@ -27,6 +27,9 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
 - ``audio``: the audio output (formats, streaming encoders, the output pipeline)
 - ``jobs``: long-form speech as durable jobs (store, runner, routes)
 - ``text``: how a request's text is read (normalisation, pronunciation dictionaries)
+- ``cache``: the sentence audio cache (each synthesis unit's PCM, kept on the node and served
+  again to a repeat; ``[cache]``); ``warm``: ``POST /v1/cache/warm``, filling it in spare
+  capacity
 - ``custom_voices``: the voices API; ``metrics``: Prometheus metrics (no front end imports
   it); ``apis``: ``Api``, which front end served a request (the metrics' label)
 - ``disclosure``: every audio answer says it is AI-generated and how it is marked (headers;

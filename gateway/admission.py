@@ -812,6 +812,32 @@ class Admission:
             self.by_engine[engine] -= 1
             self._grant(others)
 
+    # -- streams that take no engine slot (the sentence audio cache's hits) ----------------
+    def hold_key(self, key: str = ANONYMOUS) -> None:
+        """A stream of ``key`` served from the sentence audio cache: it takes no engine slot
+        (the learned and fixed limits count synthesis only) but counts in the key's
+        concurrency (``max_streams_per_key``), node-wide. Raises ``APIError`` (the gate's
+        503, or 429 ``too_many_concurrent_requests``); ``release_key`` it."""
+        refused = self._gate()
+        if refused is not None:
+            raise refused
+        key_limit = self._key_limits.of(key)
+        with self._node(key) as others:
+            if key_limit and (held := self._node_streams_of(key, others)) >= key_limit:
+                raise self._key_busy(held, key_limit)
+            self.by_key[key] = self.by_key.get(key, 0) + 1
+            self._id(key)
+
+    def release_key(self, key: str = ANONYMOUS) -> None:
+        """The end of a ``hold_key`` stream."""
+        n = self.by_key.get(key, 0) - 1
+        if n > 0:
+            self.by_key[key] = n
+        else:
+            self.by_key.pop(key, None)
+        with self._node() as others:
+            self._grant(others)  # a waiter of this key may start now
+
     def reconsider(self) -> None:
         """An engine became ready: waiters may have room now."""
         with self._node() as others:

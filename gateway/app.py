@@ -11,14 +11,17 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import web
 
-from gateway import custom_voices, jobs
+from gateway import custom_voices, jobs, warm
 from gateway.auth import ApiKeys, http_middleware
 from gateway.browser_guard import BrowserGuard, add_cors_headers
+from gateway.cache import routes as cache_routes
+from gateway.cache.keys import job_tenant
 from gateway.disclosure import mark_audio_answers
 from gateway.errors import APIError
 from gateway.frontends import baseten, elevenlabs, omni, openai
 from gateway.frontends.registry import HTTP_FRONTENDS
 from gateway.frontends.shared import Handler
+from gateway.jobs.store import owner_of
 from gateway.listener import body_deadline
 from gateway.service import Gateway
 
@@ -176,6 +179,12 @@ def build_app(gateway: Gateway) -> web.Application:
     app.router.add_delete("/v1/admin/lora/{name}", custom_voices.lora_unload_handler(custom))
     if gateway.config.jobs.enabled:  # /v1/audio/jobs, and this process's job runner
         jobs.setup(app, gateway)
+    if gateway.config.cache.enabled:  # the sentence audio cache's purges
+        assert gateway.cache is not None
+        app.router.add_routes(
+            cache_routes.routes(gateway.cache, lambda key: [job_tenant(owner_of(key))])
+        )
+        warm.setup(app, gateway)  # POST /v1/cache/warm
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)

@@ -55,7 +55,7 @@ from shm.messages import (
     encode_reply_decoder,
 )
 from shm.records import CODE_DTYPE, FRAME_CODES
-from store.lora import LoraRegistry
+from store.lora import LORA_SUFFIX, LoraRegistry
 from store.voices import (
     ID_RE,
     TooManyVoices,
@@ -277,6 +277,25 @@ class CustomVoices:
         if not self.zero_shot:
             raise APIError(400, "bad_request", zero_shot_unsupported(vid), param="voice")
         return True
+
+    def version_of(self, vid: str) -> str:
+        """The version of voice ``vid`` as the sentence audio cache keys it
+        (``gateway.cache.keys``): a custom voice's file (inode, time), a LoRA voice's run-time
+        entry (inode, time, size) or its configured adapter; "" for a voice of the model.
+        Re-making or deleting a voice changes it, so its cached audio is never served again."""
+        key = self.store.stat_key(vid)
+        if key is not None:
+            return f"custom:{key[0]}:{key[1]}"
+        configured = self.config.llm.lora_voices.get(vid)
+        if configured is not None:
+            return f"lora-config:{configured.path}"
+        if self.config.llm.lora_enabled:
+            try:
+                st = (self.loras.directory / f"{vid}{LORA_SUFFIX}").stat()
+            except OSError:
+                return ""
+            return f"lora:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+        return ""
 
     def language_of(self, vid: str) -> str | None:
         """The language a custom voice was made with (its form's ``language``), or a LoRA

@@ -7,10 +7,15 @@ is draining, and (for ``/ready``) the node's admission counters.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
 
 from gateway.errors import APIError
 from shm.messages import ClusterStatus
+
+if TYPE_CHECKING:
+    from gateway.admission import Admission
 
 
 class Readiness(msgspec.Struct, frozen=True):
@@ -27,6 +32,21 @@ class Readiness(msgspec.Struct, frozen=True):
     """vLLM engines ready (a stream is placed on one of them)."""
     engines: int = 0
     """vLLM engines configured (``llm.engines``)."""
+
+
+def background_room(admission: Admission, reserve: int, draining: bool) -> tuple[bool, int]:
+    """Whether background work (a long-form job's unit, a cache warm-up) may start a stream
+    now: the node has a slot beyond ``reserve`` interactive ones (learned admission: at most
+    half of what it holds in real time, so that a small node still works while nobody
+    talks), nobody waits for a slot, and this gateway is not draining. Also: the reserve's
+    slots that interactive streams hold (the jobs' metric)."""
+    active, queued = admission.node_counts()
+    capacity = admission.capacity()
+    if admission.learned:
+        reserve = min(reserve, capacity // 2)
+    limit = capacity - reserve
+    in_use = max(0, min(active - limit, capacity))
+    return queued == 0 and active < limit and not draining, in_use
 
 
 def draining_error(retry_after_s: int) -> APIError:

@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING
 
 from common.config.gateway import GatewayConfig
 from gateway.admission import Admission
+from gateway.cache.control import USE, CacheUse
+from gateway.cache.units import sentences
 from gateway.errors import APIError
 from gateway.link import ClientLink
 from gateway.metrics import GatewayMetrics
@@ -49,16 +51,26 @@ from gateway.schemas import SpeechParams, check_text
 from gateway.streams import PcmStream, StreamRegistry
 from gateway.text.breaks import has_breaks, split_breaks
 from gateway.upstream import Upstream, UpstreamUnavailable
-from shm.records import SAMPLE_RATE, StreamEnd, StreamError
+from shm.records import SAMPLE_RATE, SAMPLES_PER_FRAME, StreamEnd, StreamError
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
     from common.tracing import Tracing
+    from gateway.cache.keys import UnitKey
+    from gateway.cache.service import AudioCache
 
 stream_log = logging.getLogger("orpheus.streams")
 
 BYTES_PER_SECOND = SAMPLE_RATE * 2
+PCM_FRAME_BYTES = SAMPLES_PER_FRAME * 2
+HIT_CHUNK_BYTES = BYTES_PER_SECOND // 2
+"""A cache hit's PCM goes to its front end in pieces of half a second (encoders and
+socket messages work chunk by chunk)."""
+MAX_SENTENCE_LOOKUPS = 16
+"""Sentences of one text looked up at most (its cached start); the rest is synthesised."""
+STORED_ENDS = frozenset({"stop", "length"})
+"""How a unit's worker stream must have ended for the cache to store its audio."""
 
 _SPAN_FIELDS = ("engine", "ttfb_s", "rtf", "audio_s", "bytes_sent", "text_chars")
 """The stream log line's fields that the request's span gets at its end (the others it has)."""
@@ -103,8 +115,15 @@ class ActiveRequest:
         "_tracker",
         "api",
         "bytes_sent",
+        "cache_key",
+        "cache_prefix",
+        "cache_rest",
+        "cache_state",
+        "cache_tenant",
+        "cache_use",
         "completed",
         "first_byte_at",
+        "flight_leader",
         "link",
         "params",
         "runs",
@@ -142,6 +161,22 @@ class ActiveRequest:
         """Its text cut at break tags, spoken run by run (``gateway.pauses``); None: one run."""
         self.traceparent: str | None = None
         """The client's W3C trace context, continued when tracing is on."""
+        self.cache_use: CacheUse = USE
+        """What the request lets the sentence audio cache do (``gateway.cache.control``)."""
+        self.flight_leader: PcmStream | None = None
+        """A follower's leader: the twin whose synthesis it hears (single flight)."""
+        self.cache_tenant: str | None = None
+        """Whose entries the request reads and writes; None: its link's API key."""
+        self.cache_state: str | None = None
+        """``hit`` (served from the cache, no engine slot), ``partial`` (its first sentences
+        from the cache, the rest synthesised), ``miss`` (synthesised), or None: the cache is
+        off or the text cannot be cached (open text, break tags)."""
+        self.cache_key: UnitKey | None = None
+        """The unit's key, when its audio is to be stored once it has been synthesised."""
+        self.cache_prefix: bytes | None = None
+        """``partial``: the PCM of the text's first sentences, from the cache."""
+        self.cache_rest: str | None = None
+        """``partial``: the text after them, the one worker stream synthesised."""
         self.span: Span | None = None
         """The request's ``tts.request`` span (tracing on), from admission to finish."""
 
@@ -217,8 +252,13 @@ class RequestTracker:
         upstream: Upstream,
         metrics: GatewayMetrics,
         tracing: Tracing | None = None,
+        cache: AudioCache | None = None,
     ) -> None:
         self.config = config
+        self.cache = cache
+        """The sentence audio cache (``gateway.cache``); None: off."""
+        self._flights: dict[str, PcmStream] = {}
+        """Key digest -> the stream synthesising that unit now (a single flight's leader)."""
         self.tracing = tracing
         self.incoming_traceparent = INCOMING_TRACEPARENT
         """Set by the app's tracing middleware: the HTTP request's ``traceparent`` header."""
@@ -245,15 +285,22 @@ class RequestTracker:
         started_at: float | None = None,
         traceparent: str | None = None,
         text_chars: int | None = None,
+        cache: CacheUse = USE,
+        cache_tenant: str | None = None,
     ) -> ActiveRequest:
         """A request for ``params`` whose audio goes out on ``link`` (its ``api`` labels the
         request), to enter with ``async with`` (admitted on entry). ``traceparent``: the
         client's W3C trace context (default: the HTTP request's header,
         ``INCOMING_TRACEPARENT``); used only when tracing is on. ``text_chars``: the
         client's characters ``params.text`` stands for, when the front end rewrote or held
-        back some of it (ZeroMQ's open text; default ``len(params.text)``)."""
+        back some of it (ZeroMQ's open text; default ``len(params.text)``). ``cache``: what
+        the request lets the sentence audio cache do (its ``Cache-Control``, its protocol's
+        field); ``cache_tenant``: whose entries it uses, when not its link's key (a job's
+        owner: ``gateway.cache.keys.job_tenant``)."""
         t0 = self.loop.time() if started_at is None else started_at
         request = ActiveRequest(self, params, link, t0, text_open)
+        request.cache_use = cache
+        request.cache_tenant = cache_tenant
         if text_chars is not None:  # the client's characters, before the front end's rewriting
             request.text_chars = text_chars
         if self.tracing is not None:
@@ -301,6 +348,12 @@ class RequestTracker:
 
     async def admit(self, request: ActiveRequest) -> None:
         asked_ns = 0 if self.tracing is None else self._trace_request(request)
+        if self.cache is not None and (found := await self._look_up(request)) is not None:
+            if isinstance(found, PcmStream):  # a twin being synthesised: follow it
+                self._admit_hit(request, b"", asked_ns, leader=found)
+            else:
+                self._admit_hit(request, found, asked_ns)
+            return
         with self.metrics.queued.track_inprogress():
             try:
                 link = request.link
@@ -325,6 +378,11 @@ class RequestTracker:
             self.loop.time(), text_closed=not request.text_open, engine=engine
         )
         text, text_open, runs = params.text, request.text_open, None
+        if request.cache_prefix is not None and request.cache_rest is not None:
+            # Its first sentences from the cache, before the rest's audio; the rest is
+            # submitted now, not once they have been sent (no gap at the seam).
+            self._push_cached(stream, request.cache_prefix)
+            text = request.cache_rest
         if text_open or has_breaks(text):
             # Break tags (checked by build_params, or by the front end for open text): one
             # worker stream per run of text, the pauses' silence pushed between them
@@ -353,6 +411,10 @@ class RequestTracker:
             ) from None
         stream.on_abort = request.link.abort
         request.link.units_open += 1
+        if request.cache_key is not None:
+            stream.record = []
+            if request.cache_state == "miss" and request.cache_use.read:
+                self._lead(stream, request.cache_key.digest())
         if runs is not None:
             request.runs = runs
             stream.on_end = lambda end: self._next_run(request, runs, end)
@@ -362,6 +424,168 @@ class RequestTracker:
         self.active.add(request)
         self.metrics.active.inc()
         self._engine_active[engine].inc()
+
+    # -- the sentence audio cache --------------------------------------------------------------
+    async def _look_up(self, request: ActiveRequest) -> bytes | PcmStream | None:
+        """The unit's cached PCM if the request may read it and the cache has it, or the
+        stream of a twin being synthesised in this process (a single flight's leader, to
+        follow); else sets what the request's synthesis is to store (``cache_key``)."""
+        cache = self.cache
+        assert cache is not None
+        params = request.params
+        if request.text_open or has_breaks(params.text) or not params.text.strip():
+            return None  # not one unit (open text, pauses): never cached
+        tenant = request.link.key if request.cache_tenant is None else request.cache_tenant
+        voice, sampling = params.voice, params.sampling
+        key = cache.key(tenant, params.text, voice, sampling)
+        request.cache_state = "miss"
+        use = request.cache_use
+        if not use.read:
+            cache.count("bypass")
+            request.cache_key = key if use.write else None
+            return None
+        pcm = await cache.lookup(key)
+        if pcm is not None:
+            cache.count("hit")
+            return pcm
+        leader = self._flights.get(key.digest())
+        if leader is not None and leader.error is None and leader.record is not None:
+            cache.count("join")
+            return leader
+        # Several sentences (an HTTP text): the longest run of cached ones from its start
+        # plays at once, the rest is one worker stream. Not with ``max_tokens``, the length
+        # of the whole text.
+        parts = sentences(params.text) if sampling.max_tokens is None else []
+        found: list[bytes] = []
+        if len(parts) > 1:
+            for sentence in parts[:MAX_SENTENCE_LOOKUPS]:
+                if (p := await cache.lookup(cache.key(tenant, sentence, voice, sampling))) is None:
+                    break
+                found.append(p)
+        if found and len(found) == len(parts):
+            cache.count("hit")
+            return b"".join(found)
+        if found:
+            request.cache_state = "partial"
+            request.cache_prefix = b"".join(found)
+            request.cache_rest = " ".join(parts[len(found) :])
+            key = cache.key(tenant, request.cache_rest, voice, sampling)
+        cache.count(request.cache_state)
+        request.cache_key = key if use.write else None
+        return None
+
+    def _admit_hit(
+        self, request: ActiveRequest, pcm: bytes, asked_ns: int, leader: PcmStream | None = None
+    ) -> None:
+        """Serve ``request`` from the cache: no engine slot (the key's concurrency counts
+        it: ``Admission.hold_key``), no worker stream; its audio is all there at once. With
+        ``leader``: a follower of that twin's synthesis (its audio so far at once, the rest
+        as it is made, its end)."""
+        link = request.link
+        try:
+            self.admission.hold_key(link.key)
+        except APIError as e:
+            self.metrics.count_request(request.api, "rejected")
+            if asked_ns:
+                self._trace_admitted(request, asked_ns, None, "rejected", str(e))
+                self._end_span(request.span, "rejected", str(e))
+            raise
+        if asked_ns:
+            self._trace_admitted(request, asked_ns, None)
+        request.cache_state = "hit"
+        now = self.loop.time()
+        stream = PcmStream(0, now)
+        stream.first_audio_at = now
+        if leader is None:
+            self._push_cached(stream, pcm)
+            stream.finish(StreamEnd("stop", len(pcm) // PCM_FRAME_BYTES))
+        else:
+            self._follow(request, stream, leader)
+        stream.on_abort = link.abort
+        link.units_open += 1
+        request.stream = stream
+        self.active.add(request)
+        self.metrics.active.inc()
+
+    # -- single flight: concurrent twins synthesise once ----------------------------------------
+    def _lead(self, stream: PcmStream, digest: str) -> None:
+        """``stream`` synthesises the unit ``digest`` (a miss): the twins that ask for it
+        while it is made follow it (``_follow``), in this process."""
+        if digest not in self._flights:
+            self._flights[digest] = stream
+            stream.flight = digest
+            stream.followers = []
+
+    def _follow(self, request: ActiveRequest, stream: PcmStream, leader: PcmStream) -> None:
+        record = leader.record or []
+        for chunk in record:
+            stream.push(chunk)
+        if leader.end is not None:
+            stream.finish(leader.end)  # it ended: all its audio was in its record
+            return
+        assert leader.followers is not None
+        leader.followers.append(stream)
+        request.flight_leader = leader
+
+    def _end_flight(self, request: ActiveRequest) -> bool:
+        """A leader's request is leaving: no twin joins it any more. True when its worker
+        stream goes on for its followers (its client left first): it is orphaned, and its
+        slot is released when it ends (``_orphan_done``)."""
+        stream = request.stream
+        if stream.flight is not None and self._flights.get(stream.flight) is stream:
+            del self._flights[stream.flight]
+        if not stream.followers or stream.done:
+            return False
+        stream.orphan()
+        stream.on_done = lambda: self._orphan_done(request)
+        return True
+
+    def _orphan_done(self, request: ActiveRequest) -> None:
+        """An orphaned leader's worker stream ended or failed: store it if whole, free its
+        slot."""
+        stream = request.stream
+        if stream.ended:
+            self._store(request)
+        self._engine_active[stream.engine].dec()
+        self.admission.release(stream.engine, request.link.key)
+
+    def _leave_flight(self, request: ActiveRequest) -> None:
+        """A follower is leaving; the last follower of an orphaned leader cancels it."""
+        leader, request.flight_leader = request.flight_leader, None
+        if leader is None:
+            return
+        if leader.followers and request.stream in leader.followers:
+            leader.followers.remove(request.stream)
+        if leader.orphaned and not leader.followers and not leader.done:
+            self.registry.release(leader, "cancelled")  # its worker stream is cancelled
+            leader.fail(
+                StreamError("cancelled", "nobody listens any more", 499), discard_pending=True
+            )
+
+    @staticmethod
+    def _push_cached(stream: PcmStream, pcm: bytes) -> None:
+        """Cached ``pcm`` into ``stream``, in ``HIT_CHUNK_BYTES`` pieces (``cached_bytes``:
+        the learned capacity measures the workers' audio only)."""
+        for i in range(0, len(pcm), HIT_CHUNK_BYTES):
+            stream.push(pcm[i : i + HIT_CHUNK_BYTES])
+        stream.cached_bytes += len(pcm)
+
+    def _store(self, request: ActiveRequest) -> None:
+        """A miss whose unit was synthesised whole and delivered: its audio to the cache."""
+        stream = request.stream
+        end = stream.end
+        if (
+            self.cache is not None
+            and request.cache_key is not None
+            and stream.record
+            and stream.ended
+            and end is not None
+            and end.reason in STORED_ENDS
+        ):
+            self.cache.store(
+                request.cache_key, b"".join(stream.record), force=not request.cache_use.read
+            )
+        stream.record = None
 
     def _silence(self, stream: PcmStream) -> Silence:
         return lambda ms: self.registry.push_silence(stream, ms)
@@ -404,9 +628,18 @@ class RequestTracker:
     def finish(self, request: ActiveRequest, exc: BaseException | None) -> None:
         stream = request.stream
         outcome = request_outcome(request, exc)
-        self.registry.release(
-            stream, "client_disconnected" if outcome in ("cancelled", "ok") else outcome
-        )
+        hit = request.cache_state == "hit"
+        orphaned = False
+        if hit:
+            self._leave_flight(request)
+        elif stream.flight is not None:
+            orphaned = self._end_flight(request)
+        if outcome == "ok" and not hit:
+            self._store(request)
+        if not orphaned:
+            self.registry.release(
+                stream, "client_disconnected" if outcome in ("cancelled", "ok") else outcome
+            )
         elapsed = self.loop.time() - request.started_at
         audio_s = request.audio_seconds
         rtf = elapsed / audio_s if audio_s else None
@@ -417,7 +650,7 @@ class RequestTracker:
         # One line per stream at its end (JSON lines carry the fields as keys).
         fields = {
             "stream_id": f"{stream.stream_id:#x}", "api": str(request.api), "outcome": outcome,
-            "engine": stream.engine,
+            "engine": None if hit else stream.engine, "cache": request.cache_state,
             "ttfb_s": None if ttfb is None else round(ttfb, 4),
             "rtf": None if rtf is None else round(rtf, 4), "audio_s": round(audio_s, 3),
             "bytes_sent": request.bytes_sent, "text_chars": request.text_chars,
@@ -433,10 +666,15 @@ class RequestTracker:
             self._end_span(request.span, outcome, stream.error.message if stream.error else "")
         self.active.discard(request)
         self.metrics.active.dec()
-        self._engine_active[stream.engine].dec()
         link = request.link
         link.units_open -= 1
         link.unit_ended_at = self.loop.time()
+        if hit:
+            self.admission.release_key(link.key)
+            return
+        if orphaned:
+            return  # its slot is its followers' until its worker stream ends
+        self._engine_active[stream.engine].dec()
         self.admission.release(stream.engine, link.key)
 
     @staticmethod

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 from common.config import ServeConfig
 from common.limits import RequestLimits
 from gateway.admission import Admission, KeyLimits
+from gateway.cache.metrics import CacheMetrics
+from gateway.cache.service import AudioCache
 from gateway.capacity import INITIAL_LIMIT, CapacityController
 from gateway.cluster import ClusterWatcher, worker_lost
 from gateway.custom_voices import CustomVoices
@@ -127,8 +129,14 @@ class Gateway:
         )
         self.cluster = ClusterWatcher(layout.status)
         self.cluster.on_change(self._on_status)
+        self.cache = (
+            AudioCache(config, CacheMetrics(metrics.registry), self.custom_voices.version_of)
+            if config.cache.enabled
+            else None
+        )
+        """The sentence audio cache (``gateway.cache``, ``[cache]``); None: off."""
         self.requests = RequestTracker(
-            g, self.admission, self.registry, self.upstream, self.metrics, tracing
+            g, self.admission, self.registry, self.upstream, self.metrics, tracing, self.cache
         )
         """The owner of every request's life: ``gateway.requests.open(...)``."""
         self.links = ClientLinks(metrics)
@@ -159,6 +167,8 @@ class Gateway:
         ]
         for t in self._tasks:
             t.add_done_callback(self._task_ended)
+        if self.cache is not None:
+            await self.cache.start()
 
     def _task_ended(self, task: asyncio.Task[None]) -> None:
         """A background task ended. Each runs until ``close``: ending before it is a bug that
@@ -186,6 +196,8 @@ class Gateway:
             self._reader = None
         self.upstream.close()
         self.admission.close()
+        if self.cache is not None:
+            await self.cache.close()
 
     def begin_drain(self) -> None:
         """Admit nothing more (503); queued requests are refused now."""

@@ -81,17 +81,23 @@ class PcmStream:
         "_waiter",
         "buffered_bytes",
         "bytes_received",
+        "cached_bytes",
         "end",
         "engine",
         "error",
         "first_audio_at",
         "first_chunk_bytes",
+        "flight",
+        "followers",
         "last_record_at",
         "min_lead_s",
         "next_seq",
         "on_abort",
+        "on_done",
         "on_end",
         "opened_at",
+        "orphaned",
+        "record",
         "stream_id",
         "text_closed",
     )
@@ -107,6 +113,8 @@ class PcmStream:
         self._waiter: asyncio.Future[None] | None = None
         self.buffered_bytes = 0
         self.bytes_received = 0
+        self.cached_bytes = 0
+        """Of ``bytes_received``, those from the sentence audio cache (a cached start)."""
         self.next_seq = 0
         self.end: StreamEnd | None = None
         self.error: StreamError | None = None
@@ -122,6 +130,21 @@ class PcmStream:
         self.text_closed = text_closed
         self.on_abort: Callable[[], None] | None = None
         """Set by the front end: tears down the client connection (slow or stalled client)."""
+        self.flight: str | None = None
+        """A single flight's leader: the key digest of the unit it synthesises."""
+        self.followers: list[PcmStream] | None = None
+        """A single flight's leader (``gateway.requests``): the streams of the concurrent
+        twins that hear its audio; each chunk pushed here is pushed to them, its end or
+        failure is theirs."""
+        self.orphaned = False
+        """A leader whose own client left while followers listen: its worker stream goes on
+        for them, and its own audio is no longer kept."""
+        self.on_done: Callable[[], None] | None = None
+        """Told once when the stream ends or fails (an orphaned leader's slot is released
+        then)."""
+        self.record: list[bytes] | None = None
+        """Set for a unit the sentence audio cache may store (``gateway.requests``): every
+        chunk pushed is kept here too (the same bytes objects), joined at the end."""
         self.on_end: Callable[[StreamEnd], StreamEnd | None] | None = None
         """Set for a request of several runs of text (break tags between them,
         ``gateway.requests``): told each worker stream's END; returns None when the stream
@@ -144,13 +167,21 @@ class PcmStream:
             w.set_result(None)
 
     def push(self, data: bytes) -> None:
-        self._pending.append(data)
-        self.buffered_bytes += len(data)
+        if not self.orphaned:
+            self._pending.append(data)
+            self.buffered_bytes += len(data)
         self.bytes_received += len(data)
+        if self.record is not None:
+            self.record.append(data)
+        if self.followers:
+            for f in self.followers:
+                f.last_record_at = self.last_record_at
+                f.push(data)
         self._wake()
 
     def finish(self, end: StreamEnd) -> None:
         self.end = end
+        self._done()
         self._wake()
 
     def fail(self, error: StreamError, *, discard_pending: bool) -> None:
@@ -160,7 +191,26 @@ class PcmStream:
         if discard_pending:
             self._pending.clear()
             self.buffered_bytes = 0
+        self._done()
         self._wake()
+
+    def orphan(self) -> None:
+        """A single flight's leader whose client left: keep nothing more for it."""
+        self.orphaned = True
+        self._pending.clear()
+        self.buffered_bytes = 0
+
+    def _done(self) -> None:
+        """Its end or failure to its followers, then ``on_done``."""
+        followers, self.followers = self.followers, None
+        for f in followers or ():
+            if self.error is not None:
+                f.fail(self.error, discard_pending=False)
+            elif self.end is not None:
+                f.finish(self.end)
+        if self.on_done is not None:
+            done, self.on_done = self.on_done, None
+            done()
 
     # -- consumer side ---------------------------------------------------------------------
     async def next_chunks(self) -> list[bytes]:
@@ -325,9 +375,10 @@ class StreamRegistry:
                     if first is None:  # (a pause's silence may have come before it)
                         stream.first_audio_at = now
                         stream.first_chunk_bytes = n
-                    elif (lead := stream.bytes_received / BYTES_PER_S - (now - first)) < (
-                        stream.min_lead_s
-                    ):
+                    elif (
+                        lead := (stream.bytes_received - stream.cached_bytes) / BYTES_PER_S
+                        - (now - first)
+                    ) < stream.min_lead_s:
                         stream.min_lead_s = lead
                     stream.push(bytes(payload))
             elif kind == _END:

@@ -29,6 +29,7 @@ BENCHES = {
     "jobs": "bench.jobs",
     "textnorm": "bench.textnorm",
     "ring": "bench.ring",
+    "cache": "bench.cache.trace",
 }
 
 

@@ -18,6 +18,8 @@ speaks them (``orpheus_client.zmq_client``); they import nothing but msgspec.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from orpheus_wire.sampling import SamplingFields
@@ -55,6 +57,10 @@ class Speak(SamplingFields, frozen=True, kw_only=True, tag="speak", tag_field="t
     language: str | None = None
     """The text's language (ISO 639-1, ``fr``): its normalisation and dictionaries. None:
     the voice's, else the server's."""
+    cache: Literal["use", "no-cache", "no-store"] | None = None
+    """What the request lets the server's sentence audio cache do, as HTTP's
+    ``Cache-Control``: ``no-store`` neither reads nor writes it, ``no-cache`` synthesises
+    again and stores; None: ``use``."""
 
 
 class AppendText(
@@ -90,12 +96,17 @@ class Audio(msgspec.Struct, frozen=True, tag="audio", tag_field="type"):
     data: bytes
 
 
-class Done(msgspec.Struct, frozen=True, tag="done", tag_field="type"):
+class Done(msgspec.Struct, frozen=True, tag="done", tag_field="type", omit_defaults=True):
     request_id: int
     reason: str
     """"stop", "length", "cancelled" (after the client's Cancel), ..."""
     audio_seconds: float
     frames: int
+    cache: str = ""
+    """``hit`` (the audio came from the server's sentence audio cache), ``partial`` (its
+    first sentences did), ``miss``; empty: the cache is off or the text could not be cached
+    (open text, break tags): left out of the message, whose bytes are then those of a
+    server without the cache."""
 
 
 class Error(msgspec.Struct, frozen=True, tag="error", tag_field="type", omit_defaults=True):

@@ -1,7 +1,7 @@
 """The whole server's configuration: one TOML file, then environment, then flags.
 
-One module per section in this package: ``llm``, ``codec``, ``gateway``, ``jobs`` and
-``text``; the transport's section is ``shm.config`` and the state directory's
+One module per section in this package: ``llm``, ``codec``, ``gateway``, ``jobs``,
+``text`` and ``cache``; the transport's section is ``shm.config`` and the state directory's
 ``store.voices.VoicesConfig``, because ``shm`` and ``store`` sit below ``common`` in the
 import layers and read their own sections. This module composes them into
 :class:`ServeConfig` and names the keys an operator has no reason to set
@@ -14,6 +14,7 @@ from typing import Literal
 
 import msgspec
 
+from common.config.cache import CacheConfig
 from common.config.codec import CodecConfig
 from common.config.gateway import GatewayConfig
 from common.config.jobs import JobsConfig
@@ -34,6 +35,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     voices: VoicesConfig = VoicesConfig()
     jobs: JobsConfig = JobsConfig()
     text: TextConfig = TextConfig()
+    cache: CacheConfig = CacheConfig()
     drain_timeout_s: float = 30.0
     ready_timeout_s: float = 900.0
     """How long the workers may take to become warm before the orchestrator gives up."""
@@ -107,6 +109,14 @@ INTERNAL_KEYS: dict[str, str] = {
     # [text]
     "text.max_dictionary_versions": "`text.max_dictionaries` is the bound operators set",
     "text.max_pls_bytes": "one call's input bound; `text.max_dictionary_rules` bounds the rules",
+    # [cache]: `cache.enabled` and `cache.scope` are the operator's two settings
+    "cache.dir": "`voices.state_dir` places it, on the node's disk",
+    "cache.max_bytes": "512 MiB hold ~3,700 sentences, far above a voice agent's stock "
+    "phrases (bench/cache/policy.py: the hit ratio is flat past them)",
+    "cache.ttl_s": "what changes a unit's audio is in its key; the TTL only ages entries out",
+    "cache.admit_after": "the policy chosen by bench/cache/policy.py; an A/B switch",
+    "cache.fleet_url": "a fleet's manifests set it beside the server they run (deploy/); "
+    "none keeps each node's cache its own",
 }
 """Keys an operator has no reason to set, each with why: they still load from the file, the
 environment and ``--set`` (tests and benchmarks set them), and docs/configuration.md lists

@@ -23,6 +23,7 @@ import msgspec
 from aiohttp import WSMessage, web
 
 from gateway.auth import presented_key
+from gateway.cache.control import USE, CacheUse
 from gateway.frontends.shared import abort_of
 from gateway.link import ClientLink
 from gateway.requests import ActiveRequest
@@ -56,6 +57,7 @@ async def speak_unit(
     *,
     started_at: float | None = None,
     pause_ms: int = 0,
+    cache: CacheUse = USE,
 ) -> StreamEnd | None:
     """Speak one unit: ``pause_ms`` of silence (its ``Unit.pause_ms``: the break tags before
     it), then ``text`` (cut from text ``check_text`` took; may be empty after a pause) with
@@ -64,7 +66,8 @@ async def speak_unit(
     normalisation) unless the caller did that already, on the connection's ``link``.
 
     The silence is the gateway's: delivered at once, with no request (no admission, no model
-    token); the text after it is a request as any unit's. Returns how the request ended
+    token); the text after it is a request as any unit's (``cache``: what it lets the
+    sentence audio cache do, ``gateway.cache.control``). Returns how the request ended
     (None: a pause alone). Raises ``APIError`` (not admitted) or ``StreamFailed`` (failed in
     the workers), after the audio that came before."""
     if pause_ms:
@@ -72,7 +75,7 @@ async def speak_unit(
     if not text:
         return None
     params = msgspec.structs.replace(template, text=text).spoken()
-    async with gateway.requests.open(params, link, started_at=started_at) as active:
+    async with gateway.requests.open(params, link, started_at=started_at, cache=cache) as active:
         stream = active.stream
         while True:
             chunks = await stream.next_chunks()

@@ -43,6 +43,7 @@ from common.provenance.signing import FileSigner, SigningFailed
 from gateway.apis import Api
 from gateway.audio.formats import OutputFormat
 from gateway.audio.output import make_output
+from gateway.cache.keys import job_tenant
 from gateway.errors import APIError
 from gateway.jobs.store import (
     BYTES_PER_SECOND,
@@ -56,6 +57,7 @@ from gateway.jobs.store import (
     describe_os_error,
     write_atomic,
 )
+from gateway.readiness import background_room
 from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams
 from gateway.service import Gateway
@@ -216,17 +218,11 @@ class JobRunner:
     def has_room(self) -> bool:
         """A unit may start: the node has a stream slot beyond the interactive reserve and no
         request waits for one."""
-        admission = self.gateway.admission
-        active, queued = admission.node_counts()
-        capacity = admission.capacity()
-        # Learned admission: the reserve is at most half of what the node holds in real
-        # time, so that a small node still speaks jobs while nobody else talks.
-        reserve = self.config.reserve_streams
-        if admission.learned:
-            reserve = min(reserve, capacity // 2)
-        limit = capacity - reserve
-        self.metrics.job_reserve_in_use.set(max(0, min(active - limit, capacity)))
-        return queued == 0 and active < limit and not self.gateway.draining
+        room, reserve_in_use = background_room(
+            self.gateway.admission, self.config.reserve_streams, self.gateway.draining
+        )
+        self.metrics.job_reserve_in_use.set(reserve_in_use)
+        return room
 
     @contextlib.asynccontextmanager
     async def _node_turn(self, job: RunningJob) -> AsyncIterator[None]:
@@ -487,7 +483,9 @@ class JobRunner:
                 # connection to tear down, and counts its bytes as a client's.
                 link = stack.enter_context(self.gateway.links.open(Api.JOBS))
                 request = await stack.enter_async_context(
-                    self.gateway.requests.open(job.params(index), link)
+                    self.gateway.requests.open(
+                        job.params(index), link, cache_tenant=job_tenant(job.spec.owner)
+                    )
                 )
             job.active.add(request)
             if job.stopping:  # cancelled while it waited for its slot

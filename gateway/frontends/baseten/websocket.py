@@ -29,6 +29,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from gateway.apis import Api
 from gateway.auth import presented_key
+from gateway.cache.control import of_header
 from gateway.errors import APIError
 from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, api_error, stream_template
 from gateway.frontends.text_units import Unit, UnitSplitter
@@ -107,6 +108,7 @@ async def _serve(
     ws: web.WebSocketResponse, link: ClientLink, request: web.Request, gateway: Gateway
 ) -> None:
     g = gateway.config.gateway
+    cache = of_header(request.headers.get("Cache-Control"))
     try:
         first = await ws.receive(g.ws_start_timeout_s)
     except TimeoutError:
@@ -158,7 +160,7 @@ async def _serve(
             try:
                 await speak_unit(
                     gateway, params, unit.text, link, deliver,
-                    started_at=started_at, pause_ms=unit.pause_ms,
+                    started_at=started_at, pause_ms=unit.pause_ms, cache=cache,
                 )  # fmt: skip
             except (APIError, StreamFailed) as e:
                 failure.append(api_error(e))

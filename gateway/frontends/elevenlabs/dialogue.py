@@ -30,6 +30,7 @@ from gateway.audio.encoders import AudioEncoder, wav_sized
 from gateway.audio.formats import OutputFormat
 from gateway.audio.output import make_output
 from gateway.auth import presented_key
+from gateway.cache.control import of_http
 from gateway.errors import APIError
 from gateway.frontends.alignment import CharTimes, UnitAligners
 from gateway.frontends.elevenlabs.messages import API, HttpAlignment, output_format
@@ -288,6 +289,7 @@ def dialogue_handler(gateway: Gateway, *, stream: bool, timestamps: bool) -> Han
 
     async def text_to_dialogue(request: web.Request) -> web.StreamResponse:
         started_at = gateway.loop.time()
+        cache = of_http(request.headers.get("Cache-Control"), request.query.get("enable_logging"))
         fmt = output_format(request)
         raw = await read_body(request, gateway.config.gateway.max_body_bytes)
         try:
@@ -321,7 +323,7 @@ def dialogue_handler(gateway: Gateway, *, stream: bool, timestamps: bool) -> Han
                         units = splitter.feed(turn.text) + splitter.flush()
                         await speak_units(
                             gateway, template, units, link, out,
-                            started_at=started_at if first else None,
+                            started_at=started_at if first else None, cache=cache,
                         )  # fmt: skip
                         first = first and not units
                         out.end_turn(n, turn.voice_id, start_ms, first_char)

@@ -26,6 +26,7 @@ from gateway.audio.encoders import AudioEncoder, wav_sized
 from gateway.audio.formats import OutputFormat
 from gateway.audio.output import make_output
 from gateway.auth import presented_key
+from gateway.cache.control import of_http
 from gateway.errors import APIError
 from gateway.frontends.alignment import CharTimes, UnitAligners
 from gateway.frontends.elevenlabs.messages import (
@@ -229,7 +230,13 @@ def stream_handler(gateway: Gateway, *, timestamps: bool, whole: bool = False) -
             with gateway.links.open(API, abort_of(request), key=presented_key(request)) as link:
                 out = _HttpStream(request, link, fmt, enc, timestamps, whole)
                 try:
-                    await speak_units(gateway, params, units, link, out, started_at=started_at)
+                    await speak_units(
+                        gateway, params, units, link, out, started_at=started_at,
+                        cache=of_http(
+                            request.headers.get("Cache-Control"),
+                            request.query.get("enable_logging"),
+                        ),
+                    )  # fmt: skip
                     return await out.finish()
                 except (APIError, StreamFailed) as e:
                     if out.resp is None:

@@ -8,6 +8,7 @@ from typing import Protocol
 
 import msgspec
 
+from gateway.cache.control import USE, CacheUse
 from gateway.frontends.alignment import UnitAligners
 from gateway.frontends.text_units import Unit
 from gateway.frontends.utterance import Deliver, speak_unit
@@ -33,6 +34,7 @@ async def speak_units(
     out: UnitOutput,
     *,
     started_at: float | None,
+    cache: CacheUse = USE,
 ) -> None:
     """Speak ``units`` with ``template``'s voice and settings, setting ``out.aligners`` to
     each unit's before its audio. The first unit's time to first byte counts from
@@ -43,6 +45,6 @@ async def speak_units(
         out.aligners = UnitAligners(unit.raw, spoken.text, unit.pause_ms)
         await speak_unit(
             gateway, spoken, spoken.text, link, out.deliver,
-            started_at=started_at, pause_ms=unit.pause_ms,
+            started_at=started_at, pause_ms=unit.pause_ms, cache=cache,
         )  # fmt: skip
         started_at = None

@@ -58,6 +58,7 @@ from gateway.audio.encoders import AudioEncoder
 from gateway.audio.formats import OutputFormat
 from gateway.audio.output import make_output
 from gateway.auth import presented_key
+from gateway.cache.control import of_http
 from gateway.errors import APIError
 from gateway.frontends.alignment import UnitAligners
 from gateway.frontends.elevenlabs.messages import (
@@ -137,6 +138,10 @@ class _Socket:
         """Every write to the client (``gateway.link``), the contexts' included."""
         self.key = presented_key(request)
         self.normalization = request.query.get("apply_text_normalization")
+        self.cache = of_http(
+            request.headers.get("Cache-Control"), request.query.get("enable_logging")
+        )
+        """What the socket's units let the sentence audio cache do (``enable_logging``)."""
         self.language = gateway.languages.resolve(
             request.query.get("language_code"), request.match_info["voice_id"], "language_code"
         )
@@ -339,7 +344,7 @@ class _Socket:
             try:
                 await speak_unit(
                     self.gateway, params, params.text, self.link, deliver,
-                    started_at=started_at, pause_ms=unit.pause_ms,
+                    started_at=started_at, pause_ms=unit.pause_ms, cache=self.cache,
                 )  # fmt: skip
             except (APIError, StreamFailed) as e:
                 ctx.failed = True

@@ -43,6 +43,7 @@ from gateway.audio.encoders import AudioEncoder
 from gateway.audio.formats import RAW
 from gateway.audio.output import make_output
 from gateway.auth import presented_key
+from gateway.cache.control import USE, CacheUse, of_header
 from gateway.disclosure import watermark_of
 from gateway.errors import APIError
 from gateway.frontends.alignment import WordTime, word_times
@@ -95,9 +96,16 @@ class _OmniConnection:
     """One vLLM-Omni socket: its configuration, its lane of units, what the client is shown."""
 
     def __init__(
-        self, ws: web.WebSocketResponse, link: ClientLink, gateway: Gateway, key: str | None = None
+        self,
+        ws: web.WebSocketResponse,
+        link: ClientLink,
+        gateway: Gateway,
+        key: str | None = None,
+        cache: CacheUse = USE,
     ) -> None:
         self.ws = ws
+        self.cache = cache
+        """What its units let the sentence audio cache do (the upgrade's Cache-Control)."""
         self.link = link
         """Every write to the client (``gateway.link``)."""
         self.key = key
@@ -310,7 +318,7 @@ class _OmniConnection:
             try:
                 await speak_unit(
                     self.gateway, shown.params, unit.text, self.link, deliver,
-                    started_at=started_at, pause_ms=unit.pause_ms,
+                    started_at=started_at, pause_ms=unit.pause_ms, cache=self.cache,
                 )  # fmt: skip
             except (APIError, StreamFailed) as e:
                 shown.failure = api_error(e)
@@ -408,7 +416,9 @@ async def _serve(
     ws: web.WebSocketResponse, link: ClientLink, request: web.Request, gateway: Gateway
 ) -> None:
     g = gateway.config.gateway
-    s = _OmniConnection(ws, link, gateway, presented_key(request))
+    s = _OmniConnection(
+        ws, link, gateway, presented_key(request), of_header(request.headers.get("Cache-Control"))
+    )
     try:
         while True:
             try:

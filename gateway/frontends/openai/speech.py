@@ -17,6 +17,7 @@ from gateway.apis import Api
 from gateway.audio.encoders import AudioEncoder
 from gateway.audio.output import make_output
 from gateway.auth import presented_key
+from gateway.cache.control import of_header
 from gateway.errors import APIError
 from gateway.frontends.openai.sse import delta_event, done_event, error_event
 from gateway.frontends.shared import Handler, abort_of, read_body
@@ -64,12 +65,20 @@ async def respond(
 ) -> web.StreamResponse:
     """Speak ``params`` (checked by ``build_params``) as one streamed HTTP response, as this
     module's docstring says: also Baseten's ``predict`` (``gateway.frontends.baseten.predict``).
-    The text is rewritten by the params' ``text_plan`` first."""
+    The text is rewritten by the params' ``text_plan`` first. The request's ``Cache-Control``
+    says what the sentence audio cache may do (``gateway.cache.control``); the answer's
+    ``X-Cache`` says whether it came from it (``hit``) or was synthesised (``miss``), when
+    the cache is on and the text is one unit."""
     params = params.spoken()
     encoder = make_output(params.output, params.speed)
     try:
         with gateway.links.open(api, abort_of(request), key=presented_key(request)) as link:
-            async with gateway.requests.open(params, link, started_at=started_at) as active:
+            async with gateway.requests.open(
+                params,
+                link,
+                started_at=started_at,
+                cache=of_header(request.headers.get("Cache-Control")),
+            ) as active:
                 return await _stream(request, link, active, encoder)
     finally:
         encoder.close()
@@ -86,14 +95,14 @@ async def _stream(
         raise APIError.from_stream_error(e.error) from None
 
     content_type = SSE_CONTENT_TYPE if sse else active.params.output.content_type
-    resp = web.StreamResponse(
-        status=200,
-        headers={
-            "Content-Type": content_type,
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",
-        },
-    )
+    headers = {
+        "Content-Type": content_type,
+        "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no",
+    }
+    if active.cache_state is not None:
+        headers["X-Cache"] = active.cache_state
+    resp = web.StreamResponse(status=200, headers=headers)
     encode = encoder.encode
     write = link.write  # every write: timed for the watchdog, its bytes counted
 

@@ -30,6 +30,7 @@ from gateway.apis import Api
 from gateway.audio.encoders import AudioEncoder
 from gateway.audio.output import make_output
 from gateway.auth import ZMQ_KEY_HINT, ApiKeys
+from gateway.cache.control import of_field
 from gateway.disclosure import watermark_of
 from gateway.errors import APIError
 from gateway.link import ClientLink
@@ -403,6 +404,7 @@ class ZmqFrontend:
                 text_open=msg.text_open,
                 traceparent=msg.traceparent or "",
                 text_chars=req.chars if msg.text_open else None,
+                cache=of_field(msg.cache),
             ) as active:
                 req.active = active
                 for pending in req.pending:
@@ -467,6 +469,7 @@ class ZmqFrontend:
             end.reason if end else "stop",
             round(active.audio_seconds, 4),
             end.frames if end else 0,
+            active.cache_state or "",
         )
         await self._end(req, done, active)
         active.complete()
