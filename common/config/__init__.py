@@ -87,6 +87,7 @@ INTERNAL_KEYS: dict[str, str] = {
     "codec.late_lookahead_ms": "the scheduler's late window, measured with `bench overload`",
     "codec.batch_buckets": "follows `codec.max_batch`; the compiled shapes",
     "codec.noise_seed": "the tests' determinism",
+    "codec.compile_mode": "`codec.compile` is the operator's switch; the modes are `bench codec`'s A/B",
     "codec.threads": "the CPU profile sets it; nothing to choose on a GPU",
     "codec.pcm_stall_timeout_s": "a PCM ring full this long means a stuck gateway, not load",
     # [gateway]
@@ -95,12 +96,16 @@ INTERNAL_KEYS: dict[str, str] = {
     "gateway.ws_max_queued_sentences": "`ws_max_queued_chars` is the bound clients meet first",
     "gateway.http_error_log_interval_s": "log rate limiting; no operator trade-off",
     "gateway.retry_after_s": "the clients' retry pace, measured with `bench overload`",
+    "gateway.zmq_max_message_bytes": "the HTTP body limit's twin; ZeroMQ carries text, no upload",
+    "gateway.zmq_text_idle_timeout_s": "a fault timeout, `gateway.ws_text_idle_timeout_s`'s twin",
     # [shm]
     "shm.spin_us": "the rings' wake-up cost, measured with `bench ring`",
     "shm.recheck_ms": "the rings' lost-doorbell bound, measured with `bench ring`",
     # [voices]
     "voices.silence_dbfs": "what a silent clip is; no operator trade-off",
     "voices.encode_timeout_s": "a clip's encode this long means a stuck codec, not load",
+    "voices.max_transcript_chars": "the transcript rides in every request's prompt, which "
+    "`llm.max_model_len` bounds; `voices.max_seconds` is the clip's bound operators set",
     # [jobs]
     "jobs.streams_per_job": "`jobs.reserve_streams` and `max_running_jobs` bound jobs' share",
     "jobs.unit_retries": "retries of a worker fault; no operator trade-off",
@@ -108,6 +113,8 @@ INTERNAL_KEYS: dict[str, str] = {
     "jobs.poll_s": "how often gateways look for jobs; no operator trade-off",
     # [text]
     "text.max_dictionary_versions": "`text.max_dictionaries` is the bound operators set",
+    "text.max_dictionary_rules": "`text.max_dictionaries` is the bound operators set; one "
+    "version's rules are bounded by `text.max_pls_bytes` too",
     "text.max_pls_bytes": "one call's input bound; `text.max_dictionary_rules` bounds the rules",
     # [cache]: `cache.enabled` and `cache.scope` are the operator's two settings
     "cache.dir": "`voices.state_dir` places it, on the node's disk",

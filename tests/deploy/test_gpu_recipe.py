@@ -244,6 +244,8 @@ def _device_packages() -> set[str]:
 
 IMPORT_TO_DIST = {
     "zmq": "pyzmq",
+    "c2pa": "c2pa-python",
+    "perth": "resemble-perth",
     "indic_numtowords": "indic-numtowords",
     "pynvml": "nvidia-ml-py",
     "yaml": "pyyaml",
