@@ -27,6 +27,7 @@ from codec_worker.output import RingSink
 from codec_worker.profiling import CodecProfiler
 from codec_worker.service import CodecService
 from codec_worker.snac_model import load_snac
+from codec_worker.watermark import load_watermark
 from common.config import ServeConfig
 from common.link import WorkerLink
 from common.profiling import ProfileTrigger
@@ -55,7 +56,10 @@ def build_engine(config: ServeConfig, snac: SNAC | None = None) -> tuple[DecodeE
             torch.set_num_threads(cfg.threads)
     if snac is None:
         snac = load_snac(cfg.model, "cpu")
-    engine = DecodeEngine.for_config(WindowDecoder(snac), cfg, device)
+    # Loaded before the decoder's warm-up: a watermark that cannot load stops the start at
+    # once (WatermarkUnavailable: a permanent failure, exit 78), and the warm-up runs it too.
+    watermark = load_watermark(cfg.watermark, device)
+    engine = DecodeEngine.for_config(WindowDecoder(snac), cfg, device, watermark)
     return engine, engine.warmup()
 
 
@@ -94,6 +98,7 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
     link = WorkerLink(layout.orch, ROLE)
     detail = (
         f"SNAC from {cfg.model} on {config.device}, compile={cfg.compile}, "
+        f"watermark={cfg.watermark}, "
         f"warm-up {warm_s:.1f}s, loaded in {time.monotonic() - t0:.1f}s"
     )
     profiler: CodecProfiler | None = None
