@@ -28,6 +28,7 @@ from codec_worker.profiling import CodecProfiler
 from codec_worker.service import CodecService
 from codec_worker.snac_model import load_snac
 from codec_worker.watermark import load_watermark
+from codec_worker.watermark.detect import ClipDetector
 from common.config import ServeConfig
 from common.link import WorkerLink
 from common.profiling import ProfileTrigger
@@ -77,7 +78,10 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
     snac = load_snac(cfg.model, "cpu")
     engine, warm_s = build_engine(config, snac)
     # Custom voices: reference clips are encoded on a thread of this process (encoder.py).
-    encoder = EncodeServer(VoiceEncoder(snac.to(config.device), config.device), layout.encode)
+    # ... and clips' watermarks read (POST /v1/watermark/detect), on the same thread.
+    detector = ClipDetector(engine.watermark, torch.device(config.device))
+    voice_encoder = VoiceEncoder(snac.to(config.device), config.device)
+    encoder = EncodeServer(voice_encoder, layout.encode, detector)
     encoder.start()
     readers = [
         RingReader(

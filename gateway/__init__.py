@@ -26,8 +26,8 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
 - ``audio``: the audio output (formats, streaming encoders, the output pipeline)
 - ``jobs``: long-form speech as durable jobs (store, runner, routes)
 - ``text``: how a request's text is read (normalisation, pronunciation dictionaries)
-- ``custom_voices``: the voices API; ``metrics``: Prometheus metrics (no front end imports
-  it); ``apis``: ``Api``, which front end served a request (the metrics' label)
+- ``custom_voices``: the voices API; ``watermark``: ``POST /v1/watermark/detect``;
+  ``metrics``: Prometheus metrics (no front end imports it); ``apis``: ``Api``, which front end served a request (the metrics' label)
 - ``app``: the aiohttp application: each front end's routes in one loop
 
 The front ends, one package each under ``frontends`` (``frontends.registry`` lists those on

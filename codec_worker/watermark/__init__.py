@@ -7,7 +7,8 @@ weights given by path) implements the same protocol and gets a name in the loade
 
 Modules: ``perth`` (``PerthWatermark``: streamed, batched marking and the clip's reading),
 ``perth_model`` (PerTh's network and checkpoint from the resemble-perth package, without its
-librosa/torchaudio wrapper), ``spectral`` (PerTh's spectrogram computed at 24 kHz).
+librosa/torchaudio wrapper), ``spectral`` (PerTh's spectrogram computed at 24 kHz), ``detect`` (``ClipDetector``: a whole
+clip's reading for ``DetectRequest``).
 """
 
 from __future__ import annotations

@@ -214,3 +214,33 @@ def test_a_watermark_that_cannot_load_is_a_permanent_one_line_failure(tmp_path: 
     assert failure is not None
     assert failure.cause.startswith("the perth watermark cannot load")
     assert "codec.watermark=off" in failure.fix and "\n" not in failure.line()
+
+
+def test_the_detect_command_reads_files_and_says_so_in_its_exit_code(
+    decoder: WindowDecoder, perth: PerthWatermark, tmp_path: Path
+) -> None:
+    """`orpheus-serve watermark detect FILE...`: a verdict per file; exit 0 all marked, 1 one
+    unmarked, 2 one unreadable."""
+    offline = _offline(decoder, _codes(10))
+    with torch.inference_mode():
+        marked = perth.mark(offline, torch.tensor([perth.acquire()]), torch.tensor([True]))[0]
+    m = write_wav(tmp_path / "marked.wav", marked.numpy(), 24_000)
+    u = write_wav(tmp_path / "unmarked.wav", offline[0].numpy(), 24_000)
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"RIFF garbage" * 40)
+
+    def run(*files: Path) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "orpheus_serve", "watermark", "detect", *map(str, files)]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+
+    r = run(m)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"{m}: marked (perth 1.000, 3.07 s at 24000 Hz)"), r.stdout
+    r = run(m, u)
+    assert r.returncode == 1 and f"{u}: unmarked (perth 0.000" in r.stdout, r.stdout
+    r = run(m, u, bad, tmp_path / "missing.wav")
+    assert r.returncode == 2, r.stdout
+    assert (
+        f"{bad}: unreadable: " in r.stdout and f"{tmp_path / 'missing.wav'}: unreadable" in r.stdout
+    )

@@ -143,6 +143,7 @@ ROUTES = {
     ("DELETE", "/v1/audio/voices/{voice_id}"),
     ("POST", "/v1/admin/lora"),
     ("DELETE", "/v1/admin/lora/{name}"),
+    ("POST", "/v1/watermark/detect"),
     ("GET", "/v1/models"),
     ("GET", "/health"),
     ("GET", "/ready"),
@@ -165,7 +166,7 @@ def test_the_front_end_registry_adds_every_route() -> None:
 
     gateway = SimpleNamespace(
         config=ServeConfig(), custom_voices=None, voices=SimpleNamespace(listing=None), tracing=None,
-        metrics=None,
+        metrics=None, layout=SimpleNamespace(encode="ipc:///nonexistent"),
     )  # fmt: skip
     app = build_app(gateway)  # type: ignore[arg-type]
     routes = {
