@@ -54,6 +54,10 @@ class PerthWatermark:
         if not self._free:
             old = self._tails
             rows = old.shape[0] - 1
+            if self.device.type == "cuda":
+                # Once per doubling of the streams: the batch in flight on the codec's stream
+                # may still write the old tails, which this thread's copy must not outrun.
+                torch.cuda.synchronize(self.device)
             self._tails = torch.zeros((2 * rows + 1, CONTEXT), device=self.device)
             self._tails[: rows + 1].copy_(old)  # once per doubling, not per chunk
             self._free = list(range(2 * rows, rows, -1))

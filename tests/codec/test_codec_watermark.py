@@ -244,3 +244,23 @@ def test_the_detect_command_reads_files_and_says_so_in_its_exit_code(
     assert (
         f"{bad}: unreadable: " in r.stdout and f"{tmp_path / 'missing.wav'}: unreadable" in r.stdout
     )
+
+
+@torch.inference_mode()
+def test_the_tail_pool_grows_without_losing_a_stream_s_past(decoder: WindowDecoder) -> None:
+    """More streams than the pool's first 64 slots: it doubles, and a stream marked across
+    the growth gets what it gets without it."""
+    audio = _offline(decoder, _codes(12, 4))  # (1, 4 * 2048)
+    first, second = audio[:, :4096], audio[:, 4096:]
+
+    def marked(grow: bool) -> torch.Tensor:
+        wm = PerthWatermark(torch.device("cpu"))
+        slot = torch.tensor([wm.acquire()])
+        a = wm.mark(first, slot, torch.tensor([True]))
+        if grow:
+            others = [wm.acquire() for _ in range(100)]
+            assert max(others) > 64 and len(set(others)) == 100
+        b = wm.mark(second, slot, torch.tensor([False]))
+        return torch.cat((a, b), dim=1)
+
+    assert torch.equal(marked(grow=False), marked(grow=True))

@@ -5,7 +5,8 @@ telephony's 8 kHz mu-law and Opus at 32 kbit/s included.
 One request per front end of the shared default server (``default_server``); the files go to
 PerTh's detector in one call. The unmarked control (codec.watermark=off) is the codec
 worker's own test (tests/codec/test_codec_watermark.py): the same engine build as the
-server's, without a second engine start here.
+server's, without a second engine start here. The server's own detector
+(``POST /v1/watermark/detect``) reads the WAV and MP3 answers as marked too.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ CONCURRENT = 3
 """Requests at once: what the shared server admits and this 2-core machine plays in time."""
 
 
-async def _collect(url: str) -> dict[str, tuple[np.ndarray, int]]:
+async def _collect(url: str) -> tuple[dict[str, bytes], dict[str, tuple[np.ndarray, int]]]:
     gate = asyncio.Semaphore(CONCURRENT)
     async with aiohttp.ClientSession() as s:
 
@@ -176,7 +177,7 @@ async def _collect(url: str) -> dict[str, tuple[np.ndarray, int]]:
             _dialogue(s, url), _omni(s, url), _baseten(s, url), _job(s, url),
         )))  # fmt: skip
     raw = dict(zip(names, fetched, strict=True))
-    return {
+    return raw, {
         "openai pcm": pcm24(raw["pcm"]),
         "openai pcm, opus 32 kbit/s": opus32(raw["pcm"]),
         "openai ulaw 8 kHz": decode(raw["ulaw"], "mulaw", 8000),
@@ -191,9 +192,16 @@ async def _collect(url: str) -> dict[str, tuple[np.ndarray, int]]:
     }
 
 
+async def _detect(url: str, body: bytes) -> dict:
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{url}/v1/watermark/detect", data=body) as r:
+            assert r.status == 200, await r.text()
+            return await r.json()
+
+
 def test_every_front_end_s_audio_reads_as_marked(server: Server, tmp_path: Path) -> None:
     require_oracle()
-    got = asyncio.run(_collect(server.url))
+    raw, got = asyncio.run(_collect(server.url))
     from orpheus_client.zmq_client import Client
 
     with Client(server.zmq_endpoint) as c:
@@ -212,3 +220,7 @@ def test_every_front_end_s_audio_reads_as_marked(server: Server, tmp_path: Path)
         if score < MARKED:
             low[name] = score
     assert not low, f"PerTh reads these as unmarked: {low}"
+    # The server's own detector, through the gateway to the codec worker and back.
+    for fmt in ("wav", "mp3"):
+        detection = asyncio.run(_detect(server.url, raw[fmt]))
+        assert detection["marked"] is True and detection["score"] >= MARKED, (fmt, detection)
