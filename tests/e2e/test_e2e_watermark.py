@@ -15,6 +15,8 @@ import asyncio
 import base64
 import io
 import json
+import os
+import subprocess
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -23,13 +25,17 @@ import aiohttp
 import av
 import numpy as np
 import pytest
-from e2e_harness import Server
+from e2e_harness import EXE, Server
 from perth_oracle import MARKED, perth_scores, require_oracle, write_wav
 
+from bench.doubles.local_server import free_port
 from gateway.audio.encoders import ContainerEncoder
+from orchestrator.failures import EXIT_PERMANENT
+from shm.ring import SHM_DIR
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
+ROOT = Path(__file__).resolve().parents[2]
 FRAMES = 36
 """3 s of audio for the routes that take max_tokens."""
 SENTENCES = "One. Two. Three. Four. Five. Six."
@@ -224,3 +230,31 @@ def test_every_front_end_s_audio_reads_as_marked(server: Server, tmp_path: Path)
     for fmt in ("wav", "mp3"):
         detection = asyncio.run(_detect(server.url, raw[fmt]))
         assert detection["marked"] is True and detection["score"] >= MARKED, (fmt, detection)
+
+
+def test_a_watermark_that_cannot_load_stops_serve_with_78(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A perth package without its network on the path (a broken install): the codec worker
+    cannot load the watermark, and the server stops at once with exit 78 and one line naming
+    the fix, instead of serving unmarked audio or restarting in a loop."""
+    broken = tmp_path / "site" / "perth"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(broken.parent), str(ROOT)]))
+    cmd = [EXE, "serve", "--model", str(tiny_model), "--device", "cpu", "--port", str(free_port())]
+    shm_before = set(os.listdir(SHM_DIR))
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == EXIT_PERMANENT, err[-3000:]
+    assert last.startswith("orpheus-serve: the perth watermark cannot load"), last
+    assert "codec.watermark=off" in last and "resemble-perth==1.0.1" in last
+    assert err.count("restarting in") == 0, "no restart loop"
+    left = [n for n in set(os.listdir(SHM_DIR)) - shm_before if n.startswith(f"orpheus-{proc.pid}")]
+    assert left == []
