@@ -155,7 +155,7 @@ def build_app(gateway: Gateway) -> web.Application:
     app.router.add_delete("/v1/audio/voices/{voice_id}", custom_voices.delete_handler(custom))
     app.router.add_post("/v1/admin/lora", custom_voices.lora_load_handler(custom))
     app.router.add_delete("/v1/admin/lora/{name}", custom_voices.lora_unload_handler(custom))
-    detector = watermark.WatermarkDetector(gateway.config, gateway.layout)
+    detector = watermark.WatermarkDetector(gateway.config, lambda: gateway.layout)
     app.router.add_post("/v1/watermark/detect", watermark.detect_handler(detector))
     if gateway.config.jobs.enabled:  # /v1/audio/jobs, and this process's job runner
         jobs.setup(app, gateway)

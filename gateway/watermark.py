@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import os
 import tempfile
+from collections.abc import Callable
 from typing import IO, Any
 
 import msgspec
@@ -52,10 +53,11 @@ class Detection(msgspec.Struct, frozen=True):
 class WatermarkDetector:
     """The route's state: the codec worker's socket and the uploads in progress."""
 
-    def __init__(self, config: ServeConfig, layout: InstanceLayout) -> None:
+    def __init__(self, config: ServeConfig, layout: Callable[[], InstanceLayout]) -> None:
         self.config = config
         self.cfg = config.voices
-        self.endpoint = layout.encode
+        self._layout = layout
+        """The instance's sockets, read at the first request (the app is built before)."""
         self.ctx = zmq.asyncio.Context.instance()
         self.in_progress = 0
 
@@ -66,7 +68,7 @@ class WatermarkDetector:
         except UnreadableAudio as e:
             raise APIError(400, "invalid_audio", f"audio: {e}", param="audio") from None
         req = DetectRequest(next(_ids) | (os.getpid() << 32), pcm.astype("<f4").tobytes())
-        raw = await _call(self.ctx, self.endpoint, req, self.cfg.encode_timeout_s)
+        raw = await _call(self.ctx, self._layout().encode, req, self.cfg.encode_timeout_s)
         if raw is None:
             raise APIError(
                 503,

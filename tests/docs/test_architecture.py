@@ -166,7 +166,7 @@ def test_the_front_end_registry_adds_every_route() -> None:
 
     gateway = SimpleNamespace(
         config=ServeConfig(), custom_voices=None, voices=SimpleNamespace(listing=None), tracing=None,
-        metrics=None, layout=SimpleNamespace(encode="ipc:///nonexistent"),
+        metrics=None,
     )  # fmt: skip
     app = build_app(gateway)  # type: ignore[arg-type]
     routes = {
