@@ -27,11 +27,17 @@ VLLM025_TESTS := tests/llm/vllm_ext/sampling/test_runner.py tests/llm/vllm_ext/s
   tests/e2e/test_e2e_server.py::test_pcm_byte_count_matches_frames_generated \
   tests/e2e/test_e2e_server.py::test_client_disconnect_cancels_into_vllm
 
+# The watermark tests' oracle, PerTh's own detector (it imports librosa and torchaudio, which
+# break `import vllm`): its own environment on .venv-vllm025's torch 2.11.0
+# (scripts/perth_oracle/make_env.sh).
+PERTH_VENV := .venv-perth
+PERTH_STAMP := $(PERTH_VENV)/.installed
+
 # vLLM 0.33 (what `pip install vllm` gives on an H100) cannot run here: its source is checked
 # instead (tests/llm/test_vllm_source_compat.py). Without network those cases skip with the reason.
 VLLM033_SRC ?= $(HOME)/.cache/orpheus-serve/vllm-0.33.0-src
 
-.PHONY: install install-vllm025 checkov demo test check test-vllm025 lint rehearse bench-codec bench-penalties bench-gateway clean
+.PHONY: install install-vllm025 perth-oracle checkov demo test check test-vllm025 lint rehearse bench-codec bench-penalties bench-gateway clean
 
 install: $(STAMP)
 
@@ -77,6 +83,12 @@ $(STAMP025): pyproject.toml Makefile scripts/vllm025/make_env.sh
 	rm -f $(STAMP025)
 	scripts/vllm025/make_env.sh $(VENV025) $(PYTHON)
 
+perth-oracle: $(PERTH_STAMP)
+
+$(PERTH_STAMP): Makefile scripts/perth_oracle/make_env.sh | $(STAMP025)
+	rm -f $(PERTH_STAMP)
+	scripts/perth_oracle/make_env.sh $(PERTH_VENV) $(VENV025) $(PYTHON)
+
 checkov: $(CHECKOV_STAMP)
 
 $(CHECKOV_STAMP): Makefile
@@ -104,7 +116,7 @@ PYTEST := PYTHONDONTWRITEBYTECODE=
 # servers are module fixtures). One core runs each engine, so one worker alone left the other
 # core idle, and two workers' engines on the same core made each start-up twice as long
 # (docs/performance.md, the suite's eleventh pass).
-test: install checkov install-vllm025
+test: install checkov install-vllm025 perth-oracle
 	-scripts/vllm033/fetch_source.sh $(VLLM033_SRC)
 	@echo "== the tests that start no engine"
 	$(PYTEST) TESTS_NO_ENGINE=1 VLLM033_SOURCE_DIR=$(VLLM033_SRC) $(BIN)/python -m pytest $(PYTEST_OPTS) $(CHECK_JOBS) -m "not engine"
@@ -156,5 +168,5 @@ bench-gateway: install
 	$(BIN)/orpheus-serve bench gateway --json docs/results/gateway_cpu.json
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) $(VENV025) .venv-rehearsal tiny-model demo.wav demo.log .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(CHECKOV_VENV) $(VENV025) $(PERTH_VENV) .venv-rehearsal tiny-model demo.wav demo.log .pytest_cache .ruff_cache .hypothesis
 	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

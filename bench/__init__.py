@@ -5,7 +5,8 @@ writes JSON (docs/benchmarks.md) through ``report.py``: one writer, one header (
 and versions of ``environment.py``), one way to draw a table. Needs the ``bench`` extra
 (rich, matplotlib). No serving package imports this one (.importlinter).
 
-- components: ``codec`` (batched SNAC decode vs the reference decoder), ``penalties`` (the
+- components: ``codec`` (batched SNAC decode vs the reference decoder; ``codec_watermark``:
+  its --watermark-ab, the watermark off and on), ``penalties`` (the
   repetition penalty and constraint in vLLM's sampler), ``codes`` (token-to-frame mapping
   per engine step), ``gateway`` (the gateway's CPU per stream against a synthetic backend),
   ``protocols`` (flush to first byte per streaming protocol), ``voices`` (custom voices),

@@ -50,6 +50,7 @@ from codec_worker.output import CollectingSink
 from codec_worker.policy import WindowPolicy
 from codec_worker.service import CodecService
 from codec_worker.snac_model import SNAC_24KHZ, fuse_weight_norm, load_snac
+from codec_worker.watermark import StreamWatermark
 from common.config.codec import CodecConfig
 from shm.records import SAMPLE_RATE, SAMPLES_PER_FRAME, RecordKind, StreamEnd, record_encoder
 from shm.ring import Record
@@ -85,9 +86,15 @@ def _measure(fn: Callable[[], tuple[float, int, int]]) -> tuple[float, float, fl
 class WorkerHarness:
     """The real CodecService and DecodeEngine, fed in-process, PCM collected in memory."""
 
-    def __init__(self, decoder: WindowDecoder, cfg: CodecConfig, device: torch.device) -> None:
+    def __init__(
+        self,
+        decoder: WindowDecoder,
+        cfg: CodecConfig,
+        device: torch.device,
+        watermark: StreamWatermark | None = None,
+    ) -> None:
         self.cfg = cfg
-        self.engine = DecodeEngine.for_config(decoder, cfg, device)
+        self.engine = DecodeEngine.for_config(decoder, cfg, device, watermark)
 
     def run(self, codes: np.ndarray, lockstep: bool) -> tuple[CollectingSink, int, int]:
         """Decode ``codes (streams, frames, 7)``; returns the sink, batches and windows."""
@@ -304,6 +311,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], help="codec config key=value")
     p.add_argument(
+        "--watermark-ab",
+        action="store_true",
+        help="only measure the watermark's cost: the worker with codec.watermark off and perth, "
+        "alternated (bench/codec_watermark.py)",
+    )
+    p.add_argument(
         "--sweep",
         action="store_true",
         help="only measure seam quality and cost of several window policies",
@@ -352,6 +365,10 @@ def main(argv: list[str]) -> int:
             doc = {"benchmark": "codec-window-policies", **header()}
             write_json(doc | {"seam_frames": args.seam_frames, "policies": rows}, args.json)
         return 0
+    if args.watermark_ab:
+        from bench.codec_watermark import watermark_ab
+
+        return watermark_ab(args, decoder, cfg, device, levels, rng, header())
     harness = WorkerHarness(decoder, cfg, device)
     warm_s = harness.engine.warmup()
 

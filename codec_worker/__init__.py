@@ -9,6 +9,8 @@ Modules, each with one job:
 - ``policy``, ``scheduler``: a stream's next window; when to dispatch a batch and which
   windows go in it; ``decoder``, ``levels``, ``noise``: the windowed decode, frames to SNAC
   levels, position-keyed noise
+- ``watermark``: the mark every chunk carries (PerTh by default), applied by the engine
+  after decoding and before the int16 conversion; its reading for the detector
 - ``encoder``: SNAC's encoder for custom-voice clips (a thread; the ROUTER socket of ``EncodeRequest``)
 - ``snac_model``, ``host_memory``: loading checkpoints; keeping freed host blocks for CPU
   decoding, up to a bound

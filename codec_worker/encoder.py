@@ -20,7 +20,15 @@ import zmq
 from snac import SNAC
 
 from codec_worker.levels import levels_to_frames
-from shm.messages import UNDECODABLE, EncodeReply, control_encoder, encode_request_decoder
+from codec_worker.watermark.detect import ClipDetector
+from shm.messages import (
+    UNDECODABLE,
+    DetectReply,
+    DetectRequest,
+    EncodeReply,
+    codec_request_decoder,
+    control_encoder,
+)
 from shm.records import CODE_DTYPE
 
 log = logging.getLogger(__name__)
@@ -68,10 +76,14 @@ class VoiceEncoder:
 
 
 class EncodeServer:
-    """A thread serving ``EncodeRequest``s on a ROUTER socket, one at a time."""
+    """A thread serving ``EncodeRequest``s, and ``DetectRequest``s (a clip's watermark, with
+    ``detector``), on a ROUTER socket, one at a time."""
 
-    def __init__(self, encoder: VoiceEncoder, endpoint: str) -> None:
+    def __init__(
+        self, encoder: VoiceEncoder, endpoint: str, detector: ClipDetector | None = None
+    ) -> None:
         self._encoder = encoder
+        self._detector = detector
         self._endpoint = endpoint
         self._ctx = zmq.Context.instance()
         self._stop = threading.Event()
@@ -111,21 +123,38 @@ class EncodeServer:
         finally:
             sock.close(linger=0)
 
-    def _handle(self, raw: bytes) -> EncodeReply | None:
+    def _handle(self, raw: bytes) -> EncodeReply | DetectReply | None:
         try:
-            req = encode_request_decoder.decode(raw)
+            req = codec_request_decoder.decode(raw)
         except UNDECODABLE as e:
             log.warning("undecodable encode request dropped: %s", e)
             return None
+        if isinstance(req, DetectRequest):
+            return self._detect(req)
         try:
-            if len(req.pcm) % 4:
-                raise ValueError("pcm is not whole float32 samples")
-            pcm = np.frombuffer(req.pcm, dtype="<f4")
-            if not np.isfinite(pcm).all():
-                raise ValueError("pcm holds NaN or infinite samples")
-            frames = self._encoder.encode(pcm)
+            frames = self._encoder.encode(_pcm(req.pcm))
         except Exception as e:
             log.warning("encode %d failed: %s", req.request_id, e)
             return EncodeReply(req.request_id, error=f"{type(e).__name__}: {e}")
         self.served += 1
         return EncodeReply(req.request_id, codes=frames.tobytes())
+
+    def _detect(self, req: DetectRequest) -> DetectReply:
+        try:
+            if self._detector is None:
+                raise RuntimeError("this codec worker has no watermark detector")
+            score, name = self._detector.detect(_pcm(req.pcm))
+        except Exception as e:
+            log.warning("detect %d failed: %s", req.request_id, e)
+            return DetectReply(req.request_id, error=f"{type(e).__name__}: {e}")
+        self.served += 1
+        return DetectReply(req.request_id, score=score, watermark=name)
+
+
+def _pcm(raw: bytes) -> np.ndarray:
+    if len(raw) % 4:
+        raise ValueError("pcm is not whole float32 samples")
+    pcm = np.frombuffer(raw, dtype="<f4")
+    if not np.isfinite(pcm).all():
+        raise ValueError("pcm holds NaN or infinite samples")
+    return pcm

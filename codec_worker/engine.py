@@ -26,6 +26,7 @@ from torch import nn
 
 from codec_worker.decoder import WindowDecoder, WindowKey, WindowPlan
 from codec_worker.host_memory import HeapBound
+from codec_worker.watermark import StreamWatermark
 from common.config.codec import CodecConfig
 from shm.records import CODE_DTYPE, FRAME_CODES
 
@@ -36,25 +37,34 @@ MIN_COMPILED_ROWS = 2
 
 
 class DecodeRequest(NamedTuple):
-    """One window: its ``(W, 7)`` int16 codes (copied at submit), noise seed, first frame."""
+    """One window: its ``(W, 7)`` int16 codes (copied at submit), noise seed, first frame, and
+    its stream's watermark slot (0: none, the scratch slot)."""
 
     codes: np.ndarray
     seed: int
     start: int
+    slot: int = 0
+
+
+def to_pcm(audio: torch.Tensor) -> torch.Tensor:
+    """Float audio in [-1, 1] -> int16 PCM."""
+    return (audio * PCM_SCALE).round().to(torch.int16)
 
 
 class PcmDecoder(nn.Module):
-    """WindowDecoder followed by the int16 conversion (one graph when compiled)."""
+    """WindowDecoder followed by the int16 conversion (one graph when compiled); with
+    ``quantize=False`` the float audio (the watermark marks it before the conversion)."""
 
-    def __init__(self, decoder: WindowDecoder) -> None:
+    def __init__(self, decoder: WindowDecoder, quantize: bool = True) -> None:
         super().__init__()
         self.decoder = decoder
+        self.quantize = quantize
 
     def forward(
         self, frames: torch.Tensor, seeds: torch.Tensor, starts: torch.Tensor, plan: WindowPlan
     ) -> torch.Tensor:
         audio = self.decoder(frames, seeds, starts, plan)
-        return (audio * PCM_SCALE).round().to(torch.int16)
+        return to_pcm(audio) if self.quantize else audio
 
 
 @contextlib.contextmanager
@@ -105,14 +115,17 @@ class DecodeEngine:
         max_window_frames: int,
         max_hop_frames: int,
         hot_keys: Sequence[WindowKey] = (),
+        watermark: StreamWatermark | None = None,
     ) -> None:
         self.cfg = cfg
+        self.watermark = watermark
+        """Marks each window's audio before the int16 conversion (codec.watermark; None: off)."""
         self.device = device
         self.cuda = device.type == "cuda"
         self.profiling = False
         """Set while a torch-profiler capture runs (codec_worker.profiling): ranges are recorded."""
         self.decoder = decoder.to(device).eval()
-        self.model = PcmDecoder(self.decoder).eval()
+        self.model = PcmDecoder(self.decoder, quantize=watermark is None).eval()
         self.buckets = sorted(set(cfg.batch_buckets))
         # Padding to buckets can at most double a group; several groups share the buffers.
         rows = 2 * max(cfg.max_batch, self.buckets[-1] if self.buckets else 1)
@@ -121,7 +134,7 @@ class DecodeEngine:
         samples = decoder.samples_per_frame
         pin = self.cuda
         self._codes_host = torch.zeros(rows * max_window_frames * FRAME_CODES, dtype=torch.int16)
-        self._meta_host = torch.zeros((2, rows), dtype=torch.int64)
+        self._meta_host = torch.zeros((3, rows), dtype=torch.int64)  # seeds, starts, slots
         self._pcm_host = torch.zeros(rows * max_hop_frames * samples, dtype=torch.int16)
         if pin:
             self._codes_host = self._codes_host.pin_memory()
@@ -146,7 +159,11 @@ class DecodeEngine:
 
     @classmethod
     def for_config(
-        cls, decoder: WindowDecoder, cfg: CodecConfig, device: torch.device
+        cls,
+        decoder: WindowDecoder,
+        cfg: CodecConfig,
+        device: torch.device,
+        watermark: StreamWatermark | None = None,
     ) -> DecodeEngine:
         """An engine sized for ``cfg``'s window policy, its hot shapes being compiled/warmed."""
         from codec_worker.policy import WindowPolicy
@@ -159,6 +176,7 @@ class DecodeEngine:
             max_window_frames=policy.max_window_frames,
             max_hop_frames=policy.max_hop_frames,
             hot_keys=policy.hot_keys(),
+            watermark=watermark,
         )
 
     # -- compile and warm-up ---------------------------------------------------------------------
@@ -220,15 +238,17 @@ class DecodeEngine:
                         f"batch exceeds the engine's buffers ({row + rows} rows, {key})"
                     )
                 codes = self._codes_np[el : el + size].reshape(rows, w, FRAME_CODES)
-                seeds, starts = self._meta_np[0], self._meta_np[1]
+                seeds, starts, slots = self._meta_np
                 for i, r in enumerate(reqs):
                     codes[i] = r.codes
                     seeds[row + i] = r.seed
                     starts[row + i] = r.start
+                    slots[row + i] = r.slot
                 if rows > n:  # bucket padding: valid codes, results discarded
                     codes[n:] = 0
                     seeds[row + n : row + rows] = 0
                     starts[row + n : row + rows] = 0
+                    slots[row + n : row + rows] = 0
                 staged.append((key, n, rows, el, size, row))
                 el += size
                 row += rows
@@ -239,7 +259,7 @@ class DecodeEngine:
             if self.cuda:
                 with nvtx_range("codec.h2d", nvtx, prof):
                     self._codes_dev[:el].copy_(self._codes_host[:el], non_blocking=True)
-                    self._meta_dev.copy_(self._meta_host, non_blocking=True)  # 2 x rows int64
+                    self._meta_dev.copy_(self._meta_host, non_blocking=True)  # 3 x rows int64
                 codes_src, meta_src = self._codes_dev, self._meta_dev
             else:
                 codes_src, meta_src = self._codes_host, self._meta_host
@@ -249,6 +269,11 @@ class DecodeEngine:
                 starts = meta_src[1, row0 : row0 + rows]
                 with nvtx_range(f"codec.decode[{rows}x{key.hop}]", nvtx, prof):
                     pcm = self._run(key, frames, seeds, starts)
+                if self.watermark is not None:
+                    with nvtx_range(f"codec.watermark[{n}x{key.hop}]", nvtx, prof):
+                        slots = meta_src[2, row0 : row0 + n]
+                        fresh = (starts[:n] + key.context) == 0  # the stream's first audio
+                        pcm = to_pcm(self.watermark.mark(pcm[:n], slots, fresh))
                 samples = pcm.shape[1]
                 host = self._pcm_host[pcm_off : pcm_off + n * samples].view(n, samples)
                 with nvtx_range("codec.d2h", nvtx, prof):

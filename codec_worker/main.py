@@ -27,6 +27,8 @@ from codec_worker.output import RingSink
 from codec_worker.profiling import CodecProfiler
 from codec_worker.service import CodecService
 from codec_worker.snac_model import load_snac
+from codec_worker.watermark import load_watermark
+from codec_worker.watermark.detect import ClipDetector
 from common.config import ServeConfig
 from common.link import WorkerLink
 from common.profiling import ProfileTrigger
@@ -55,7 +57,10 @@ def build_engine(config: ServeConfig, snac: SNAC | None = None) -> tuple[DecodeE
             torch.set_num_threads(cfg.threads)
     if snac is None:
         snac = load_snac(cfg.model, "cpu")
-    engine = DecodeEngine.for_config(WindowDecoder(snac), cfg, device)
+    # Loaded before the decoder's warm-up: a watermark that cannot load stops the start at
+    # once (WatermarkUnavailable: a permanent failure, exit 78), and the warm-up runs it too.
+    watermark = load_watermark(cfg.watermark, device)
+    engine = DecodeEngine.for_config(WindowDecoder(snac), cfg, device, watermark)
     return engine, engine.warmup()
 
 
@@ -73,7 +78,10 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
     snac = load_snac(cfg.model, "cpu")
     engine, warm_s = build_engine(config, snac)
     # Custom voices: reference clips are encoded on a thread of this process (encoder.py).
-    encoder = EncodeServer(VoiceEncoder(snac.to(config.device), config.device), layout.encode)
+    # ... and clips' watermarks read (POST /v1/watermark/detect), on the same thread.
+    detector = ClipDetector(engine.watermark, torch.device(config.device))
+    voice_encoder = VoiceEncoder(snac.to(config.device), config.device)
+    encoder = EncodeServer(voice_encoder, layout.encode, detector)
     encoder.start()
     readers = [
         RingReader(
@@ -94,6 +102,7 @@ def run(config: ServeConfig, layout: InstanceLayout) -> None:
     link = WorkerLink(layout.orch, ROLE)
     detail = (
         f"SNAC from {cfg.model} on {config.device}, compile={cfg.compile}, "
+        f"watermark={cfg.watermark}, "
         f"warm-up {warm_s:.1f}s, loaded in {time.monotonic() - t0:.1f}s"
     )
     profiler: CodecProfiler | None = None

@@ -55,6 +55,8 @@ class StreamState:
     """When the stream's current window became ready (NaN: none ready)."""
     play_start: float = math.nan
     """When its first chunk was written: the playback clock's origin."""
+    mark_slot: int = 0
+    """Its slot in the watermark's per-stream state (0: none, watermark off)."""
 
     def append(self, codes: np.ndarray, keep_from: int) -> None:
         """Append ``(n, 7)`` int16 frames, dropping stored frames before ``keep_from``."""

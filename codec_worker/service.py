@@ -153,6 +153,8 @@ class CodecService:
                 self._fail_unknown(sid, "sequence_gap", f"first codes record starts at frame {seq}")
                 return
             s = StreamState(sid, gateway, decode_seed(self.cfg.noise_seed), now, source)
+            if self.engine.watermark is not None:
+                s.mark_slot = self.engine.watermark.acquire()
             self.streams[sid] = s
             if self.traces and (trace := self.traces.get(sid)) is not None:
                 assert self.tracing is not None
@@ -220,7 +222,7 @@ class CodecService:
             self._put_end(gateway_of(sid), sid, 0, end, 0)
             return
         if end.reason == "cancelled":
-            del self.streams[sid]
+            self._forget(s)
             self._put_end(s.gateway, sid, s.chunks, end, s.written)
         elif seq != s.received:
             self._fail(s, "sequence_gap", f"END at frame {seq}, received {s.received}")
@@ -230,8 +232,10 @@ class CodecService:
                 self._finish(s)
 
     def _on_error(self, sid: int, payload: memoryview) -> None:
-        s = self.streams.pop(sid, None)
-        if s is None and self._dead.pop(sid, None) is not None:
+        s = self.streams.get(sid)
+        if s is not None:
+            self._forget(s)
+        elif self._dead.pop(sid, None) is not None:
             return
         gateway = s.gateway if s is not None else gateway_of(sid)
         if gateway < self.gateways:
@@ -252,6 +256,12 @@ class CodecService:
             self._end_trace(sid, "worker_restarted", 0, "the stream's llm worker died")
 
     # -- stream endings --------------------------------------------------------------------------
+    def _forget(self, s: StreamState) -> None:
+        """Drop a stream's state (its watermark slot too)."""
+        if self.streams.pop(s.stream_id, None) is s and s.mark_slot:
+            assert self.engine.watermark is not None
+            self.engine.watermark.release(s.mark_slot)
+
     def _put_end(self, gateway: int, sid: int, chunks: int, end: StreamEnd, frames: int) -> None:
         out = StreamEnd(end.reason, frames, end.tokens, end.invalid_tokens_prevented)
         if gateway < self.gateways:
@@ -262,7 +272,7 @@ class CodecService:
 
     def _finish(self, s: StreamState) -> None:
         assert s.end is not None
-        del self.streams[s.stream_id]
+        self._forget(s)
         self._put_end(s.gateway, s.stream_id, s.chunks, s.end, s.written)
 
     def _error_record(self, code: str, message: str, status: int) -> bytes:
@@ -270,7 +280,7 @@ class CodecService:
 
     def _fail(self, s: StreamState, code: str, message: str, status: int = 500) -> None:
         log.warning("stream %#x failed in the codec worker: %s: %s", s.stream_id, code, message)
-        self.streams.pop(s.stream_id, None)
+        self._forget(s)
         self._dead[s.stream_id] = self.clock()
         self.sink.put(
             s.gateway,
@@ -352,7 +362,10 @@ class CodecService:
                 key,
                 [
                     DecodeRequest(
-                        w.state.window_codes(w.start, w.start + key.frames), w.state.seed, w.start
+                        w.state.window_codes(w.start, w.start + key.frames),
+                        w.state.seed,
+                        w.start,
+                        w.state.mark_slot,
                     )
                     for w in ws
                 ],

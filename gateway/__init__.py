@@ -30,7 +30,8 @@ Process entry point: ``main`` (``gateway.main.run``). The core, each module with
 - ``cache``: the sentence audio cache (each synthesis unit's PCM, kept on the node and served
   again to a repeat; ``[cache]``); ``warm``: ``POST /v1/cache/warm``, filling it in spare
   capacity
-- ``custom_voices``: the voices API; ``metrics``: Prometheus metrics (no front end imports
+- ``custom_voices``: the voices API; ``watermark``: ``POST /v1/watermark/detect``;
+  ``metrics``: Prometheus metrics (no front end imports
   it); ``apis``: ``Api``, which front end served a request (the metrics' label)
 - ``disclosure``: every audio answer says it is AI-generated and how it is marked (headers;
   the protocols' metadata messages take ``disclosure.watermark_of``)

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import web
 
-from gateway import custom_voices, jobs, warm
+from gateway import custom_voices, jobs, warm, watermark
 from gateway.auth import ApiKeys, http_middleware
 from gateway.browser_guard import BrowserGuard, add_cors_headers
 from gateway.cache import routes as cache_routes
@@ -177,6 +177,8 @@ def build_app(gateway: Gateway) -> web.Application:
     app.router.add_delete("/v1/audio/voices/{voice_id}", custom_voices.delete_handler(custom))
     app.router.add_post("/v1/admin/lora", custom_voices.lora_load_handler(custom))
     app.router.add_delete("/v1/admin/lora/{name}", custom_voices.lora_unload_handler(custom))
+    detector = watermark.WatermarkDetector(gateway.config, lambda: gateway.layout)
+    app.router.add_post("/v1/watermark/detect", watermark.detect_handler(detector))
     if gateway.config.jobs.enabled:  # /v1/audio/jobs, and this process's job runner
         jobs.setup(app, gateway)
     if gateway.config.cache.enabled:  # the sentence audio cache's purges

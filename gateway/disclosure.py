@@ -30,13 +30,10 @@ NO_WATERMARK: Final = "none"
 
 
 def watermark_of(config: ServeConfig) -> str:
-    """The watermark the codec worker puts in every audio stream, by name, or ``none``.
-
-    The codec worker's watermark (issue 58, part 1: ``codec.watermark``, ``perth`` by default)
-    is not in this tree yet: its audio is unmarked, and this says so. Where it lands, this
-    answers its name (``off``: ``none``)."""
-    del config
-    return NO_WATERMARK
+    """The watermark the codec worker puts in every audio stream (``codec.watermark``, ``perth``
+    by default), by name, or ``none`` where it is ``off``."""
+    kind = config.codec.watermark
+    return NO_WATERMARK if kind == "off" else kind
 
 
 def disclosure_headers(config: ServeConfig) -> dict[str, str]:

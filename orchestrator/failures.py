@@ -153,6 +153,11 @@ def _classify_codec(chain: list[BaseException], config: ServeConfig) -> Failure 
             return Failure(f"SNAC checkpoint {model!r} is not Orpheus' codec: {_short(e)}", fix)
         if isinstance(e, TypeError) and "SNAC" in text:
             return Failure(f"SNAC checkpoint {model!r} has an invalid config: {_short(e)}", fix)
+        if type(e).__name__ == "WatermarkUnavailable":
+            return Failure(f"the {config.codec.watermark} watermark cannot load: {_short(e)}", (
+                "install resemble-perth==1.0.1 (pyproject.toml), or set codec.watermark=off "
+                "and mark the audio some other way (docs/operations.md, Watermark)"
+            ))  # fmt: skip
         if _oom(e):
             return Failure(f"not enough memory to load the SNAC codec: {_short(e)}", MEMORY_FIX)
     return None

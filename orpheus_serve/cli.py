@@ -253,6 +253,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-tokens", type=int, default=None)
     c.add_argument("--seed", type=int, default=None)
 
+    w = sub.add_parser("watermark", help="read the watermark of audio files (detect)")
+    wsub = w.add_subparsers(dest="watermark_command", required=True)
+    d = wsub.add_parser(
+        "detect",
+        help="print whether each file (any format FFmpeg reads) carries the server's watermark; "
+        "exit 0: all marked, 1: one or more unmarked, 2: one or more unreadable",
+    )
+    d.add_argument("files", nargs="+", metavar="FILE")
+    d.add_argument("--device", default="cpu", help="torch device of the detector (cpu, cuda)")
+    d.add_argument("--json", action="store_true", help="one JSON object per file")
+    d.add_argument(
+        "--trust-anchors",
+        metavar="PEM",
+        help="certificates (PEM) a file's C2PA signer must chain to; without it a manifest "
+        "is checked for its signature and hashes only",
+    )
+
     # add_help=False: `bench load --help` reaches the benchmark's own parser.
     b = sub.add_parser(
         "bench", help="benchmarks (each prints a table and writes JSON)", add_help=False
@@ -276,6 +293,14 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_tiny_model(args)
     if args.command == "say":
         return cmd_say(args)
+    if args.command == "watermark":
+        from orpheus_serve.watermark_detect import detect
+
+        anchors = None
+        if args.trust_anchors:
+            with open(args.trust_anchors, encoding="ascii") as f:
+                anchors = f.read()
+        return detect(args.files, args.device, args.json, anchors)
     parser.error(f"unknown command {args.command}")
     return 2
 

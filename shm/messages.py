@@ -11,6 +11,7 @@ are a different, client-facing contract.
 | ``LlmSubmit``, ``LlmAppendText``, ``LlmCancel`` (``LlmControl``) | gateway -> llm_worker | ``control-<engine>`` PUSH/PULL |
 | ``LoraLoad``, ``LoraUnload``, ``LoraSync`` / ``AdminReply`` | gateway <-> llm_worker | ``admin-<engine>`` DEALER/ROUTER |
 | ``EncodeRequest`` / ``EncodeReply`` | gateway <-> codec_worker | ``encode`` DEALER/ROUTER |
+| ``DetectRequest`` / ``DetectReply`` | gateway <-> codec_worker | ``encode`` DEALER/ROUTER |
 | ``WorkerReady``, ``Heartbeat``, ``WorkerFailed`` | worker -> orchestrator | ``orch`` PUSH/PULL |
 | ``ClusterStatus`` | orchestrator -> gateways | ``status`` PUB/SUB |
 """
@@ -141,6 +142,28 @@ class EncodeReply(msgspec.Struct, tag="encoded", frozen=True):
     error: str = ""
 
 
+class DetectRequest(msgspec.Struct, tag="detect", frozen=True):
+    """gateway -> codec_worker (DEALER -> ROUTER ``layout.encode``, the socket of
+    ``EncodeRequest``): read the watermark of a clip. ``pcm`` is float32 little-endian mono at
+    24 kHz (decoded and resampled by the gateway)."""
+
+    request_id: int
+    pcm: bytes
+
+
+class DetectReply(msgspec.Struct, tag="detected", frozen=True):
+    """codec_worker -> gateway: the detector's confidence in [0, 1] that the clip is marked,
+    and which watermark it reads (``perth``), or ``error`` (then ``score`` is -1)."""
+
+    request_id: int
+    score: float = -1.0
+    watermark: str = ""
+    error: str = ""
+
+
+CodecRequest = EncodeRequest | DetectRequest
+
+
 class LoraLoad(msgspec.Struct, tag="lora_load", frozen=True):
     """gateway -> llm_worker (DEALER -> ROUTER ``layout.engine_admin(e)``): load a LoRA voice."""
 
@@ -190,6 +213,8 @@ llm_control_decoder = msgspec.msgpack.Decoder(LlmControl)
 orchestrator_decoder = msgspec.msgpack.Decoder(OrchestratorMessage)
 status_decoder = msgspec.msgpack.Decoder(ClusterStatus)
 encode_request_decoder = msgspec.msgpack.Decoder(EncodeRequest)
+codec_request_decoder = msgspec.msgpack.Decoder(CodecRequest)
+detect_reply_decoder = msgspec.msgpack.Decoder(DetectReply)
 encode_reply_decoder = msgspec.msgpack.Decoder(EncodeReply)
 admin_request_decoder = msgspec.msgpack.Decoder(AdminRequest)
 admin_reply_decoder = msgspec.msgpack.Decoder(AdminReply)

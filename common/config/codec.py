@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 
@@ -40,5 +42,11 @@ class CodecConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     noise_seed: int = 0
     threads: int = 0
     """torch intra-op threads on CPU; 0 leaves torch's default."""
+    watermark: Literal["perth", "off"] = "perth"
+    """The imperceptible mark every second of audio carries (README, Watermark): ``perth``,
+    Resemble's PerTh (resemble-perth's trained weights, on the codec's device), applied to each
+    chunk after decoding, before any front end encodes it. ``off`` emits unmarked audio: an
+    operator serving the public in the EU then marks it some other way (EU AI Act art. 50(2);
+    docs/operations.md). A watermark that cannot load stops the server at start (exit 78)."""
     pcm_stall_timeout_s: float = 5.0
     """A gateway's PCM ring that stays full this long fails the streams waiting on it."""

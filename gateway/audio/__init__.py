@@ -1,4 +1,5 @@
-"""The gateway's audio output: 24 kHz int16 mono PCM in, what the client asked for out.
+"""The gateway's audio output: 24 kHz int16 mono PCM in, what the client asked for out
+(and, for the watermark detector, any file in).
 
 - ``formats``: the codecs, sample rates and content types, stated once (``formats.Codec``,
   ``formats.OutputFormat``, which codec at which rate, ElevenLabs' format names)
@@ -6,4 +7,6 @@
   atempo time-stretch) and ``encoders.make_encoder`` for the 24 kHz formats
 - ``output``: the output pipeline ``output.make_output`` (time-stretch, resampling, the
   codec) that every front end builds its encoder with
+- ``decode``: any file FFmpeg reads to 24 kHz mono float (``decode.decode_clip``), for the
+  watermark detector
 """

@@ -539,7 +539,7 @@ def test_haproxy_body_limits_per_path() -> None:
     """The Content-Length limits: above the gateway's on each POST route, at most twice it."""
     lines = haproxy_lines()
     acl = next(ln.split() for ln in lines if ln.startswith("acl voice_upload "))
-    assert acl[2:] == ["path", "/v1/audio/voices"]
+    assert acl[2:] == ["path", "/v1/audio/voices", "/v1/watermark/detect"]
     rules = {}
     for ln in lines:
         m = re.match(r"http-request return status 413 .* if (!?voice_upload) \{ "
@@ -548,7 +548,8 @@ def test_haproxy_body_limits_per_path() -> None:
             rules[m.group(1)] = int(m.group(2))
     assert set(rules) == {"voice_upload", "!voice_upload"}
     for path, gateway in body_limits().items():
-        size = rules["voice_upload" if path == "/v1/audio/voices" else "!voice_upload"]
+        upload = path in ("/v1/audio/voices", "/v1/watermark/detect")
+        size = rules["voice_upload" if upload else "!voice_upload"]
         assert gateway < size <= 2 * gateway, (path, size, gateway)
 
 

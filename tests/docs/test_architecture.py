@@ -143,6 +143,7 @@ ROUTES = {
     ("DELETE", "/v1/audio/voices/{voice_id}"),
     ("POST", "/v1/admin/lora"),
     ("DELETE", "/v1/admin/lora/{name}"),
+    ("POST", "/v1/watermark/detect"),
     ("GET", "/v1/models"),
     ("GET", "/health"),
     ("GET", "/ready"),

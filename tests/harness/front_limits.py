@@ -23,6 +23,8 @@ ELEVENLABS_MAX_INACTIVITY_S = 180.0
 """ElevenLabs' ``inactivity_timeout`` query parameter is capped here (gateway/frontends/elevenlabs/websocket.py,
 docs/api.md): the longest a node keeps an idle ElevenLabs socket open."""
 VOICE_UPLOAD = "/v1/audio/voices"
+DETECT = "/v1/watermark/detect"
+"""The watermark detector: an audio file, bounded like a voice upload."""
 
 
 @cache
@@ -71,7 +73,7 @@ def body_limits() -> dict[str, int]:
     app = build_app(routes_only_gateway())
     posts = {r.resource.canonical for r in app.router.routes() if r.method == "POST"}
     assert VOICE_UPLOAD in posts and "/v1/audio/speech" in posts
-    big = {VOICE_UPLOAD: cfg.voices.max_upload_bytes}
+    big = {VOICE_UPLOAD: cfg.voices.max_upload_bytes, DETECT: cfg.voices.max_upload_bytes}
     return {path: big.get(path, cfg.gateway.max_body_bytes) for path in sorted(posts)}
 
 
