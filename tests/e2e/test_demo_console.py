@@ -117,8 +117,15 @@ def restore_logging() -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     libs = {n: logging.getLogger(n).level for n in LIBRARY_LOGGERS}
+    # The workers run vLLM with VLLM_CONFIGURE_LOGGING=0 (library_env): its logger has no
+    # handler of its own and propagates. This test process may not: a test that built vLLM's
+    # engine arguments here (arg_utils' configure_logging_if_needed) gave it vLLM's handler.
+    vllm = logging.getLogger("vllm")
+    vllm_handlers, vllm_propagate = vllm.handlers[:], vllm.propagate
+    vllm.handlers[:], vllm.propagate = [], True
     with warnings.catch_warnings():
         yield
+    vllm.handlers[:], vllm.propagate = vllm_handlers, vllm_propagate
     logging.captureWarnings(False)
     root.handlers[:] = handlers
     root.setLevel(level)
