@@ -803,11 +803,7 @@ class Admission:
         d.append(now)
         while now - d[0] > DEPARTURE_WINDOW_S:
             d.popleft()
-        n = self.by_key.get(key, 0) - 1
-        if n > 0:
-            self.by_key[key] = n
-        else:
-            self.by_key.pop(key, None)
+        self._drop_key_stream(key)
         with self._node() as others:
             self.by_engine[engine] -= 1
             self._grant(others)
@@ -830,13 +826,17 @@ class Admission:
 
     def release_key(self, key: str = ANONYMOUS) -> None:
         """The end of a ``hold_key`` stream."""
+        self._drop_key_stream(key)
+        with self._node() as others:
+            self._grant(others)  # a waiter of this key may start now
+
+    def _drop_key_stream(self, key: str) -> None:
+        """One stream of ``key`` fewer in this process (a slot's or a ``hold_key``'s)."""
         n = self.by_key.get(key, 0) - 1
         if n > 0:
             self.by_key[key] = n
         else:
             self.by_key.pop(key, None)
-        with self._node() as others:
-            self._grant(others)  # a waiter of this key may start now
 
     def reconsider(self) -> None:
         """An engine became ready: waiters may have room now."""
