@@ -40,6 +40,7 @@ import pytest
 from e2e_harness import (
     EXE,
     Server,
+    describe_pids,
     instance_pids,
     present,
     start_server,
@@ -164,7 +165,7 @@ def kill_orchestrator(srv: Server) -> str:
     t0 = time.monotonic()
     left = wait_no_instance_pids(srv.instance, 60, sessions)
     gone_s = time.monotonic() - t0
-    assert left == [], f"processes left: {left}"
+    assert left == [], f"processes left {gone_s:.0f}s after: {describe_pids(left)}"
     assert wait_segments_gone(segs, 10) == set()
     return (
         f"orchestrator kill -9: {len(pids)} processes and {len(segs)} segments "

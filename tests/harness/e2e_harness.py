@@ -123,6 +123,28 @@ def rss_bytes(pids: list[int]) -> int:
     return total
 
 
+def describe_pids(pids: list[int]) -> str:
+    """What each process is, for a failure's message: its title (the workers and vLLM's
+    processes retitle themselves), state, parent, session and what it waits in (wchan)."""
+
+    def read(pid: int, name: str) -> str:
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as f:
+                return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            return "?"
+
+    lines = []
+    for pid in pids:
+        p = proctree.read_proc(pid)
+        where = f"ppid {p.ppid} sid {p.sid} state {p.state}" if p else "gone"
+        lines.append(
+            f"{pid} [{read(pid, 'comm')}] {read(pid, 'cmdline')[:160]!r} {where} "
+            f"wchan {read(pid, 'wchan')}"
+        )
+    return "; ".join(lines)
+
+
 def wait_no_instance_pids(
     instance: str, timeout_s: float, sessions: set[int] | None = None
 ) -> list[int]:
