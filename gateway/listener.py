@@ -34,6 +34,8 @@ from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 
+SHUTDOWN_GRACE_S = 5.0
+"""How long handlers still running when the gateway stops may take (aiohttp's cleanup)."""
 FD_RESERVE = 256
 """Descriptors kept for everything that is not a client connection (ZeroMQ, shared memory,
 logs, the refusals themselves)."""
@@ -225,6 +227,10 @@ def app_runner(
         handler_cancellation=True,
         access_log=access_log,
         keepalive_timeout=g.keepalive_timeout_s,
+        # What handlers still run at cleanup get this long: the drain (drain_timeout_s) has
+        # already waited for the streams and failed those left, so aiohttp's 60 s default
+        # would only keep a stopping gateway alive.
+        shutdown_timeout=SHUTDOWN_GRACE_S,
         **kwargs,
     )
 

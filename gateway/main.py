@@ -3,8 +3,8 @@
 aiohttp on uvloop, listening with SO_REUSEPORT so that several gateway processes share one
 port (the kernel spreads connections across them). Reports ``WorkerReady`` to the
 orchestrator once listening and a ``Heartbeat`` every second. SIGTERM drains (no new
-streams, active ones finish within ``drain_timeout_s``); SIGINT or a second SIGTERM stops
-at once. Never imports torch.
+streams, active ones finish within ``drain_timeout_s``); SIGINT, a second SIGTERM, or the
+SIGTERM that the orchestrator's death sends stops at once. Never imports torch.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import resource
 import signal
 import socket
@@ -80,8 +81,13 @@ async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None
     stop = asyncio.Event()
     fast = asyncio.Event()
 
+    parent = os.getppid()
+
     def on_term() -> None:
-        if stop.is_set():
+        # A second SIGTERM, or the one the kernel sends when the orchestrator dies
+        # (PR_SET_PDEATHSIG, orchestrator/child.py): with the orchestrator gone the workers
+        # die too, so nothing in flight can finish and draining would only wait.
+        if stop.is_set() or os.getppid() != parent:
             fast.set()
         stop.set()
 

@@ -11,6 +11,12 @@ processes import this module as ``__mp_main__`` first), so the engine dies with 
 worker even when nobody is left to clean up; and a child that exits kills whatever is left
 of its own process group (it leads one: the orchestrator starts it in a new session).
 
+Whatever a worker does on that SIGTERM, it is gone ``ORPHAN_GRACE_S`` after its orchestrator
+died: a watchdog thread waits on the orchestrator's pidfd, and at the deadline kills the
+worker's group, removes the segments and ends the process (one ERROR line says so). The
+orchestrator's supervision is what bounds a stuck worker while it lives; nothing else
+would once it is dead.
+
 A failure that restarting cannot fix (``orchestrator.failures.classify``) is logged as one
 line, reported to the orchestrator as ``WorkerFailed`` and ends the process with
 ``EXIT_PERMANENT``.
@@ -22,6 +28,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 
 import msgspec
 
@@ -35,6 +43,10 @@ from shm.layout import InstanceLayout
 from shm.messages import UNDECODABLE
 
 SPEC_ENV = "ORPHEUS_SERVE_CHILD_SPEC"
+EXIT_ORPHANED = 1
+ORPHAN_GRACE_S = 15.0
+"""How long a worker may take to stop once its orchestrator died (the gateway stops at once,
+the llm worker's vLLM shutdown takes about 2 s, its own force-kill 5) before it is ended."""
 ROLES = ("llm", "codec", "gateway")
 MEMORY_PROBE_ENV = "ORPHEUS_PROFILE_MEMORY"
 """Mirrors :data:`common.memory_probe.ENV` (not imported: nothing of the probe loads when unset)."""
@@ -76,6 +88,30 @@ def _kill_own_group(spec: ChildSpec) -> None:
         logging.getLogger("orchestrator.child").warning(
             "killed processes left in this worker's group: %s", result.describe()
         )
+
+
+def _end_when_orphaned_too_long(spec: ChildSpec, role: str, grace_s: float) -> None:
+    """Start the watchdog: ``grace_s`` after the orchestrator's exit, if this process still
+    lives, clean up as ``main``'s ``finally`` would and end it (``os._exit``: a thread cannot
+    raise into the one that is stuck)."""
+
+    def watch() -> None:
+        proctree.wait_exit(spec.parent_pid)
+        time.sleep(grace_s)
+        logging.getLogger("orchestrator.child").error(
+            "%s worker still running %.0f s after its orchestrator (pid %d) died: ending it",
+            role,
+            grace_s,
+            spec.parent_pid,
+        )
+        try:
+            _kill_own_group(spec)
+            _cleanup_if_orphaned(spec)
+        finally:
+            logging.shutdown()
+            os._exit(EXIT_ORPHANED)
+
+    threading.Thread(target=watch, name="orphan-watchdog", daemon=True).start()
 
 
 def _report_failure(spec: ChildSpec, role: str, failure: Failure) -> None:
@@ -121,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     if os.getppid() != spec.parent_pid:
         return 1  # the orchestrator died before we got here
+    _end_when_orphaned_too_long(spec, role, ORPHAN_GRACE_S)
     protect_stdio()  # a full log disk must not kill the worker (tqdm, print)
     setup_logging(spec.config.log_format, spec.config.log_level)
     quiet_teardown(spec.config.log_level)  # first atexit handler: runs after the others

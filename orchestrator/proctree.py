@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import select
 import signal
 import time
 from collections.abc import Iterable
@@ -73,6 +74,23 @@ def set_pdeathsig(sig: int = signal.SIGTERM) -> bool:
     """Ask the kernel to send ``sig`` to this process when its parent dies."""
     libc = _libc()
     return libc is not None and libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
+def wait_exit(pid: int, poll_s: float = 0.5) -> None:
+    """Block until process ``pid`` has exited (a zombie counts): on a pidfd where the kernel
+    has them (Linux 5.3+), so the waiting thread sleeps in the kernel; else by polling."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):
+        while alive(pid):
+            time.sleep(poll_s)
+        return
+    try:
+        select.select([fd], [], [])
+    finally:
+        os.close(fd)
 
 
 def become_subreaper() -> bool:

@@ -257,3 +257,77 @@ def test_kill_tree_does_not_count_a_zombie_as_killed() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+# A worker that would outlive its orchestrator: it ignores SIGTERM (as a worker stuck in a
+# drain or in a library's shutdown would) and has forked a process of its own group.
+STUCK_WORKER = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    sys.path.insert(0, {root!r})
+    from common.config import ServeConfig
+    from orchestrator import child
+    from shm.layout import InstanceLayout
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parent = os.getppid()
+    layout = InstanceLayout.for_pid(parent, run_dir={run_dir!r}, gateways=1)
+    spec = child.ChildSpec(config=ServeConfig(), layout=layout, parent_pid=parent)
+    forked = os.fork()
+    if forked == 0:
+        time.sleep(600)
+        os._exit(0)
+    child._end_when_orphaned_too_long(spec, "codec", {grace_s})
+    print(forked, flush=True)
+    time.sleep(600)
+    """
+)
+ORCHESTRATOR = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    with open({log!r}, "wb") as log:
+        worker = subprocess.Popen([sys.executable, {script!r}], stdout=subprocess.PIPE,
+                                  stderr=log, start_new_session=True)
+    print(worker.pid, worker.stdout.readline().decode().strip(), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_worker_that_outlives_its_orchestrator_is_ended_after_the_grace(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of the orchestrator: a worker that does not stop on the SIGTERM that follows
+    is ended ORPHAN_GRACE_S later by its own watchdog, with its group, and says so in one
+    line (CI at e2a15dc: one process of a killed server was still alive 60 s later)."""
+    script, log = tmp_path / "worker.py", tmp_path / "worker.log"
+    grace_s = 1.0
+    script.write_text(STUCK_WORKER.format(root=str(ROOT), run_dir=str(tmp_path), grace_s=grace_s))
+    orch = tmp_path / "orchestrator.py"
+    orch.write_text(ORCHESTRATOR.format(log=str(log), script=str(script)))
+    proc = subprocess.Popen([sys.executable, str(orch)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    worker, forked = (int(p) for p in proc.stdout.readline().split())
+    try:
+        time.sleep(2 * grace_s)
+        assert proctree.alive(worker), "the watchdog waits for the orchestrator's death"
+        t0 = time.monotonic()
+        proc.kill()
+        proc.wait()
+        assert _wait_dead(worker, 30) and _wait_dead(forked, 10)
+        assert time.monotonic() - t0 >= grace_s
+        text = log.read_text()
+        assert text.count("still running") == 1 and "ending it" in text, text
+    finally:
+        proctree.kill_tree(-1, extra=[worker, forked], timeout_s=5)
+        proc.kill()
+        proc.wait()
+
+
+def test_wait_exit_returns_once_the_process_is_gone() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    t0 = time.monotonic()
+    proctree.wait_exit(proc.pid)  # the exit makes a zombie until reaped: exited all the same
+    assert time.monotonic() - t0 >= 0.2
+    proc.wait()
+    proctree.wait_exit(2**22 + 12345)  # no such process: at once
