@@ -1,4 +1,4 @@
-"""The aiohttp application: routes, JSON errors, API keys (``gateway.auth``), and the small
+"""The aiohttp application: routes, JSON errors, API keys (``gateway.edge.auth``), and the small
 info endpoints."""
 
 from __future__ import annotations
@@ -11,19 +11,21 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import web
 
-from gateway import custom_voices, jobs, warm, watermark
-from gateway.auth import ApiKeys, http_middleware
-from gateway.browser_guard import BrowserGuard, add_cors_headers
+from gateway import jobs, warm
 from gateway.cache import routes as cache_routes
 from gateway.cache.keys import job_tenant
-from gateway.disclosure import mark_audio_answers
+from gateway.disclosure import detect
+from gateway.disclosure.headers import mark_audio_answers
+from gateway.edge.auth import ApiKeys, http_middleware
+from gateway.edge.browser_guard import BrowserGuard, add_cors_headers
+from gateway.edge.listener import body_deadline
 from gateway.errors import APIError
 from gateway.frontends import baseten, elevenlabs, omni, openai
 from gateway.frontends.registry import HTTP_FRONTENDS
 from gateway.frontends.shared import Handler
 from gateway.jobs.store import owner_of
-from gateway.listener import body_deadline
 from gateway.service import Gateway
+from gateway.voices import custom_routes
 
 log = logging.getLogger(__name__)
 
@@ -173,12 +175,12 @@ def build_app(gateway: Gateway) -> web.Application:
     for frontend in HTTP_FRONTENDS:  # each protocol's routes (gateway.frontends)
         app.router.add_routes(frontend.routes(gateway))
     app.router.add_get("/v1/audio/voices", voices)
-    app.router.add_post("/v1/audio/voices", custom_voices.create_handler(custom))
-    app.router.add_delete("/v1/audio/voices/{voice_id}", custom_voices.delete_handler(custom))
-    app.router.add_post("/v1/admin/lora", custom_voices.lora_load_handler(custom))
-    app.router.add_delete("/v1/admin/lora/{name}", custom_voices.lora_unload_handler(custom))
-    detector = watermark.WatermarkDetector(gateway.config, lambda: gateway.layout)
-    app.router.add_post("/v1/watermark/detect", watermark.detect_handler(detector))
+    app.router.add_post("/v1/audio/voices", custom_routes.create_handler(custom))
+    app.router.add_delete("/v1/audio/voices/{voice_id}", custom_routes.delete_handler(custom))
+    app.router.add_post("/v1/admin/lora", custom_routes.lora_load_handler(custom))
+    app.router.add_delete("/v1/admin/lora/{name}", custom_routes.lora_unload_handler(custom))
+    detector = detect.WatermarkDetector(gateway.config, lambda: gateway.layout)
+    app.router.add_post("/v1/watermark/detect", detect.detect_handler(detector))
     if gateway.config.jobs.enabled:  # /v1/audio/jobs, and this process's job runner
         jobs.setup(app, gateway)
     if gateway.config.cache.enabled:  # the sentence audio cache's purges

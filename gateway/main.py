@@ -23,10 +23,10 @@ from prometheus_client import REGISTRY
 from common.config import ServeConfig
 from common.link import WorkerLink
 from common.tracing import setup_tracing
-from gateway import malformed_http
 from gateway.app import build_app
+from gateway.edge import malformed_http
+from gateway.edge.listener import app_runner, listen
 from gateway.frontends.zeromq.server import ZmqFrontend
-from gateway.listener import app_runner, listen
 from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
 from orpheus_wire.zeromq import endpoint_for

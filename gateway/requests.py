@@ -40,16 +40,16 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from common.config.gateway import GatewayConfig
-from gateway.admission import Admission
+from gateway.admission.queue import Admission
 from gateway.cache.control import USE, CacheUse
 from gateway.cache.units import sentences
 from gateway.errors import APIError
 from gateway.link import ClientLink
 from gateway.metrics import GatewayMetrics
-from gateway.pauses import Runs, Silence
 from gateway.schemas import SpeechParams, check_text
 from gateway.streams import PcmStream, StreamRegistry
 from gateway.text.breaks import has_breaks, split_breaks
+from gateway.text.pauses import Runs, Silence
 from gateway.upstream import Upstream, UpstreamUnavailable
 from shm.records import SAMPLE_RATE, SAMPLES_PER_FRAME, StreamEnd, StreamError
 
@@ -158,7 +158,7 @@ class ActiveRequest:
         self.text_chars = len(params.text)
         self.stream: PcmStream  # set by RequestTracker.admit
         self.runs: Runs | None = None
-        """Its text cut at break tags, spoken run by run (``gateway.pauses``); None: one run."""
+        """Its text cut at break tags, spoken run by run (``gateway.text.pauses``); None: one run."""
         self.traceparent: str | None = None
         """The client's W3C trace context, continued when tracing is on."""
         self.cache_use: CacheUse = USE
@@ -386,18 +386,13 @@ class RequestTracker:
         if text_open or has_breaks(text):
             # Break tags (checked by build_params, or by the front end for open text): one
             # worker stream per run of text, the pauses' silence pushed between them
-            # (gateway.pauses). Open text may bring tags in any append.
+            # (gateway.text.pauses). Open text may bring tags in any append.
             runs = Runs(split_breaks(text, None), open_text=text_open, traceparent=traceparent)
             text, text_open = runs.next_run(self._silence(stream)) or ("", text_open)
         try:
             if not stream.done:  # (a pause's silence past the buffer's limit failed it)
                 self.upstream.submit(
-                    stream,
-                    text,
-                    params.voice,
-                    params.sampling,
-                    text_open=text_open,
-                    traceparent=traceparent,
+                    stream, params, text, text_open=text_open, traceparent=traceparent
                 )
         except UpstreamUnavailable as e:
             self.registry.fail(
@@ -612,13 +607,11 @@ class RequestTracker:
             return None  # failed (a pause's silence left unread), or no words to speak yet
         self.registry.reopen(stream)
         stream.last_record_at = self.loop.time()
-        params = request.params
         runs.in_workers = True
         try:
             self.upstream.submit(
-                stream, text, params.voice, params.sampling,
-                text_open=text_open, traceparent=runs.traceparent,
-            )  # fmt: skip
+                stream, request.params, text, text_open=text_open, traceparent=runs.traceparent
+            )
         except UpstreamUnavailable as e:
             self.registry.fail(
                 stream, StreamError("upstream_unavailable", str(e), 503), discard_pending=False
@@ -710,7 +703,7 @@ class RequestTracker:
         try:
             if request.runs is None:
                 upstream.append_text(stream, text, final=final)
-            else:  # break tags end the run in the workers (gateway.pauses)
+            else:  # break tags end the run in the workers (gateway.text.pauses)
                 pieces = split_breaks(text, None) if has_breaks(text) else [text]
                 runs = request.runs
                 for piece, last in runs.append(pieces, final, self._silence(stream)):

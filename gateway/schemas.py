@@ -1,6 +1,6 @@
 """How a request becomes ``SpeechParams``: one path for every front end.
 
-Each front end decodes its own wire format (the OpenAI body here, ``Speak`` in
+Each front end decodes its own wire format (the OpenAI body in ``frontends.openai.body``, ``Speak`` in
 ``orpheus_wire.zeromq``, the WebSocket protocols' messages) with plain types, then hands the
 fields to ``build_params``, which holds every rule about them: the ranges and enums
 (``FieldRules``), the sampling fields' limits (``common.limits.RequestLimits``: the
@@ -11,8 +11,7 @@ gets the same 400 (code, message, ``param``) through HTTP, every WebSocket proto
 ZeroMQ, and the whole request is checked before admission, so a bad request is a 400 even
 when the server is full: anything the llm_worker would refuse is refused here first.
 
-Decoding the OpenAI body is strict (msgspec with ``forbid_unknown_fields``): a misspelt field
-is a 400 that names it, as OpenAI answers, instead of a silently ignored option.
+The OpenAI body is ``gateway.frontends.openai.body``'s.
 """
 
 from __future__ import annotations
@@ -28,15 +27,13 @@ from gateway.audio.formats import Codec, OutputFormat, SampleRate, check_format,
 from gateway.errors import APIError
 from gateway.text.breaks import DEFAULT_MAX_MS, check_breaks, rewrite_runs
 from gateway.text.plan import TextPlan
-from gateway.voices import VoiceCatalog
+from gateway.voices.catalogue import VoiceCatalog
 from orpheus_wire.sampling import LENGTH_FIELD, SamplingFields
-from orpheus_wire.text import Locator
 from shm.messages import SamplingOverrides
 from shm.records import SAMPLE_RATE
 
 StreamFormat = Literal["audio", "sse"]
 Speed = Annotated[float, Meta(ge=0.25, le=4.0)]
-ModelName = Annotated[str, Meta(min_length=1, max_length=256)]
 
 
 class VoiceRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -64,34 +61,6 @@ def sampling_overrides(fields: SamplingFields, *, length: bool = True) -> Sampli
     ``max_tokens`` is a cap, not a length."""
     o = msgspec.convert(fields, SamplingOverrides, from_attributes=True)
     return o if length else msgspec.structs.replace(o, **{LENGTH_FIELD: None})
-
-
-class SpeechRequest(SamplingFields, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Body of ``POST /v1/audio/speech`` (OpenAI's fields plus ``SamplingFields``)."""
-
-    model: ModelName
-    input: str
-    voice: str | VoiceRef
-    response_format: str = "mp3"
-    sample_rate: int | None = None
-    """Extension (as vLLM-Omni's): the rate of the audio sent; None: 24000 (8000 for
-    ``ulaw``/``alaw``)."""
-    speed: float = 1.0
-    stream_format: str = "audio"
-    instructions: str | None = None
-    """Accepted for compatibility with gpt-4o-mini-tts clients; Orpheus has no use for it."""
-    pronunciation_dictionary_locators: list[Locator] | None = None
-    """Extension (ElevenLabs' field): up to 3 pronunciation dictionaries, applied in order."""
-    apply_text_normalization: str | None = None
-    """Extension (ElevenLabs' field): ``auto`` (the server's ``text.normalization``), ``on``,
-    ``off``."""
-    language: str | None = None
-    """Extension (vLLM-Omni's field): the text's language (ISO 639-1, ``fr``); None: the
-    voice's, else the checkpoint's (``gateway.voice_languages``)."""
-
-    @property
-    def voice_name(self) -> str:
-        return self.voice if isinstance(self.voice, str) else self.voice.id
 
 
 class SpeechParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -141,9 +110,6 @@ def output_format(
     return fmt
 
 
-_speech_decoder = msgspec.json.Decoder(SpeechRequest)
-
-
 def bad_request(
     message: str, *, code: str = "invalid_request", param: str | None = None
 ) -> APIError:
@@ -154,19 +120,10 @@ _PATH_RE = re.compile(r"at `\$\.([A-Za-z_]+)")
 _FIELD_RE = re.compile(r"field `([A-Za-z_]+)`")
 
 
-def _param_of(err: msgspec.ValidationError) -> str | None:
+def param_of(err: msgspec.ValidationError) -> str | None:
     """The top-level field a msgspec error is about (``param`` of the JSON error)."""
     m = _PATH_RE.search(str(err)) or _FIELD_RE.search(str(err))
     return m.group(1) if m else None
-
-
-def decode_speech_request(body: bytes) -> SpeechRequest:
-    try:
-        return _speech_decoder.decode(body)
-    except msgspec.ValidationError as e:
-        raise bad_request(str(e), param=_param_of(e)) from None
-    except msgspec.DecodeError as e:
-        raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from None
 
 
 def check_text(
@@ -233,7 +190,7 @@ def build_params(
         f = msgspec.convert({k: v for k, v in given.items() if v is not None}, FieldRules)
         checked = limits.check(sampling or SamplingOverrides(), text_open=text_open)
     except msgspec.ValidationError as e:
-        raise bad_request(str(e), param=_param_of(e)) from None
+        raise bad_request(str(e), param=param_of(e)) from None
     except LimitError as e:
         raise bad_request(e.message, param=e.param) from None
     text = check_text(text, max_chars, param=text_param, allow_empty=allow_empty)
@@ -256,29 +213,4 @@ def build_params(
         speed=f.speed,
         stream_format=f.stream_format,
         text_plan=text_plan,
-    )
-
-
-def speech_params(
-    req: SpeechRequest,
-    voices: VoiceCatalog,
-    limits: RequestLimits,
-    max_chars: int,
-    text_plan: TextPlan | None = None,
-    max_break_ms: int = DEFAULT_MAX_MS,
-) -> SpeechParams:
-    """``POST /v1/audio/speech``'s body through ``build_params``."""
-    return build_params(
-        voices,
-        limits,
-        text=req.input,
-        voice=req.voice if isinstance(req.voice, str) else req.voice.id,
-        max_chars=max_chars,
-        response_format=req.response_format,
-        sample_rate=req.sample_rate,
-        speed=req.speed,
-        stream_format=req.stream_format,
-        sampling=sampling_overrides(req),
-        text_plan=text_plan,
-        max_break_ms=max_break_ms,
     )

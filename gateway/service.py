@@ -6,7 +6,7 @@ watchdog and the drain. Front ends (``gateway.frontends``) build a request into
 opened with ``Gateway.requests.open`` (``gateway.requests``, the owner of a request's life)
 on the ``ClientLink`` of its connection (``Gateway.links.open``, ``gateway.link``: every
 write to the client);
-``/ready`` and the admission gate come from ``gateway.readiness``.
+``/ready`` and the admission gate come from ``gateway.admission.readiness``.
 """
 
 from __future__ import annotations
@@ -18,23 +18,23 @@ from typing import TYPE_CHECKING
 
 from common.config import ServeConfig
 from common.limits import RequestLimits
-from gateway.admission import Admission, KeyLimits
+from gateway.admission.capacity import INITIAL_LIMIT, CapacityController
+from gateway.admission.cluster import ClusterWatcher, worker_lost
+from gateway.admission.queue import Admission, KeyLimits
+from gateway.admission.readiness import Readiness, draining_error, readiness, refusal
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.service import AudioCache
-from gateway.capacity import INITIAL_LIMIT, CapacityController
-from gateway.cluster import ClusterWatcher, worker_lost
-from gateway.custom_voices import CustomVoices
 from gateway.errors import APIError
 from gateway.link import ClientLinks
 from gateway.metrics import GatewayMetrics
 from gateway.pcm_pump import pump_pcm
-from gateway.readiness import Readiness, draining_error, readiness, refusal
 from gateway.requests import BYTES_PER_SECOND, RequestTracker
 from gateway.streams import StreamRegistry
 from gateway.text.service import SpeechText
 from gateway.upstream import Upstream
-from gateway.voice_languages import VoiceLanguages
-from gateway.voices import ENGLISH_VOICES, VoiceCatalog
+from gateway.voices.catalogue import ENGLISH_VOICES, VoiceCatalog
+from gateway.voices.custom import CustomVoices
+from gateway.voices.languages import VoiceLanguages
 from shm.admission import AdmissionBoard
 from shm.layout import InstanceLayout
 from shm.messages import ClusterStatus

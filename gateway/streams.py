@@ -122,11 +122,11 @@ class PcmStream:
         """Monotonic time of the last record or appended text: the idle watchdogs' clock."""
         self.opened_at = now
         self.first_audio_at: float | None = None
-        """When its first PCM arrived (``gateway.capacity`` measures from here)."""
+        """When its first PCM arrived (``gateway.admission.capacity`` measures from here)."""
         self.first_chunk_bytes = 0
         self.min_lead_s = math.inf
         """The least audio a player that started at the first chunk held, in seconds, just
-        before a later chunk arrived (below 0: it ran dry; ``gateway.capacity``)."""
+        before a later chunk arrived (below 0: it ran dry; ``gateway.admission.capacity``)."""
         self.text_closed = text_closed
         self.on_abort: Callable[[], None] | None = None
         """Set by the front end: tears down the client connection (slow or stalled client)."""
@@ -292,7 +292,7 @@ class StreamRegistry:
         return stream.stream_id
 
     def push_silence(self, stream: PcmStream, ms: int) -> None:
-        """``ms`` of a pause's silence into ``stream`` (``gateway.pauses``), within the same
+        """``ms`` of a pause's silence into ``stream`` (``gateway.text.pauses``), within the same
         buffer limit as the ring's PCM: a client that leaves it unread is dropped."""
         n = ms * BYTES_PER_MS
         if stream.done or not n:

@@ -27,11 +27,11 @@ from shm.messages import (
     LlmCancel,
     LlmControl,
     LlmSubmit,
-    SamplingOverrides,
     control_encoder,
 )
 
 if TYPE_CHECKING:
+    from gateway.schemas import SpeechParams
     from gateway.streams import PcmStream
 
 log = logging.getLogger(__name__)
@@ -58,26 +58,9 @@ class ControlChannel:
             self.failures += 1
             raise UpstreamUnavailable("the llm_worker is not accepting control messages") from None
 
-    def submit(
-        self,
-        stream_id: int,
-        text: str,
-        voice: str,
-        sampling: SamplingOverrides,
-        *,
-        text_open: bool = False,
-        traceparent: str = "",
-    ) -> None:
-        self._send(
-            LlmSubmit(
-                stream_id=stream_id,
-                text=text,
-                voice=voice,
-                sampling=sampling,
-                text_open=text_open,
-                traceparent=traceparent,
-            )
-        )
+    def send(self, msg: LlmControl) -> None:
+        """Queue one control message. Raises ``UpstreamUnavailable``."""
+        self._send(msg)
 
     def append_text(self, stream_id: int, text: str, *, final: bool) -> None:
         self._send(LlmAppendText(stream_id=stream_id, text=text, final=final))
@@ -113,18 +96,26 @@ class Upstream:
     def submit(
         self,
         stream: PcmStream,
+        params: SpeechParams,
         text: str,
-        voice: str,
-        sampling: SamplingOverrides,
         *,
         text_open: bool = False,
         traceparent: str = "",
     ) -> None:
-        """Start ``stream``'s worker stream (under its current id, on its engine). Raises
-        ``UpstreamUnavailable`` when it could not be queued (the workers hold nothing)."""
+        """Start ``stream``'s worker stream (under its current id, on its engine) speaking
+        ``text`` (one run of ``params``' text) in ``params``' voice and sampling: the one place
+        an ``LlmSubmit`` is made. Raises ``UpstreamUnavailable`` when it could not be queued
+        (the workers hold nothing)."""
         engine = stream.engine
-        self._channels[engine].submit(
-            stream.stream_id, text, voice, sampling, text_open=text_open, traceparent=traceparent
+        self._channels[engine].send(
+            LlmSubmit(
+                stream_id=stream.stream_id,
+                text=text,
+                voice=params.voice,
+                sampling=params.sampling,
+                text_open=text_open,
+                traceparent=traceparent,
+            )
         )
         self._in_workers[stream.stream_id] = engine
 

@@ -7,7 +7,7 @@ as a request's text is (``SpeechParams.spoken``), cut into its sentences (each a
 streaming protocol or a longer HTTP text would look it up) and queued in this gateway
 process; the answer, 202 ``{"units": N}``, comes at once. A unit already cached is skipped;
 each other one is synthesised only when the node has room beyond the interactive reserve and
-nobody waits (``gateway.readiness.background_room``, the long-form jobs' rule), one at a
+nobody waits (``gateway.admission.readiness.background_room``, the long-form jobs' rule), one at a
 time, and stored at once (no second sight), under the caller's key (or the node's scope).
 Its stream is labelled ``api="jobs"`` in the metrics (background work in spare capacity).
 """
@@ -22,13 +22,13 @@ from collections import deque
 import msgspec
 from aiohttp import web
 
+from gateway.admission.readiness import background_room
 from gateway.apis import Api
-from gateway.auth import presented_key
 from gateway.cache.control import NO_CACHE
 from gateway.cache.units import sentences
+from gateway.edge.auth import presented_key
 from gateway.errors import APIError
 from gateway.frontends.shared import read_body
-from gateway.readiness import background_room
 from gateway.schemas import SpeechParams, build_params, sampling_overrides
 from gateway.service import Gateway
 from gateway.streams import StreamFailed

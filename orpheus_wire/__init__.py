@@ -7,4 +7,4 @@ imports nothing but msgspec (.importlinter).
 Its own package, below every other, rather than a module of ``shm``: ``shm`` is the contract
 between the server's own processes (it changes with them, and its rings bring numpy), while
 these types are the contract with clients deployed elsewhere, which must stay byte-stable
-(tests/gateway/test_orpheus_wire.py) and light to import."""
+(tests/gateway/frontends/zeromq/test_orpheus_wire.py) and light to import."""

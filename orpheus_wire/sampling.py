@@ -1,5 +1,5 @@
 """The sampling fields a speech request may carry: declared here once, inherited by every
-wire type that takes them (``gateway.schemas.SpeechRequest`` over HTTP, long-form jobs,
+wire type that takes them (``gateway.frontends.openai.body.SpeechRequest`` over HTTP, long-form jobs,
 ``orpheus_wire.zeromq.Speak``, vLLM-Omni's ``session.config``, Baseten's messages) and by the
 llm_worker's message (``shm.messages.SamplingOverrides``), which each front end's request
 becomes by one conversion (``gateway.schemas.sampling_overrides``).

@@ -21,7 +21,7 @@ the requests of the key it refused lately whose clients are still expected back 
 Retry-After not yet out), when it last admitted one of the key's streams and how many it
 admitted lately, under a stable
 63-bit id of the key (``key_id``; 0 marks a free entry), so that a key's concurrency limit
-(``gateway.max_streams_per_key``), its fair share of the node (``gateway.shares``) and the
+(``gateway.max_streams_per_key``), its fair share of the node (``gateway.admission.shares``) and the
 turns between keys are the node's, not one process's. A gateway publishes its ``KEY_ENTRIES`` busiest keys; one with more
 keys at once counts the rest only locally (``Published.keys_left``).
 
@@ -78,7 +78,7 @@ class KeyCounts(NamedTuple):
     last_admit_ns: int = 0
     """When one of its streams was last admitted (CLOCK_MONOTONIC; 0: not lately)."""
     admitted: int = 0
-    """Its streams admitted lately (``gateway.admission.ADMITTED_WINDOW_S``): its turns."""
+    """Its streams admitted lately (``gateway.admission.queue.ADMITTED_WINDOW_S``): its turns."""
 
     def merged(self, other: KeyCounts) -> KeyCounts:
         return KeyCounts(

@@ -31,7 +31,7 @@ import msgspec
 import numpy as np
 import zmq
 
-from gateway.voices import ENGLISH_VOICES
+from gateway.voices.catalogue import ENGLISH_VOICES
 from shm.layout import InstanceLayout
 from shm.messages import (
     ClusterStatus,

@@ -1,7 +1,7 @@
 """The fairness scenario's verdict per key: its real-time streams/s beside its fair share of
 what the node played under the flood, and beside its own rate alone (issue 60).
 
-A key's fair rate is the max-min fair share (``gateway.shares.fair_shares``, the weights the
+A key's fair rate is the max-min fair share (``gateway.admission.shares.fair_shares``, the weights the
 server was given) of the node's real-time streams/s during the mixed phase, each light key's
 demand being the rate it played alone in the same run (it cannot use more), the flooding key's
 unbounded. A light key holds its share when it plays at least ``MIN_OF_FAIR`` of the lesser
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import msgspec
 
 from bench.overload.classify import OverloadLevel
-from gateway.shares import fair_shares
+from gateway.admission.shares import fair_shares
 
 MIN_OF_FAIR = 0.8
 MIN_SHARE_REALTIME = 0.9

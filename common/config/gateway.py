@@ -24,7 +24,7 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     admission waits less: what the TTFB budget leaves)."""
     admission: Literal["learned", "fixed"] = "learned"
     """``learned``: each engine admits as many streams as it holds in real time, learned
-    from the audio the gateway receives (``gateway/capacity.py``); ``fixed``:
+    from the audio the gateway receives (``gateway/admission/capacity.py``); ``fixed``:
     ``max_active_streams`` is the operating point."""
     ttfb_budget_s: float = 1.0
     """Learned admission: the time to first audio a client can use. A request that cannot

@@ -4,9 +4,9 @@
 - ``formats``: the codecs, sample rates and content types, stated once (``formats.Codec``,
   ``formats.OutputFormat``, which codec at which rate, ElevenLabs' format names)
 - ``encoders``: streaming encoders, one codec each (pcm, wav, G.711, PyAV's containers, the
-  atempo time-stretch) and ``encoders.make_encoder`` for the 24 kHz formats
-- ``output``: the output pipeline ``output.make_output`` (time-stretch, resampling, the
-  codec) that every front end builds its encoder with
+  atempo time-stretch)
+- ``output``: the one encoder factory, ``output.make_output`` (time-stretch, resampling, the
+  codec), that every front end builds its encoder with
 - ``decode``: any file FFmpeg reads to 24 kHz mono float (``decode.decode_clip``), for the
   watermark detector
 """

@@ -28,7 +28,8 @@ from gateway.audio.formats import CODECS, G711, Codec
 from shm.records import PCM_DTYPE, SAMPLE_RATE
 
 ENCODER_FORMATS: Final[tuple[Codec, ...]] = tuple(c for c in CODECS if c not in G711)
-"""What ``make_encoder`` makes at 24 kHz (G.711 and other rates: ``gateway.audio.output``)."""
+"""The formats with an encoder of their own at 24 kHz (``gateway.audio.output.make_output``
+makes every encoder; G.711 and other rates chain a resampler before one of these)."""
 
 # format -> (muxer, codec, codec options, muxer options). Speech-grade bit rates; encoder
 # effort chosen for CPU per stream (the defaults cost 2-4x more for no audible gain on speech).
@@ -299,15 +300,3 @@ class TempoEncoder:
     def close(self) -> None:
         if self._container is not None:
             self._container.close()
-
-
-def make_encoder(fmt: str, speed: float = 1.0) -> AudioEncoder:
-    if fmt not in ENCODER_FORMATS:
-        raise ValueError(f"unknown response format {fmt!r}")
-    if speed != 1.0:
-        return TempoEncoder(fmt, speed)
-    if fmt == "pcm":
-        return PcmEncoder()
-    if fmt == "wav":
-        return WavEncoder()
-    return ContainerEncoder(fmt)

@@ -98,7 +98,7 @@ def _elevenlabs(name: str) -> OutputFormat:
 
 
 # ElevenLabs' output_format names: every one its SDK (2.78) declares for text-to-speech
-# (tests/gateway/test_gateway_elevenlabs_formats.py iterates the SDK's own list).
+# (tests/gateway/frontends/elevenlabs/test_elevenlabs_formats.py iterates the SDK's own list).
 ELEVENLABS_FORMATS: Final[dict[str, OutputFormat]] = {
     name: _elevenlabs(name)
     for name in (

@@ -21,7 +21,6 @@ from gateway.audio.encoders import (
     PcmEncoder,
     TempoEncoder,
     WavEncoder,
-    make_encoder,
 )
 from gateway.audio.formats import G711, OutputFormat, check_format
 from shm.records import PCM_DTYPE, SAMPLE_RATE
@@ -93,12 +92,13 @@ def _codec_encoder(fmt: OutputFormat) -> AudioEncoder:
 
 
 def make_output(fmt: OutputFormat, speed: float = 1.0) -> AudioEncoder:
-    """A streaming encoder from 24 kHz int16 mono PCM to ``fmt`` (time-stretched by
-    ``speed``). For the formats the OpenAI API always had, at 24 kHz, this is
-    ``gateway.audio.encoders.make_encoder``'s encoder, unchanged."""
+    """The one factory of the gateway's encoders: a streaming encoder from 24 kHz int16 mono
+    PCM to ``fmt`` (time-stretched by ``speed``). The 24 kHz formats the OpenAI API always
+    had stretch straight into their container (``TempoEncoder``); any other rate or G.711
+    resamples first, and stretches before that."""
     check_format(fmt)
     if fmt.sample_rate == SAMPLE_RATE and fmt.bitrate is None and fmt.codec not in G711:
-        return make_encoder(fmt.codec, speed)
+        return TempoEncoder(fmt.codec, speed) if speed != 1.0 else _codec_encoder(fmt)
     enc = _codec_encoder(fmt)
     if fmt.sample_rate != SAMPLE_RATE:
         enc = ChainEncoder(Resampler(fmt.sample_rate), enc)

@@ -13,8 +13,8 @@ from collections.abc import Callable
 import msgspec
 from aiohttp import web
 
-from gateway.auth import presented_key
 from gateway.cache.service import AudioCache
+from gateway.edge.auth import presented_key
 from gateway.errors import APIError
 
 PATH = "/v1/cache"

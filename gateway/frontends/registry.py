@@ -19,7 +19,7 @@ where the code can tell):
 4. The package in the ``frontends-independent`` contract of ``.importlinter`` (front ends
    import none of each other; what two share moves to ``shared`` or ``utterance``).
 5. Tests: a file of its own against the synthetic backend (``tests/harness/gateway_harness.py``,
-   as ``tests/gateway/test_gateway_baseten.py``), with the protocol's real client package where one
+   as ``tests/gateway/frontends/baseten/test_baseten.py``), with the protocol's real client package where one
    exists; its routes in ``ROUTES`` of ``tests/docs/test_architecture.py``; a streaming protocol
    in ``bench protocols`` (``bench/protocols.py``).
 6. Docs: its section in docs/api.md, its row in README's API table and in the front ends'

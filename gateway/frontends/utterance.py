@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import WSMessage, web
 
-from gateway.auth import presented_key
 from gateway.cache.control import USE, CacheUse
+from gateway.edge.auth import presented_key
 from gateway.frontends.shared import abort_of
 from gateway.link import ClientLink
 from gateway.requests import ActiveRequest

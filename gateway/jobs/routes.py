@@ -21,7 +21,7 @@ from aiohttp import web
 from common.config.jobs import JobsConfig
 from common.provenance.signing import load_signer
 from gateway.audio.formats import CONTENT_TYPES
-from gateway.auth import ApiKeys, presented_key
+from gateway.edge.auth import ApiKeys, presented_key
 from gateway.errors import APIError
 from gateway.frontends.text_units import UnitSplitter
 from gateway.jobs.runner import JobRunner
@@ -82,7 +82,7 @@ def split_units(text: str, max_chars: int) -> list[str]:
     (checked by ``build_params``), a longer sentence cut at a space before ``max_chars``
     (``llm.max_chars_per_segment``: the piece the model speaks without looping). A unit after
     a break tag starts with its pause, as a tag (the unit's request pushes its silence first:
-    ``gateway.pauses``); pauses after the last words end the last unit."""
+    ``gateway.text.pauses``); pauses after the last words end the last unit."""
     splitter = UnitSplitter("sentence", max_chars, None)
     out: list[str] = []
     for u in (*splitter.feed(text), *splitter.flush()):

@@ -40,6 +40,7 @@ from common.aio import wait_event
 from common.config.jobs import JobsConfig
 from common.provenance.manifest import SIGNED_MIME
 from common.provenance.signing import FileSigner, SigningFailed
+from gateway.admission.readiness import background_room
 from gateway.apis import Api
 from gateway.audio.formats import OutputFormat
 from gateway.audio.output import make_output
@@ -57,7 +58,6 @@ from gateway.jobs.store import (
     describe_os_error,
     write_atomic,
 )
-from gateway.readiness import background_room
 from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams
 from gateway.service import Gateway

@@ -3,5 +3,6 @@ dictionaries (``lexicon``, ``pls``, ``store``) then normalisation in the request
 (English: ``normalize``; the others: ``intl``), resolved per request into a ``plan.TextPlan``
 by ``service.SpeechText`` and applied to whole units of text
 (``gateway.schemas.SpeechParams.spoken``); ``breaks`` reads the pauses written in the text
-(``<break time="1s"/>``), which are never model text. Pure Python, no I/O on the hot path
+(``<break time="1s"/>``), which are never model text, and ``pauses`` cuts a request's text at
+them, its runs spoken in turn with the pauses' silence between them. Pure Python, no I/O on the hot path
 but one stat call per "latest" dictionary locator."""

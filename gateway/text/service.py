@@ -19,7 +19,7 @@ import msgspec
 
 from common.config import ServeConfig
 from common.languages import DEFAULT_LANGUAGE
-from gateway.auth import ApiKeys
+from gateway.edge.auth import ApiKeys
 from gateway.errors import APIError
 from gateway.text.lexicon import Lexicon
 from gateway.text.plan import TextPlan
@@ -178,7 +178,7 @@ class SpeechText:
         language: str = DEFAULT_LANGUAGE,
     ) -> TextPlan | None:
         """The plan of a request in ``language`` (an ISO 639-1 code: the front end resolves
-        it, ``gateway.voice_languages``); None: its text is spoken as sent. APIError 400 for
+        it, ``gateway.voices.languages``); None: its text is spoken as sent. APIError 400 for
         a bad mode or too many locators, 404 naming the dictionaries this key has no access
         to."""
         normalize = self.normalizes(normalization)

@@ -9,7 +9,7 @@ process, on uvloop as served) while the collector keeps everything it finds unre
 
     PYTHONPATH=. python scripts/dev/gateway_cycles.py --duration 20
 
-``tests/gateway/test_gateway_cycles.py`` is the check that the project's code leaves none; this is
+``tests/gateway/test_cycles.py`` is the check that the project's code leaves none; this is
 how to find where one comes from (docs/performance.md, "Memory over hours").
 """
 

@@ -354,7 +354,7 @@ def test_overload_runs_two_arms_against_real_servers(tiny_model: Path, tmp_path:
     (not after ``gateway.queue_timeout_s``), and never holds more streams than the highest
     limit it has had (a falling limit cuts nobody). Whether its streams play in real time
     depends on what else the machine runs: that is the bench's to measure on a quiet machine
-    and tests/gateway/test_gateway_capacity.py's to check against a node of known capacity."""
+    and tests/gateway/admission/test_capacity.py's to check against a node of known capacity."""
     from bench.overload.cli import main
 
     out, png = tmp_path / "overload.json", tmp_path / "overload.png"

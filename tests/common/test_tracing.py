@@ -180,7 +180,7 @@ def test_a_clients_traceparent_is_continued_and_a_bad_one_starts_a_trace() -> No
 
 def test_the_context_travels_in_the_requests_own_messages() -> None:
     """LlmSubmit and Speak carry it; without it their bytes are those of before (omitted from
-    LlmSubmit; Speak's older clients still decode: tests/gateway/test_orpheus_wire.py)."""
+    LlmSubmit; Speak's older clients still decode: tests/gateway/frontends/zeromq/test_orpheus_wire.py)."""
     msg = LlmSubmit(1, "Hi.", "tara", traceparent=TRACEPARENT)
     assert llm_control_decoder.decode(control_encoder.encode(msg)) == msg
     assert b"traceparent" not in control_encoder.encode(LlmSubmit(1, "Hi.", "tara"))

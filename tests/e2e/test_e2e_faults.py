@@ -8,7 +8,7 @@ closed by the gateway's short timeouts (the server's only difference for them: i
 heartbeat settings and its log file change nothing they touch), after which vLLM runs
 nothing, the gateway's descriptors are back to their level and a normal request is served
 (the gateway's own tests with every front end and limit are in
-tests/gateway/test_gateway_hostile.py); its log on a small tmpfs that the tests fill up (every
+tests/gateway/edge/test_hostile.py); its log on a small tmpfs that the tests fill up (every
 later log write fails with ENOSPC); kill -9 of the codec worker mid-stream; kill -9 of the llm worker
 mid-stream, which is also the first crash-and-recover cycle (the vLLM EngineCore and Worker
 processes die with it, their psm_* segments are unlinked, RSS and /dev/shm come back); kill -9

@@ -21,10 +21,10 @@ from common.config import ServeConfig
 from common.config.gateway import GatewayConfig
 from common.config.text import TextConfig
 from common.tracing import Tracing
-from gateway import malformed_http
 from gateway.app import build_app
+from gateway.edge import malformed_http
+from gateway.edge.listener import ConnectionGuard, Listener, app_runner, listen
 from gateway.frontends.zeromq.server import ZmqFrontend
-from gateway.listener import ConnectionGuard, Listener, app_runner, listen
 from gateway.main import reuseport_socket
 from gateway.metrics import GatewayMetrics
 from gateway.service import Gateway
@@ -67,7 +67,7 @@ def serve_config(**gateway: Any) -> ServeConfig:
     commands in the text ("error-after-2") and its audio is one frame per character, both of
     which normalisation would change; the tests of normalisation turn it on. Admission is
     ``fixed`` unless asked: the synthetic backend's pace is set by the test, not by a load, so
-    a learned limit would measure nothing (tests/gateway/test_gateway_capacity.py asks for it)."""
+    a learned limit would measure nothing (tests/gateway/admission/test_capacity.py asks for it)."""
     gateway.setdefault("admission", "fixed")
     return ServeConfig(
         device="cpu", gateway=GatewayConfig(**gateway), text=TextConfig(normalization="off")

@@ -1,6 +1,6 @@
 """Placement of streams on several vLLM engines (``llm.engines``): least active streams on a
 ready engine, each engine holding its share of the node's slots, nothing placed on an engine
-that is not ready, and the node's capacity its ready engines' shares (gateway/admission.py)."""
+that is not ready, and the node's capacity its ready engines' shares (gateway/admission/queue.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.admission import Admission
-from gateway.cluster import worker_lost
+from gateway.admission.cluster import worker_lost
+from gateway.admission.queue import Admission
 from gateway.errors import APIError
 from shm.messages import ClusterStatus, EngineStatus
 

@@ -18,7 +18,7 @@ from common.limits import RequestLimits, sampling_problem
 from common.voice_lookup import VoiceLookup
 from gateway.errors import APIError
 from gateway.schemas import build_params
-from gateway.voices import VoiceCatalog
+from gateway.voices.catalogue import VoiceCatalog
 from llm_worker.model_info import ModelInfo
 from llm_worker.requests import BadRequest, RequestPlan, plan_request
 from shm.messages import LlmSubmit, SamplingOverrides, control_encoder, llm_control_decoder

@@ -16,7 +16,7 @@ audio takes longer to make is cut off on its side. The body is spoken as one req
 sentences), and answered the same way (``gateway.frontends.openai.speech.respond``): the status is
 decided by what comes first, an error is OpenAI-shaped JSON with its status (the plugin
 raises ``APIStatusError`` on it), a client that leaves cancels the stream into vLLM.
-``language`` is the text's (normalisation and sentence ends: ``gateway.voice_languages``);
+``language`` is the text's (normalisation and sentence ends: ``gateway.voices.languages``);
 ``max_tokens`` is an upper bound the server's own length cap already
 enforces (as on Baseten's WebSocket); other fields are ignored.
 """
@@ -27,7 +27,7 @@ import msgspec
 from aiohttp import web
 
 from gateway.apis import Api
-from gateway.auth import presented_key
+from gateway.edge.auth import presented_key
 from gateway.frontends.openai.speech import respond
 from gateway.frontends.shared import Handler, read_body
 from gateway.schemas import bad_request, build_params, sampling_overrides

@@ -28,8 +28,8 @@ import msgspec
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from gateway.apis import Api
-from gateway.auth import presented_key
 from gateway.cache.control import of_header
+from gateway.edge.auth import presented_key
 from gateway.errors import APIError
 from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, api_error, stream_template
 from gateway.frontends.text_units import Unit, UnitSplitter

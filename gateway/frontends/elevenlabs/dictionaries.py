@@ -26,7 +26,7 @@ from typing import Any, Literal
 import msgspec
 from aiohttp import BodyPartReader, web
 
-from gateway.auth import presented_key
+from gateway.edge.auth import presented_key
 from gateway.errors import APIError
 from gateway.frontends.shared import Handler, read_body
 from gateway.service import Gateway

@@ -25,8 +25,8 @@ from aiohttp import web
 from gateway.audio.encoders import AudioEncoder, wav_sized
 from gateway.audio.formats import OutputFormat
 from gateway.audio.output import make_output
-from gateway.auth import presented_key
 from gateway.cache.control import of_http
+from gateway.edge.auth import presented_key
 from gateway.errors import APIError
 from gateway.frontends.alignment import CharTimes, UnitAligners
 from gateway.frontends.elevenlabs.messages import (

@@ -143,7 +143,7 @@ class SpeechBody(msgspec.Struct, kw_only=True):
     audio_effects: Any = None
     """Reverb, filters, background noise: refused (``refuse_unsupported``)."""
     language_code: str | None = None
-    """ISO 639-1; None: the voice's language (``gateway.voice_languages``)."""
+    """ISO 639-1; None: the voice's language (``gateway.voices.languages``)."""
 
 
 def refuse_unsupported(body: SpeechBody) -> None:

@@ -5,7 +5,7 @@
 Every voice a request may name is listed: the checkpoint's (category ``premade``), custom
 voices made from reference audio (``cloned``) and LoRA voices (``professional``: a voice
 fine-tuned on recordings, as ElevenLabs' professional clones are). Voices are the server's,
-shared by every API key. Their languages come from ``Gateway.languages`` (``gateway.voice_languages``).
+shared by every API key. Their languages come from ``Gateway.languages`` (``gateway.voices.languages``).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ class SessionConfig(SamplingFields, frozen=True, kw_only=True, forbid_unknown_fi
     speaker: str | None = None
     language: str | None = None
     """An ISO 639-1 code or vLLM-Omni's English name (``"French"``); None or ``"Auto"``:
-    the voice's language (``gateway.voice_languages``)."""
+    the voice's language (``gateway.voices.languages``)."""
     response_format: str = "wav"
     sample_rate: int | None = None
     speed: float | None = 1.0
@@ -50,7 +50,7 @@ class AudioStart(msgspec.Struct, tag="audio.start", tag_field="type", omit_defau
     ai_generated: bool | None = None
     """True in every message the server sends: the audio is AI-generated."""
     watermark: str | None = None
-    """What marks the audio itself (``gateway.disclosure.watermark_of``), or "none"."""
+    """What marks the audio itself (``gateway.disclosure.headers.watermark_of``), or "none"."""
 
 
 class WordAlignment(msgspec.Struct):

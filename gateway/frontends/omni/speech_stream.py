@@ -42,9 +42,9 @@ from gateway.apis import Api
 from gateway.audio.encoders import AudioEncoder
 from gateway.audio.formats import RAW
 from gateway.audio.output import make_output
-from gateway.auth import presented_key
 from gateway.cache.control import USE, CacheUse, of_header
-from gateway.disclosure import watermark_of
+from gateway.disclosure.headers import watermark_of
+from gateway.edge.auth import presented_key
 from gateway.errors import APIError
 from gateway.frontends.alignment import WordTime, word_times
 from gateway.frontends.omni.messages import (

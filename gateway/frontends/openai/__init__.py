@@ -1,4 +1,4 @@
-"""OpenAI's ``POST /v1/audio/speech``: chunked audio or SSE (``speech``, ``sse``)."""
+"""OpenAI's ``POST /v1/audio/speech``: its body (``body``), chunked audio or SSE (``speech``, ``sse``)."""
 
 from __future__ import annotations
 

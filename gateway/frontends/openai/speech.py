@@ -16,14 +16,15 @@ from aiohttp import web
 from gateway.apis import Api
 from gateway.audio.encoders import AudioEncoder
 from gateway.audio.output import make_output
-from gateway.auth import presented_key
 from gateway.cache.control import of_header
+from gateway.edge.auth import presented_key
 from gateway.errors import APIError
+from gateway.frontends.openai.body import decode_speech_request, speech_params
 from gateway.frontends.openai.sse import delta_event, done_event, error_event
 from gateway.frontends.shared import Handler, abort_of, read_body
 from gateway.link import ClientLink
 from gateway.requests import ActiveRequest
-from gateway.schemas import SpeechParams, decode_speech_request, speech_params
+from gateway.schemas import SpeechParams
 from gateway.service import Gateway
 from gateway.streams import StreamFailed
 from gateway.text.breaks import cap_ms

@@ -29,9 +29,9 @@ from common.zmq_recv import incoming_multipart
 from gateway.apis import Api
 from gateway.audio.encoders import AudioEncoder
 from gateway.audio.output import make_output
-from gateway.auth import ZMQ_KEY_HINT, ApiKeys
 from gateway.cache.control import of_field
-from gateway.disclosure import watermark_of
+from gateway.disclosure.headers import watermark_of
+from gateway.edge.auth import ZMQ_KEY_HINT, ApiKeys
 from gateway.errors import APIError
 from gateway.link import ClientLink
 from gateway.requests import ActiveRequest, open_text_too_long
@@ -315,7 +315,7 @@ class ZmqFrontend:
     def _open_text(req: _Request, text: str, final: bool) -> str:
         """A piece of open text as the request takes it: its break tags read (and checked)
         first, the words around them rewritten by the plan (``held``), the tags written back
-        whole (``gateway.pauses`` cuts the runs at them)."""
+        whole (``gateway.text.pauses`` cuts the runs at them)."""
         held = req.held
         if req.breaks is None:
             return held.feed(text) + (held.flush() if final else "") if held else text
