@@ -34,6 +34,7 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
 from common.config import FOLDED_KEYS, INTERNAL_KEYS, ServeConfig  # noqa: E402
+from common.config.gateway import GATEWAY_GROUPS  # noqa: E402
 from orchestrator.settings import CPU_PROFILE, ENV_PREFIX  # noqa: E402
 
 DOC = ROOT / "docs" / "configuration.md"
@@ -243,7 +244,50 @@ def stale_descriptions() -> list[str]:
     return sorted(k for k in DESCRIPTIONS if k not in keys)
 
 
+SECTION_GROUPS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {"[gateway]": GATEWAY_GROUPS}
+"""Sections shown as one table per group of keys (the section's order is the groups')."""
+
+
 # -- rendering ---------------------------------------------------------------------------------
+def _option_table(rows: list[Option]) -> list[str]:
+    """One markdown table of options, then the defaults too long for a cell."""
+    lines: list[str] = []
+    lines += [
+        "| option | type | default | CPU profile | description |",
+        "|---|---|---|---|---|",
+    ]
+    long_defaults: list[tuple[str, str]] = []
+    for o in rows:
+        if o.is_table:
+            default = f"table `[{o.key}]`"
+        else:
+            default = toml_value(o.default)
+            if o.key.endswith("_bytes") and isinstance(o.default, int):
+                default = f"`{default}`{_size_note(o.default)}"
+            elif default == UNSET:
+                pass
+            elif len(default) > LONG_DEFAULT:
+                long_defaults.append((o.key, default))
+                default = "see below"
+            else:
+                default = f"`{default}`"
+        cpu = _cpu_default(o.key)
+        same = cpu is msgspec.NODEFAULT or cpu == o.default
+        cpu_cell = "" if same else f"`{toml_value(cpu)}`"
+        if not same and o.key.endswith("_bytes") and isinstance(cpu, int):
+            cpu_cell += _size_note(cpu)
+        lines.append(
+            f"| `{o.key}` | `{_cell(o.type)}` | {_cell(default)} | {cpu_cell} | {_cell(o.doc)} |"
+        )
+    for key, value in long_defaults:
+        section, _, name = key.rpartition(".")
+        lines += ["", f"Default of `{key}`:", "", "```toml", f"[{section}]"]
+        lines.append(f"{name} = {value}")
+        lines.append("```")
+    lines.append("")
+    return lines
+
+
 def _size_note(value: int) -> str:
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if value >= 1 << shift and value % (1 << shift) == 0:
@@ -312,40 +356,15 @@ def render_option_tables() -> str:
         lines += [f"### {title}", ""]
         if intro:
             lines += [intro, ""]
-        lines += [
-            "| option | type | default | CPU profile | description |",
-            "|---|---|---|---|---|",
-        ]
-        long_defaults: list[tuple[str, str]] = []
-        for o in rows:
-            if o.is_table:
-                default = f"table `[{o.key}]`"
-            else:
-                default = toml_value(o.default)
-                if o.key.endswith("_bytes") and isinstance(o.default, int):
-                    default = f"`{default}`{_size_note(o.default)}"
-                elif default == UNSET:
-                    pass
-                elif len(default) > LONG_DEFAULT:
-                    long_defaults.append((o.key, default))
-                    default = "see below"
-                else:
-                    default = f"`{default}`"
-            cpu = _cpu_default(o.key)
-            same = cpu is msgspec.NODEFAULT or cpu == o.default
-            cpu_cell = "" if same else f"`{toml_value(cpu)}`"
-            if not same and o.key.endswith("_bytes") and isinstance(cpu, int):
-                cpu_cell += _size_note(cpu)
-            lines.append(
-                f"| `{o.key}` | `{_cell(o.type)}` | {_cell(default)} | {cpu_cell} | "
-                f"{_cell(o.doc)} |"
-            )
-        for key, value in long_defaults:
-            section, _, name = key.rpartition(".")
-            lines += ["", f"Default of `{key}`:", "", "```toml", f"[{section}]"]
-            lines.append(f"{name} = {value}")
-            lines.append("```")
-        lines.append("")
+        groups = SECTION_GROUPS.get(title)
+        if groups is None:
+            lines += _option_table(rows)
+            continue
+        by_key = {o.key: o for o in rows}
+        for group, names in groups:
+            lines += [f"#### {group}", ""]
+            section = title.strip("[]")
+            lines += _option_table([by_key[k] for n in names if (k := f"{section}.{n}") in by_key])
     lines += [
         "### Folded keys",
         "",

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.config import FOLDED_KEYS, ServeConfig
+from common.config.gateway import GATEWAY_GROUPS, GatewayConfig
 from orchestrator.settings import (
     CPU_PROFILE,
     ConfigError,
@@ -410,6 +411,16 @@ def test_a_folded_key_is_refused_with_what_replaced_it(tmp_path: Path, key: str)
     assert not hasattr(getattr(ServeConfig(), section), name), (
         "a folded key is gone from its Struct"
     )
+
+
+def test_the_gateway_keys_are_grouped_by_job_in_the_struct_s_order() -> None:
+    """Issue 61: ``[gateway]``'s keys sit in groups by the job they configure, the Struct in
+    the groups' order, each key in one group; the reference shows a table per group."""
+    grouped = [name for _, names in GATEWAY_GROUPS for name in names]
+    assert grouped == list(GatewayConfig.__struct_fields__)
+    text = gen_docs.DOC.read_text()
+    for title, _ in GATEWAY_GROUPS:
+        assert f"#### {title}\n" in text, title
 
 
 def test_configuration_doc_is_up_to_date() -> None:
