@@ -6,6 +6,11 @@ DEALER. The clips they carry arrive as uploads, spooled in memory up to
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from typing import IO
+
 import msgspec
 import zmq
 import zmq.asyncio
@@ -52,3 +57,32 @@ async def call_codec(
             retry_after_s=retry_after_s,
         )
     return raw
+
+
+class Uploads:
+    """The clips a route is receiving in this process: at most ``limit`` at once (one more is
+    429 ``too_many_uploads``, before its body is read), each spooled while it is handled."""
+
+    def __init__(self, limit: int, retry_after_s: int, what: str = "uploads") -> None:
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self.what = what
+        self.in_progress = 0
+
+    @contextlib.contextmanager
+    def spooled(self) -> Iterator[IO[bytes]]:
+        """One upload's slot and its spool (memory up to ``SPOOL_MEMORY_BYTES``, then a file)."""
+        if self.in_progress >= self.limit:
+            raise APIError(
+                429,
+                "too_many_uploads",
+                f"{self.limit} {self.what} are in progress on this gateway process "
+                "(voices.max_concurrent_uploads); retry shortly",
+                retry_after_s=self.retry_after_s,
+            )
+        self.in_progress += 1
+        try:
+            with tempfile.SpooledTemporaryFile(SPOOL_MEMORY_BYTES) as spool:
+                yield spool
+        finally:
+            self.in_progress -= 1

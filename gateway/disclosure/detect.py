@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import tempfile
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -30,7 +29,7 @@ from aiohttp import BodyPartReader, web
 from common.config import ServeConfig
 from gateway.audio.decode import UnreadableAudio, decode_clip
 from gateway.errors import APIError
-from gateway.rpc import SPOOL_MEMORY_BYTES, call_codec
+from gateway.rpc import Uploads, call_codec
 from shm.layout import InstanceLayout
 from shm.messages import DetectReply, DetectRequest, detect_reply_decoder
 
@@ -59,7 +58,7 @@ class WatermarkDetector:
         self._layout = layout
         """The instance's sockets, read at the first request (the app is built before)."""
         self.ctx = zmq.asyncio.Context.instance()
-        self.in_progress = 0
+        self.uploads = Uploads(self.cfg.max_concurrent_uploads, config.gateway.retry_after_s)
 
     async def detect(self, audio: IO[bytes]) -> Detection:
         loop = asyncio.get_running_loop()
@@ -123,21 +122,9 @@ async def _read_body(request: web.Request, max_bytes: int, out: IO[bytes]) -> No
 def detect_handler(detector: WatermarkDetector) -> Any:
     async def handler(request: web.Request) -> web.Response:
         cfg = detector.cfg
-        if detector.in_progress >= cfg.max_concurrent_uploads:
-            raise APIError(
-                429,
-                "too_many_uploads",
-                f"{cfg.max_concurrent_uploads} uploads are in progress on this gateway process "
-                "(voices.max_concurrent_uploads); retry shortly",
-                retry_after_s=detector.config.gateway.retry_after_s,
-            )
-        detector.in_progress += 1
-        try:
-            with tempfile.SpooledTemporaryFile(SPOOL_MEMORY_BYTES) as audio:
-                await _read_body(request, cfg.max_upload_bytes, audio)
-                result = await detector.detect(audio)
-        finally:
-            detector.in_progress -= 1
+        with detector.uploads.spooled() as audio:
+            await _read_body(request, cfg.max_upload_bytes, audio)
+            result = await detector.detect(audio)
         return web.Response(body=msgspec.json.encode(result), content_type="application/json")
 
     return handler

@@ -38,7 +38,7 @@ import zmq.asyncio
 from common.config import ServeConfig
 from common.voice_lookup import lora_unavailable, zero_shot_unsupported
 from gateway.errors import APIError
-from gateway.rpc import call_codec, call_worker
+from gateway.rpc import Uploads, call_codec, call_worker
 from shm.layout import InstanceLayout
 from shm.messages import (
     AdminReply,
@@ -214,7 +214,9 @@ class CustomVoices:
         self.builtin = list(builtin)
         self.reserved = {v.lower() for v in builtin} | {a.lower() for a in aliases}
         self.ctx = zmq.asyncio.Context.instance()
-        self.uploads = 0
+        self.uploads = Uploads(
+            self.cfg.max_concurrent_uploads, config.gateway.retry_after_s, "voice uploads"
+        )
         """``POST /v1/audio/voices`` calls in progress in this process."""
         self._languages: dict[str, tuple[tuple[int, int], str | None]] = {}
         self._lora_languages: dict[str, tuple[tuple[int, int, int], str | None]] = {}

@@ -9,7 +9,6 @@ import asyncio
 import logging
 import math
 import os
-import tempfile
 from typing import IO, Any
 
 import msgspec
@@ -17,7 +16,6 @@ from aiohttp import BodyPartReader, web
 
 from common.languages import UnknownLanguage, language_tag
 from gateway.errors import APIError
-from gateway.rpc import SPOOL_MEMORY_BYTES
 from gateway.voices.custom import (
     SAMPLE_RATE,
     SAMPLES_PER_FRAME,
@@ -114,7 +112,6 @@ def create_handler(
     voices: CustomVoices,
 ) -> Any:
     async def handler(request: web.Request) -> web.Response:
-        cfg = voices.cfg
         if not voices.zero_shot:
             raise bad_field(
                 "zero_shot_unsupported",
@@ -122,20 +119,8 @@ def create_handler(
                 "(config.json 'orpheus.zero_shot'): custom voices from reference audio "
                 "are not available with it",
             )
-        if voices.uploads >= cfg.max_concurrent_uploads:
-            raise APIError(
-                429,
-                "too_many_uploads",
-                f"{cfg.max_concurrent_uploads} voice uploads are in progress on this gateway "
-                "process (voices.max_concurrent_uploads); retry shortly",
-                retry_after_s=voices.config.gateway.retry_after_s,
-            )
-        voices.uploads += 1
-        try:
-            with tempfile.SpooledTemporaryFile(SPOOL_MEMORY_BYTES) as audio:
-                return await _create(request, voices, audio)
-        finally:
-            voices.uploads -= 1
+        with voices.uploads.spooled() as audio:
+            return await _create(request, voices, audio)
 
     return handler
 

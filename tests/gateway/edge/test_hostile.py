@@ -359,7 +359,7 @@ async def test_voice_uploads_are_capped_and_a_too_long_clip_is_not_encoded(
     async with running_gateway(layout, serve=serve, body_timeout_s=3.0) as h:
         held = [await raw_connect(h, HELD_UPLOAD) for _ in range(2)]
         custom = h.gateway.custom_voices
-        await wait_until(lambda: custom.uploads == 2, 5, "two uploads in progress")
+        await wait_until(lambda: custom.uploads.in_progress == 2, 5, "two uploads in progress")
         async with aiohttp.ClientSession() as s:
             async with s.post(h.url + "/v1/audio/voices", data=voice_form("a", clip(3.5))) as r:
                 err = await r.json()
@@ -367,7 +367,7 @@ async def test_voice_uploads_are_capped_and_a_too_long_clip_is_not_encoded(
                 assert r.headers["Retry-After"] == "1"
             answers = await asyncio.gather(*(read_to_close(r, 8.0) for r, _ in held))
             assert all(a.startswith(b"HTTP/1.1 408") for a in answers), answers
-            assert custom.uploads == 0
+            assert custom.uploads.in_progress == 0
             async with s.post(h.url + "/v1/audio/voices", data=voice_form("a", clip(3.5))) as r:
                 assert r.status == 201, await r.text()
             assert encode_server.served == 1
