@@ -4,7 +4,7 @@ telephony's 8 kHz mu-law and Opus at 32 kbit/s included.
 
 One request per front end of the shared default server (``default_server``); the files go to
 PerTh's detector in one call. The unmarked control (codec.watermark=off) is the codec
-worker's own test (tests/codec/test_codec_watermark.py): the same engine build as the
+worker's own test (tests/codec/watermark/test_codec_watermark.py): the same engine build as the
 server's, without a second engine start here. The server's own detector
 (``POST /v1/watermark/detect``) reads the WAV and MP3 answers as marked too.
 """

@@ -32,7 +32,7 @@ from orpheus_wire.zeromq import (
     server_decoder,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 SERVER_PACKAGES = ("gateway", "llm_worker", "codec_worker", "orchestrator", "common", "shm")
 HEAVY = ("av", "numpy", "torch", "vllm", "aiohttp", "uvloop", "transformers", "snac")

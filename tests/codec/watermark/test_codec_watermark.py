@@ -37,7 +37,7 @@ from shm.records import RecordKind, StreamEnd, record_encoder
 from shm.ring import Record
 
 torch.set_num_threads(1)
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FRAMES = 36
 """3 s of audio: PerTh reads a clip's mean over its frames."""
 
