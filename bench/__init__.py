@@ -1,4 +1,5 @@
-"""Every benchmark of orpheus-serve, and the doubles they and the tests run against.
+"""Every benchmark of orpheus-serve (the stand-ins they run against are the test kit's,
+``testkit``).
 
 ``orpheus-serve bench WHICH`` (orpheus_serve/cli.py) runs one; each prints a table and
 writes JSON (docs/benchmarks.md) through ``report.py``: one writer, one header (the machine
@@ -25,7 +26,7 @@ and versions of ``environment.py``), one way to draw a table. Needs the ``bench`
 - ``cache/``: the sentence audio cache: its admission and eviction policy on a voice-agent
   trace (``cache/policy.py``: LRU, second sight, TinyLFU), and the real server on such a
   trace with the cache used and bypassed (``cache/trace.py``);
-- ``doubles/``: the tiny random-weight Orpheus model and SNAC writer, a synthetic llm+codec
-  backend for the gateway, the reference streaming decoder, a local server starter, an
-  HTTP streaming client, reference clips (WAV) for custom voices.
+- the stand-ins (the tiny model, the synthetic backend, the reference decoder, a local
+  server starter, the HTTP streaming client, reference clips) are the test kit's:
+  ``testkit``.
 """

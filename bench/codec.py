@@ -31,14 +31,6 @@ import numpy as np
 import torch
 from snac import SNAC
 
-from bench.doubles.reference_decoder import (
-    FIRST_CHUNK_FRAMES,
-    WINDOW_FRAMES,
-    reference_chunk,
-    reference_emitted_frames,
-    reference_stream,
-)
-from bench.doubles.tiny_model import random_snac
 from bench.quality import error_db
 from bench.report import environment, show, table, write_json
 from codec_worker.decoder import WindowDecoder, WindowKey
@@ -54,6 +46,14 @@ from codec_worker.watermark import StreamWatermark
 from common.config.codec import CodecConfig
 from shm.records import SAMPLE_RATE, SAMPLES_PER_FRAME, RecordKind, StreamEnd, record_encoder
 from shm.ring import Record
+from testkit.reference_decoder import (
+    FIRST_CHUNK_FRAMES,
+    WINDOW_FRAMES,
+    reference_chunk,
+    reference_emitted_frames,
+    reference_stream,
+)
+from testkit.tiny_model import random_snac
 
 VARIANTS = ("reference", "worker", "worker-lockstep")
 

@@ -1183,7 +1183,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="orpheus-bench-engine-") as tmp:
         work = Path(tmp)
         if args.model is None:
-            from bench.doubles.tiny_model import write_tiny_model
+            from testkit.tiny_model import write_tiny_model
 
             write_tiny_model(work / "model")
             args.model = str(work / "model")

@@ -1,10 +1,10 @@
 """``orpheus-serve bench gateway [--json FILE]``: one gateway process under 100 to 1000
 concurrent real-time streams, fed by a synthetic PCM source.
 
-Processes: the synthetic source (``bench.doubles.synthetic_backend``, playing the llm_worker and
+Processes: the synthetic source (``testkit.synthetic_backend``, playing the llm_worker and
 codec_worker: it reads ``LlmSubmit`` from the control socket and writes real-time-paced,
 time-stamped PCM records into the real ring), the gateway (``gateway.main.run``, exactly as
-served), and client processes (``bench.doubles.http_client``) holding N streaming HTTP
+served), and client processes (``testkit.http_client``) holding N streaming HTTP
 requests on loopback in a closed loop. Per level it reports the delivery lag of every
 chunk (ring write -> last byte at the client; p50/p90/p99/max) and the gateway's CPU time
 per second of streamed audio, measured from /proc over a window after the ramp. The gateway
@@ -15,7 +15,7 @@ Bounded: each level runs ramp + warm-up + ``--duration`` seconds, then stops.
 ``--tracing off,on`` measures the cost of OpenTelemetry tracing side by side: the whole run
 (a fresh source and gateway, every level) once per mode, in the order given (``off,on,off``
 shows the machine's drift); ``on`` exports every request's spans with the real OTLP/HTTP
-exporter to a loopback receiver that counts and drops them (``bench.doubles.otlp_receiver``,
+exporter to a loopback receiver that counts and drops them (``testkit.otlp_receiver``,
 in this process, on the load generator's cores); ``off`` sets ``OTEL_SDK_DISABLED``.
 """
 
@@ -34,7 +34,6 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from bench.doubles.http_client import CHUNK_BYTES, LevelResult, LevelSpec, client_main
 from bench.report import environment, show, table, write_json
 from bench.synthetic_gateway import SyntheticGateway
 from common.config import ServeConfig
@@ -42,6 +41,7 @@ from common.config.gateway import GatewayConfig
 from common.config.llm import LLMConfig
 from shm.config import ShmConfig
 from shm.records import SAMPLE_RATE
+from testkit.http_client import CHUNK_BYTES, LevelResult, LevelSpec, client_main
 
 TARGET_P99_LAG_MS = 20.0
 BYTES_PER_AUDIO_S = SAMPLE_RATE * 2
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     receiver = None
     sdk_disabled = os.environ.get("OTEL_SDK_DISABLED")  # _run_mode sets it; restored below
     if "on" in modes:
-        from bench.doubles.otlp_receiver import OtlpReceiver
+        from testkit.otlp_receiver import OtlpReceiver
 
         receiver = OtlpReceiver(keep=False)
     try:

@@ -1,7 +1,7 @@
 """``orpheus-serve bench jobs [--json FILE]``: interactive TTFB with long-form jobs running
 beside it, and the jobs' throughput; the joins between units.
 
-Processes: the synthetic source (``bench.doubles.synthetic_backend``: plays the llm_worker and
+Processes: the synthetic source (``testkit.synthetic_backend``: plays the llm_worker and
 codec_worker, real-time paced, with a fixed first-chunk delay), the gateway exactly as served
 (``gateway.main.run``, with its job runner), and this process as the client. Each variant runs
 a fresh gateway and jobs directory:
@@ -178,7 +178,7 @@ def join_quality(pcm: np.ndarray, unit_samples: int) -> dict[str, float]:
 
 
 async def _joins(base: str, args: argparse.Namespace) -> dict[str, Any]:
-    from bench.doubles.synthetic_backend import synthetic_pcm
+    from testkit.synthetic_backend import synthetic_pcm
 
     units = 12
     text = " ".join(f"Join test sentence {i}." for i in range(units))
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"goal (p99 with jobs within 20% of without): {'met' if verdict else 'NOT met'}")
     write_json(
-        {**env, "backend": "synthetic (bench.doubles.synthetic_backend, real-time paced)",
+        {**env, "backend": "synthetic (testkit.synthetic_backend, real-time paced)",
          "args": vars(args), "variants": results, "joins": joins, "goal_met": verdict},
         args.json, announce=sys.stderr,
     )  # fmt: skip

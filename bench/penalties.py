@@ -137,7 +137,7 @@ def bench(args: argparse.Namespace, model: str) -> tuple[list[dict[str, Any]], d
                 for v, times in b.run(n, args.tokens).items():
                     steps[n][v].extend(times)
         config = {
-            "model": "tiny Orpheus-vocabulary Llama (bench.doubles.tiny_model), random weights",
+            "model": "tiny Orpheus-vocabulary Llama (testkit.tiny_model), random weights",
             "runner": b.plan.runner.value,
             "sampling": b.plan.describe(),
             "dtype": args.dtype,
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="orpheus-bench-") as tmp:
         model = args.model
         if model is None:
-            from bench.doubles.tiny_model import write_tiny_model
+            from testkit.tiny_model import write_tiny_model
 
             write_tiny_model(Path(tmp))
             model = tmp

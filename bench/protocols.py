@@ -12,7 +12,7 @@ them ends a sentence, so nothing is spoken early). Each session speaks ``--round
 reading each turn's audio to its end before the next.
 
 Without ``--url`` the command starts one gateway process (as served) in front of the
-synthetic backend (``bench.doubles.synthetic_backend``: real-time paced audio whose first chunk
+synthetic backend (``testkit.synthetic_backend``: real-time paced audio whose first chunk
 comes ``--first-chunk-ms`` after the request, standing in for the model): the numbers are
 then the protocols' own cost in the gateway, side by side. With ``--url`` it measures a
 running server (e.g. ``orpheus-serve serve``), model included. Absolute times from a

@@ -1,5 +1,5 @@
 """A gateway process exactly as served (``gateway.main.run``) in front of the synthetic backend
-(``bench.doubles.synthetic_backend``: it plays the llm_worker and codec_worker, real-time
+(``testkit.synthetic_backend``: it plays the llm_worker and codec_worker, real-time
 paced, in a process of its own): what ``bench gateway``, ``bench jobs`` and ``bench protocols``
 measure.
 
@@ -21,12 +21,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.doubles.local_server import free_port
 from common.config import ServeConfig
 from shm.config import ShmConfig
 from shm.layout import InstanceLayout
 from shm.messages import WorkerReady, orchestrator_decoder
 from shm.ring import create_ring, unlink_ring
+from testkit.local_server import free_port
 
 START_TIMEOUT_S = 60.0
 
@@ -36,7 +36,7 @@ directory (a place for the benchmark's own state: a jobs directory)."""
 
 
 def _run_source(layout: InstanceLayout, options: dict[str, Any], stop: Any, ready: Any) -> None:
-    from bench.doubles.synthetic_backend import SyntheticBackend
+    from testkit.synthetic_backend import SyntheticBackend
 
     src = SyntheticBackend(layout, realtime=True, **options)
     ready.set()

@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 
-from bench.doubles.clips import reference_clip
 from bench.lockstep import (
     KV_BYTES_PER_TOKEN,
     TEXTS,
@@ -44,6 +43,7 @@ from bench.lockstep import (
 )
 from bench.report import environment, write_json
 from llm_worker.engine.env import own_vllm_sockets
+from testkit.clips import reference_clip
 
 LORA_VARIANTS = ("no-lora", "0 adapters", "1 adapter", "4 adapters")
 LORA_RANK = 8
@@ -110,8 +110,8 @@ async def _ttfb_variant(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_ttfb(args: argparse.Namespace, model: Path, work: Path) -> dict[str, Any]:
-    from bench.doubles.local_server import free_port
     from bench.load.servers import ServerProcess, orpheus_serve_argv
+    from testkit.local_server import free_port
 
     out: dict[str, Any] = {}
     for name, cache in (("prefix cache on", True), ("prefix cache off", False)):
@@ -238,9 +238,9 @@ class LoraBench:
         from vllm import EngineArgs, LLMEngine
         from vllm.lora.request import LoRARequest
 
-        from bench.doubles.tiny_model import write_random_lora
         from llm_worker.engine.args import LORA_CPU_FIX
         from llm_worker.prompt import PromptBuilder
+        from testkit.tiny_model import write_random_lora
 
         self.args = args
         n = args.streams
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     add_lockstep_arguments(p, tokens=48)
     args = p.parse_args(argv)
 
-    from bench.doubles.tiny_model import write_random_snac, write_tiny_model
+    from testkit.tiny_model import write_random_snac, write_tiny_model
 
     env = environment()
     result: dict[str, Any] = {
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": os.getloadavg(),
         "commit": env["versions"]["git_commit"],
         "versions": env["versions"],
-        "model": "tiny Orpheus-vocabulary Llama (bench.doubles.tiny_model), random weights",
+        "model": "tiny Orpheus-vocabulary Llama (testkit.tiny_model), random weights",
     }
     with tempfile.TemporaryDirectory(prefix="orpheus-bench-voices-") as tmp:
         work = Path(tmp)

@@ -163,7 +163,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
-    from bench.doubles.tiny_model import write_random_lora, write_random_snac, write_tiny_model
+    from testkit.tiny_model import write_random_lora, write_random_snac, write_tiny_model
 
     out = Path(args.dir)
     write_tiny_model(out, seed=args.seed)

@@ -44,9 +44,9 @@ from typing import Any
 import aiohttp
 
 from bench.cache.policy import STOCK
-from bench.doubles.local_server import free_port
 from bench.load.servers import ORPHEUS_SERVE, ServerProcess, recorded_argv
 from bench.report import environment, now_iso, write_json
+from testkit.local_server import free_port
 
 BYTES_PER_S = 48_000
 KEY = "bench-cache"

@@ -23,7 +23,6 @@ from pathlib import Path
 
 from rich.console import Console
 
-from bench.doubles.local_server import free_port
 from bench.environment import machine, versions
 from bench.load.cli import (
     add_output_arguments,
@@ -62,6 +61,7 @@ from bench.load.session import LevelSpec, Target, run_levels, search_capacity
 from bench.load.summary import LevelResult, Slo
 from bench.load.texts import Corpus, load_corpus
 from bench.report import now_iso, write_json
+from testkit.local_server import free_port
 
 
 def build_parser() -> argparse.ArgumentParser:

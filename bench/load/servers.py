@@ -11,7 +11,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-from bench.doubles.local_server import NotReady, wait_ready
+from testkit.local_server import NotReady, wait_ready
 
 
 def add_model_arguments(p: argparse.ArgumentParser, *, device: str | None) -> None:

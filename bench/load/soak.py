@@ -732,8 +732,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     server = None
     if args.model:
-        from bench.doubles.local_server import free_port
         from bench.load.servers import ServerProcess, orpheus_serve_argv
+        from testkit.local_server import free_port
 
         port = free_port()
         # A fixed admission count: the soak judges memory over a traffic mix whose floods fill

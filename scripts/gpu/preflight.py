@@ -216,12 +216,12 @@ def check_codec_compile() -> dict[str, Any]:
 
     import torch
 
-    from bench.doubles.tiny_model import write_random_snac
     from codec_worker.decoder import WindowDecoder
     from codec_worker.engine import DecodeEngine
     from codec_worker.policy import WindowPolicy
     from codec_worker.snac_model import load_snac
     from common.config.codec import CodecConfig
+    from testkit.tiny_model import write_random_snac
 
     cfg = CodecConfig(compile=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -17,7 +17,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.doubles.tiny_model import write_tiny_model
 from bench.engine import (
     EngineLevel,
     Level,
@@ -36,6 +35,7 @@ from bench.engine import (
     variant_overrides,
 )
 from llm_worker.engine.step_hooks import OutputLoopHook
+from testkit.tiny_model import write_tiny_model
 
 LEGACY_LEVEL_KEYS = {
     "variant", "streams", "step_ms_p50", "step_ms_p99", "engine_cpu_ms_per_step",

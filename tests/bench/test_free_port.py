@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.doubles import local_server
-from bench.doubles.local_server import free_port
+from testkit import local_server
+from testkit.local_server import free_port
 
 
 def _ephemeral() -> tuple[int, int]:

@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.doubles.local_server import free_port
-from bench.doubles.tiny_model import random_snac
 from bench.load.baseline.constraint import UNCONSTRAINED, blocked_table
 from bench.load.baseline.decoder import ReferenceStreamDecoder, window_to_levels
 from bench.load.servers import ServerProcess, baseline_argv
@@ -21,6 +19,8 @@ from codec_worker.levels import frames_to_levels
 from codec_worker.snac_model import CONFIG_FILE, SNAC_24KHZ_SMALL, WEIGHTS_FILE
 from llm_worker.vllm_ext import tokens as T
 from shm.records import CODEBOOK_SIZE
+from testkit.local_server import free_port
+from testkit.tiny_model import random_snac
 
 CPU = torch.device("cpu")
 
@@ -116,7 +116,7 @@ def test_constraint_table_allows_exactly_the_slot_range() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from bench.doubles.tiny_model import write_tiny_model
+    from testkit.tiny_model import write_tiny_model
 
     root = tmp_path_factory.mktemp("tiny")
     write_tiny_model(root)

@@ -15,12 +15,12 @@ from typing import IO
 
 import pytest
 
-from bench.doubles.local_server import free_port, wait_ready
 from bench.load.servers import ORPHEUS_SERVE, orpheus_serve_argv
 from llm_worker.engine.env import MULTIPROCESSING_ENV, RPC_DIR_ENV
 from orchestrator import proctree
 from shm.records import SAMPLES_PER_FRAME
 from shm.ring import SHM_DIR
+from testkit.local_server import free_port, wait_ready
 
 EXE = ORPHEUS_SERVE
 BYTES_PER_FRAME = SAMPLES_PER_FRAME * 2

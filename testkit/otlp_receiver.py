@@ -10,7 +10,7 @@ collector's).
 As a command, a receiver that counts and drops until SIGINT/SIGTERM (the whole-server side by
 side, ``bench compare --serve-arg=--set=otlp_traces_endpoint=http://127.0.0.1:4318/v1/traces``)::
 
-    python -m bench.doubles.otlp_receiver --port 4318
+    python -m testkit.otlp_receiver --port 4318
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import signal
 
-    ap = argparse.ArgumentParser(prog="python -m bench.doubles.otlp_receiver", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m testkit.otlp_receiver", description=__doc__)
     ap.add_argument("--port", type=int, default=4318, help="loopback port (4318: OTLP/HTTP's)")
     args = ap.parse_args(argv)
     stop = threading.Event()

@@ -1,4 +1,6 @@
-"""Stand-ins the benchmarks and tests run against: none of them is served.
+"""The test kit: stand-ins the tests, the benchmarks and the demo run against; none of them
+is served. A package of its own (not under tests/, which is no package, nor bench/): the demo
+and ``orpheus-serve tiny-model`` import it without the test packages or the bench extra.
 
 - ``tiny_model``: the tiny random-weight Orpheus-shaped Llama and SNAC writer
 - ``synthetic_backend``: a synthetic llm_worker + codec_worker for gateway tests and
