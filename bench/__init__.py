@@ -2,8 +2,9 @@
 ``testkit``).
 
 ``orpheus-serve bench WHICH`` (orpheus_serve/cli.py) runs one; each prints a table and
-writes JSON (docs/benchmarks.md) through ``report.py``: one writer, one header (the machine
-and versions of ``environment.py``), one way to draw a table. Needs the ``bench`` extra
+writes JSON (docs/benchmarks.md) through ``lib/``: one writer, one header (the machine
+and versions of ``lib.environment``), one way to draw a table (``lib.report``), one
+percentile (``lib.stats``), one plot set-up (``lib.plot``). Needs the ``bench`` extra
 (rich, matplotlib). No serving package imports this one (.importlinter).
 
 - components: ``codec`` (batched SNAC decode vs the reference decoder; ``codec_watermark``:

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from snac import SNAC
 
+from bench.lib.report import environment, show, table, write_json
 from bench.quality import error_db
-from bench.report import environment, show, table, write_json
 from codec_worker.decoder import WindowDecoder, WindowKey
 from codec_worker.engine import PCM_SCALE, DecodeEngine
 from codec_worker.host_memory import retain_freed_memory

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from bench.codec import WorkerHarness, _audio_seconds, _config_dict, _pcm_by_stream
+from bench.lib.report import show, table, write_json
 from bench.quality import error_db
-from bench.report import show, table, write_json
 from codec_worker.decoder import WindowDecoder, WindowKey
 from codec_worker.engine import PCM_SCALE
 from codec_worker.noise import decode_seed

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.report import environment, show, table, write_json
+from bench.lib.report import environment, show, table, write_json
 from llm_worker.codes import FrameAssembler
 from llm_worker.repetition import RepetitionGuard
 from llm_worker.vllm_ext import tokens as T

@@ -72,8 +72,10 @@ from typing import Any
 
 import msgspec
 
+from bench.lib.plot import pyplot, save
+from bench.lib.report import environment, show, table, write_json
+from bench.lib.stats import percentile
 from bench.lockstep import TEXTS
-from bench.report import environment, show, table, write_json
 from common.cpu_plan import VLLM_BIND_ENV, CpuPlan
 from common.mps import mps_active, pipe_directory
 from shm.layout import pid_alive
@@ -161,17 +163,6 @@ class VariantResult(msgspec.Struct, frozen=True):
 # -- statistics (pure) -----------------------------------------------------------------------
 
 
-def quantile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (0..1) by linear interpolation between order statistics."""
-    if not values:
-        raise ValueError("no values")
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 def intervals_ms(stamps: Sequence[float]) -> list[float]:
     """Milliseconds between consecutive step signals (``stamps`` in seconds)."""
     return [(b - a) * 1e3 for a, b in itertools.pairwise(stamps)]
@@ -211,8 +202,8 @@ def summarize_engine(
         engine=engine,
         streams=streams,
         steps=len(steps),
-        step_ms_p50=round(quantile(steps, 0.5), 3),
-        step_ms_p99=round(quantile(steps, 0.99), 3),
+        step_ms_p50=round(percentile(steps, 50), 3),
+        step_ms_p99=round(percentile(steps, 99), 3),
         engine_cpu_ms_per_step=(
             None if engine_cpu_s is None else round(engine_cpu_s * 1e3 / len(steps), 3)
         ),
@@ -1070,10 +1061,7 @@ def print_table(results: list[VariantResult], streams: list[int]) -> None:
 
 
 def plot(results: list[VariantResult], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5), constrained_layout=True)
     markers = "os^DvPX*"
@@ -1100,9 +1088,7 @@ def plot(results: list[VariantResult], path: Path, title: str) -> None:
     ax2.set_ylim(bottom=0)
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def _terminated(signum: int, frame: Any) -> None:

@@ -34,7 +34,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from bench.report import environment, show, table, write_json
+from bench.lib.report import environment, show, table, write_json
+from bench.lib.stats import percentile
 from bench.synthetic_gateway import SyntheticGateway
 from common.config import ServeConfig
 from common.config.gateway import GatewayConfig
@@ -121,10 +122,6 @@ def _split_cores(gateway_cores: int) -> tuple[set[int] | None, set[int] | None]:
     return set(cores[-gateway_cores:]), set(cores[:-gateway_cores])
 
 
-def _pct(values: np.ndarray, q: float) -> float:
-    return float(np.percentile(values, q)) if values.size else float("nan")
-
-
 def _run_level(
     ctx: mp.context.SpawnContext,
     port: int,
@@ -186,14 +183,15 @@ def _run_level(
     ttfb = np.concatenate([np.asarray(r.ttfb_ms, dtype=np.float64) for r in results])
     audio_s = sum(r.audio_bytes for r in results) / BYTES_PER_AUDIO_S
     chunks = sum(r.chunks for r in results)
-    p99 = _pct(lags, 99)
+    lag_list, ttfb_list = lags.tolist(), ttfb.tolist()
+    p99 = percentile(lag_list, 99)
     return {
         "streams": streams,
         "window_s": round(window, 3),
         "chunks": chunks,
         "audio_s_per_s": round(audio_s / window, 2),
-        "p50_lag_ms": round(_pct(lags, 50), 3),
-        "p90_lag_ms": round(_pct(lags, 90), 3),
+        "p50_lag_ms": round(percentile(lag_list, 50), 3),
+        "p90_lag_ms": round(percentile(lag_list, 90), 3),
         "p99_lag_ms": round(p99, 3),
         "max_lag_ms": round(float(lags.max()) if lags.size else float("nan"), 3),
         "cpu_ms_per_stream_s": round(1000 * gw_cpu / audio_s, 4) if audio_s else None,
@@ -202,8 +200,8 @@ def _run_level(
         "clients_cpu_pct": round(100 * cl_cpu / window, 1),
         "steal_pct_gateway_cores": _steal_pct(steal0, steal1, gateway_cores),
         "steal_pct_all_cores": _steal_pct(steal0, steal1, None),
-        "ttfb_p50_ms": round(_pct(ttfb, 50), 2),
-        "ttfb_p99_ms": round(_pct(ttfb, 99), 2),
+        "ttfb_p50_ms": round(percentile(ttfb_list, 50), 2),
+        "ttfb_p99_ms": round(percentile(ttfb_list, 99), 2),
         "requests_completed": sum(r.requests for r in results),
         "errors": sum(r.errors for r in results),
         "error_samples": [e for r in results for e in r.error_samples][:5],

@@ -37,7 +37,8 @@ import aiohttp
 import numpy as np
 
 from bench.gateway import header
-from bench.report import show, table, write_json
+from bench.lib.report import show, table, write_json
+from bench.lib.stats import percentile
 from bench.synthetic_gateway import SyntheticGateway
 from common.config import ServeConfig
 from common.config.gateway import GatewayConfig
@@ -48,10 +49,6 @@ from shm.records import SAMPLE_RATE, SAMPLES_PER_FRAME
 BYTES_PER_S = SAMPLE_RATE * 2
 TARGET_RATIO = 1.2
 """The goal: interactive p99 TTFB with jobs within 20% of without."""
-
-
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
 
 
 async def _metric(s: aiohttp.ClientSession, base: str, name: str) -> float:
@@ -148,8 +145,8 @@ async def _variant(base: str, args: argparse.Namespace, jobs: int) -> dict[str, 
     return {
         "requests": len(ttfb) + errors,
         "errors": errors,
-        "ttfb_p50_ms": round(_pct(ttfb, 50), 2),
-        "ttfb_p99_ms": round(_pct(ttfb, 99), 2),
+        "ttfb_p50_ms": round(percentile(ttfb, 50), 2),
+        "ttfb_p99_ms": round(percentile(ttfb, 99), 2),
         "job_streams_max": int(most),
         "job_units_per_s": round((units1 - units0) / window, 3),
         "job_audio_s_per_s": round((audio1 - audio0) / window, 3),
@@ -165,7 +162,7 @@ def join_quality(pcm: np.ndarray, unit_samples: int) -> dict[str, float]:
     inside = np.ones(steps.size, dtype=bool)
     for j in joins:
         inside[max(0, j - 3) : j + 2] = False
-    ref = float(np.percentile(steps[inside], 99))
+    ref = percentile(steps[inside].tolist(), 99)
     worst = max(float(steps[max(0, j - 3) : j + 2].max()) for j in joins)
     quiet = [
         float(np.count_nonzero(np.abs(x[max(0, j - 480) : j + 480]) < 0.01 * 32768)) for j in joins

@@ -33,6 +33,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.lib.report import environment, show, table, write_json
+from bench.lib.stats import percentile
 from bench.lockstep import (
     KV_BYTES_PER_TOKEN,
     TEXTS,
@@ -40,7 +42,6 @@ from bench.lockstep import (
     paired_median,
     step_in_lockstep,
 )
-from bench.report import environment, show, table, write_json
 
 STREAMS = (1, 16, 64)
 VARIANTS = ("none", "upstream", "ours", "constraint")
@@ -170,7 +171,7 @@ def bench(args: argparse.Namespace, model: str) -> tuple[list[dict[str, Any]], d
                 "step_ms_no_constraint": med["none"],
                 "step_ms_constraint": med["constraint"],
                 "constraint_overhead_ratio": paired["constraint"],
-                "step_ms_p90": {v: statistics.quantiles(s[v], n=10)[-1] for v in VARIANTS},
+                "step_ms_p90": {v: percentile(s[v], 90) for v in VARIANTS},
             }
         )
     return results, config

@@ -31,10 +31,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-import numpy as np
 
 from bench.gateway import header
-from bench.report import show, table, write_json
+from bench.lib.report import show, table, write_json
+from bench.lib.stats import percentile
 from bench.synthetic_gateway import SyntheticGateway
 from common.config import ServeConfig
 from common.config.gateway import GatewayConfig
@@ -212,10 +212,9 @@ def _local_server(first_chunk_s: float, normalization: str = "on") -> SyntheticG
 
 
 def _stats(xs: list[float]) -> dict[str, float]:
-    a = np.array(xs) * 1000
-    return {"n": len(xs), "p50_ms": round(float(np.percentile(a, 50)), 2),
-            "p90_ms": round(float(np.percentile(a, 90)), 2),
-            "max_ms": round(float(a.max()), 2)}  # fmt: skip
+    ms = [x * 1000 for x in xs]
+    return {"n": len(xs), "p50_ms": round(percentile(ms, 50), 2),
+            "p90_ms": round(percentile(ms, 90), 2), "max_ms": round(max(ms), 2)}  # fmt: skip
 
 
 def _print_table(rows: list[dict[str, Any]], title: str) -> None:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
-from bench.report import environment, now_iso, show, table, write_json
+from bench.lib.report import environment, now_iso, show, table, write_json
 from gateway.text.intl import normalizer_for
 from gateway.text.lexicon import AliasRule, Lexicon
 from gateway.text.normalize import normalize, num2words

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.lib.report import environment, write_json
 from bench.lockstep import (
     KV_BYTES_PER_TOKEN,
     TEXTS,
@@ -41,7 +42,6 @@ from bench.lockstep import (
     paired_median,
     step_in_lockstep,
 )
-from bench.report import environment, write_json
 from llm_worker.engine.env import own_vllm_sockets
 from testkit.clips import reference_clip
 

@@ -7,11 +7,11 @@
 - ``session``: load levels against one server; ``runner``: closed and open loops;
   ``schedule``: precomputed Poisson arrivals; ``clients``: HTTP and ZeroMQ speech clients;
   ``texts`` + ``corpus/``: the text mix; ``progress``: a live line per level.
-- ``trace``/``playback``/``window``/``summary``/``stats``: from arrival traces to TTFB,
-  RTF, underruns, throughput and goodput over the stable window.
+- ``trace``/``playback``/``window``/``summary``: from arrival traces to TTFB, RTF, underruns,
+  throughput and goodput over the stable window (percentiles: ``bench.lib.stats``).
 - ``criteria``: the three pass criteria and the capacity each gives; ``search``:
   bracketing capacity search; ``recompute``: a stored result's capacities again.
-- ``report``/``plot``: output (the machine's description: ``bench.environment``).
+- ``report``/``plot``: output (the machine's description: ``bench.lib.environment``).
 - ``baseline/``: the reference package's serving approach on the same HTTP contract;
   ``servers``: starting and stopping the servers under test.
 """

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from bench.environment import machine, versions
+from bench.lib.environment import machine, versions
+from bench.lib.report import now_iso, write_json
 from bench.load.cli import (
     add_output_arguments,
     add_search_arguments,
@@ -60,7 +61,6 @@ from bench.load.servers import (
 from bench.load.session import LevelSpec, Target, run_levels, search_capacity
 from bench.load.summary import LevelResult, Slo
 from bench.load.texts import Corpus, load_corpus
-from bench.report import now_iso, write_json
 from testkit.local_server import free_port
 
 

@@ -9,11 +9,11 @@ from typing import Literal
 import msgspec
 from rich.table import Table
 
+from bench.lib.report import table
 from bench.load.criteria import by_criterion
 from bench.load.report import LoadHeader, fmt
 from bench.load.search import SearchResult
 from bench.load.summary import LevelResult, Slo
-from bench.report import table
 
 SCHEMA = "orpheus-serve/bench-compare/1"
 Variant = Literal["baseline", "ours"]

@@ -45,11 +45,13 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
-from bench.environment import Machine, Versions, machine, versions
+from bench.lib.environment import Machine, Versions, machine, versions
+from bench.lib.plot import pyplot, save
+from bench.lib.report import write_json
+from bench.lib.stats import percentile
 from bench.load.cli import add_output_arguments
 from bench.load.growth import GrowthCheck, check_growth, default_warmup_s
 from bench.load.probe_growth import ProbeGrowth, print_probe, summarize
-from bench.report import write_json
 from common.memory_probe import ENV as PROBE_ENV
 from common.memory_probe import EVERY_ENV as PROBE_EVERY_ENV
 from orchestrator import proctree
@@ -234,7 +236,6 @@ def sample_instance(instance: str, t_s: float, ttfbs: list[float]) -> Sample:
         procs.append(ProcSample(_name(p), p, rss, _fds(p), shmem))
     segments = instance_segments(instance, pids)
     shm, size = segment_bytes(segments), segment_sizes(segments)
-    ordered = sorted(ttfbs)
     return Sample(
         t_s=round(t_s, 1),
         processes=procs,
@@ -245,15 +246,13 @@ def sample_instance(instance: str, t_s: float, ttfbs: list[float]) -> Sample:
         shm_segments=len(segments),
         shm_size_bytes=size,
         streams=len(ttfbs),
-        ttfb_p99_s=_pct(ordered, 0.99),
-        ttfb_p50_s=_pct(ordered, 0.5),
+        ttfb_p99_s=_pct(ttfbs, 99),
+        ttfb_p50_s=_pct(ttfbs, 50),
     )
 
 
-def _pct(ordered: list[float], q: float) -> float | None:
-    if not ordered:
-        return None
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)
+def _pct(values: list[float], q: float) -> float | None:
+    return round(percentile(values, q), 4) if values else None
 
 
 # -- clients ----------------------------------------------------------------------------------
@@ -588,10 +587,7 @@ def print_report(r: SoakReport) -> None:
 
 
 def plot_report(r: SoakReport, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     samples = [r.start, *r.samples, r.end]
     t = [s.t_s for s in samples]
@@ -623,8 +619,7 @@ def plot_report(r: SoakReport, path: Path) -> None:
     ax.legend(loc="upper left")
     ax2.legend(loc="upper right")
     fig.suptitle(f"soak {r.duration_s:.0f}s: {r.streams} streams, hung {r.hung} (random weights)")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 # -- command ----------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ from bench.engine import (
     parse_engines,
     parse_streams,
     parse_variants,
-    quantile,
     shares,
     summarize_engine,
     variant_overrides,
@@ -43,21 +42,6 @@ LEGACY_LEVEL_KEYS = {
 }  # fmt: skip
 """A level's fields before the engines dimension: readers of older files rely on them."""
 LEVEL_KEYS = LEGACY_LEVEL_KEYS | {"engines", "mps", "per_engine", "phases_us_per_request_step"}
-
-
-def test_quantile_interpolates_between_order_statistics() -> None:
-    assert quantile([3.0, 1.0, 2.0], 0.5) == 2.0
-    assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
-    assert quantile([1.0, 2.0, 3.0, 4.0], 1.0) == 4.0
-    assert quantile([5.0], 0.99) == 5.0
-    assert quantile(list(range(101)), 0.99) == pytest.approx(99.0)
-    with pytest.raises(ValueError):
-        quantile([], 0.5)
-
-
-@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=50), st.floats(0, 1))
-def test_quantile_lies_within_the_values(values: list[float], q: float) -> None:
-    assert min(values) <= quantile(values, q) <= max(values)
 
 
 def test_intervals_are_milliseconds_between_signals() -> None:

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.lib.stats import Summary
 from bench.load.criteria import (
     CRITERIA,
     all_criteria,
@@ -26,7 +27,6 @@ from bench.load.criteria import (
 )
 from bench.load.recompute import recompute
 from bench.load.search import CapacitySearch
-from bench.load.stats import Summary
 from bench.load.summary import LevelResult, Slo
 
 SLO = Slo(ttfb_s=1.0, ttfb_report_s=(0.5, 1.0), jitter_buffer_s=0.1, interactive_ttfb_s=0.5)

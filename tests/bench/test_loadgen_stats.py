@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.load.stats import Summary, percentile
+from bench.lib.stats import Summary, percentile
 
 
 @pytest.mark.parametrize(
@@ -46,6 +46,11 @@ def test_percentile_rejects_out_of_range() -> None:
 def test_percentile_matches_numpy_linear(values: list[float], q: float) -> None:
     expected = float(np.percentile(values, q, method="linear"))
     assert percentile(values, q) == pytest.approx(expected, rel=1e-9, abs=1e-6)
+
+
+def test_percentile_of_an_array() -> None:
+    assert percentile(np.array([4.0, 1.0, 3.0, 2.0]), 50) == pytest.approx(2.5)
+    assert math.isnan(percentile(np.array([]), 50))
 
 
 def test_summary_hand_computed() -> None:

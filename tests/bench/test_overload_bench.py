@@ -297,7 +297,7 @@ def test_the_server_gets_the_shared_settings_then_the_keys_then_the_arms() -> No
 def test_the_report_prints_each_arm_and_plots_the_limit(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from bench.environment import machine, versions
+    from bench.lib.environment import machine, versions
     from bench.overload.plot import plot_report
     from bench.overload.report import ArmResult, OverloadReport, Phase, Timeline, print_report
     from bench.overload.timeline import LeadSample

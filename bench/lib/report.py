@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import msgspec
 
-from bench.environment import machine, versions
+from bench.lib.environment import machine, versions
 
 if TYPE_CHECKING:  # rich (the bench extra) is imported where a table is drawn
     from rich.console import JustifyMethod

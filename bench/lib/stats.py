@@ -1,4 +1,4 @@
-"""Percentiles and distribution summaries used by every benchmark result."""
+"""The one percentile of every benchmark, and the distribution summary of the load results."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     """
     if not 0.0 <= q <= 100.0:
         raise ValueError(f"percentile must be in [0, 100], got {q}")
-    if not values:
+    if len(values) == 0:
         return math.nan
     data = sorted(values)
     rank = (len(data) - 1) * q / 100.0
