@@ -20,8 +20,9 @@ percentile (``lib.stats``), one plot set-up (``lib.plot``). Needs the ``bench`` 
   ``lockstep.py``: the in-process engines stepped in lockstep that ``penalties`` and
   ``voices`` time; ``synthetic_gateway.py``: a gateway process as served in front of the
   synthetic backend, what ``gateway``, ``jobs`` and ``protocols`` measure;
-- ``load/``: the end-to-end load generator, capacity search, soak and the side-by-side
-  comparison with the reference approach (``load/baseline/``);
+- ``load/``: the end-to-end load generator and capacity search; ``compare/``: the
+  side-by-side comparison with the reference approach (``compare.baseline``); ``soak/``: a
+  bounded soak of a real server, hung streams and growth;
 - ``overload/``: closed-loop levels past capacity against two admission modes, and the
   fairness between two API keys (issue 43), on ``load/``'s clients and statistics;
 - ``cache/``: the sentence audio cache: its admission and eviction policy on a voice-agent

@@ -33,7 +33,8 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "harness"))
 from gateway_harness import running_gateway
 
-from bench.load.soak import Soak, build_parser
+from bench.soak.cli import build_parser
+from bench.soak.clients import Soak
 from shm.layout import InstanceLayout
 from shm.segments import destroy_instance
 

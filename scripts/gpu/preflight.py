@@ -45,7 +45,7 @@ PACKAGES = (
     "orpheus_wire", "shm", "store", "common", "orchestrator", "orpheus_client", "llm_worker",
     "codec_worker", "gateway", "bench", "orpheus_serve",
 )  # fmt: skip
-SKIP_MODULES = ("bench.load.baseline.__main__", "orpheus_serve.__main__")
+SKIP_MODULES = ("bench.compare.baseline.__main__", "orpheus_serve.__main__")
 
 
 @contextlib.contextmanager

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.load.baseline.constraint import UNCONSTRAINED, blocked_table
-from bench.load.baseline.decoder import ReferenceStreamDecoder, window_to_levels
+from bench.compare.baseline.constraint import UNCONSTRAINED, blocked_table
+from bench.compare.baseline.decoder import ReferenceStreamDecoder, window_to_levels
 from bench.load.servers import ServerProcess, baseline_argv
 from codec_worker.levels import frames_to_levels
 from codec_worker.snac_model import CONFIG_FILE, SNAC_24KHZ_SMALL, WEIGHTS_FILE

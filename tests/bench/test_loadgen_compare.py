@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.load.compare import build_parser, server_for
-from bench.load.comparison import VariantRun, compare_capacity, compare_levels
+from bench.compare.cli import build_parser, server_for
+from bench.compare.comparison import VariantRun, compare_capacity, compare_levels
 from bench.load.summary import LevelResult, LevelRun, Slo, summarize
 from bench.load.trace import Outcome, StreamTrace
 
@@ -100,7 +100,7 @@ def test_both_servers_get_the_shared_configuration(tmp_path: Path) -> None:
     )  # fmt: skip
     base = server_for("baseline", args, 1).argv
     ours = server_for("ours", args, 1).argv
-    assert base[1:3] == ["-m", "bench.load.baseline"] and ours[1] == "serve"
+    assert base[1:3] == ["-m", "bench.compare.baseline"] and ours[1] == "serve"
     for argv in (base, ours):
         assert "--set=llm.max_num_seqs=16" in argv
         assert argv[argv.index("--config") + 1] == "c.toml"

@@ -12,17 +12,11 @@ import msgspec
 import pytest
 from gateway_harness import running_gateway
 
-from bench.load.soak import (
-    EXPECTED,
-    SCENARIOS,
-    Soak,
-    SoakReport,
-    build_parser,
-    build_report,
-    plot_report,
-    print_report,
-)
-from bench.load.soak import main as soak_main
+from bench.soak.cli import build_parser
+from bench.soak.cli import main as soak_main
+from bench.soak.clients import Soak
+from bench.soak.report import build_report, plot_report, print_report
+from bench.soak.results import EXPECTED, SCENARIOS, SoakReport
 from shm.layout import InstanceLayout
 
 pytestmark = pytest.mark.timeout(120)

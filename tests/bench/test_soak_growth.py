@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.load.growth import check_growth, default_warmup_s, slope_per_hour
-from bench.load.probe_growth import summarize
-from bench.load.soak import ProcSample, Sample, build_parser
-from bench.load.soak import main as soak_main
+from bench.soak.cli import build_parser
+from bench.soak.cli import main as soak_main
+from bench.soak.growth import check_growth, default_warmup_s, slope_per_hour
+from bench.soak.probe_growth import summarize
+from bench.soak.results import ProcSample, Sample
 
 MB = 1_000_000
 

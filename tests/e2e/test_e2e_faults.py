@@ -51,7 +51,7 @@ from e2e_harness import (
     wait_segments_gone,
 )
 
-from bench.load.soak import instance_segments, segment_bytes
+from bench.soak.sampling import instance_segments, segment_bytes
 from orchestrator import proctree
 from testkit.local_server import wait_ready
 

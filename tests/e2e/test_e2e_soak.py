@@ -41,8 +41,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bench.load.soak import SoakReport
-from bench.load.soak import main as soak_main
+from bench.soak.cli import main as soak_main
+from bench.soak.results import SoakReport
 from common.host_heap import KEEP_FREE_BYTES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]

@@ -22,7 +22,8 @@ import aiohttp
 import pytest
 from gateway_harness import running_gateway
 
-from bench.load.soak import Soak, build_parser
+from bench.soak.cli import build_parser
+from bench.soak.clients import Soak
 from shm.layout import InstanceLayout
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]

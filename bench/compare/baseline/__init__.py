@@ -11,5 +11,5 @@ place where this implementation departs from the package, and why.
   made to emit audio tokens in slot order, as a trained one does
 - ``decoder``: the package's streaming decoder; ``server``: the HTTP face
 
-Run: ``python -m bench.load.baseline --model DIR --codec-model DIR/snac --device cpu --port P``.
+Run: ``python -m bench.compare.baseline --model DIR --codec-model DIR/snac --device cpu --port P``.
 """

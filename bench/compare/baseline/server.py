@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import msgspec
 from aiohttp import web
 
-from bench.load.baseline.decoder import ReferenceStreamDecoder
-from bench.load.baseline.engine import max_tokens_for, prompt_ids, sampling_params
+from bench.compare.baseline.decoder import ReferenceStreamDecoder
+from bench.compare.baseline.engine import max_tokens_for, prompt_ids, sampling_params
 from common.config.llm import LLMConfig
 from shm.messages import UNDECODABLE
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
     from vllm.v1.engine.async_llm import AsyncLLM
 
-log = logging.getLogger("bench.load.baseline")
+log = logging.getLogger("bench.compare.baseline")
 
 
 class SpeechBody(msgspec.Struct, kw_only=True):

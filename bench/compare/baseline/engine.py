@@ -27,7 +27,7 @@ def build_engine(config: LLMConfig, device: str) -> AsyncLLM:
     """vLLM's async engine (V1 ``AsyncLLM``; the package's ``AsyncLLMEngine`` is its alias)."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from bench.load.baseline.constraint import AudioSlotConstraint
+    from bench.compare.baseline.constraint import AudioSlotConstraint
     from llm_worker.engine.args import engine_args
     from llm_worker.engine.env import check_device, prepare_engine_environment
 

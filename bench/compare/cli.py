@@ -1,6 +1,6 @@
 """``orpheus-serve bench compare``: the reference approach and orpheus-serve, side by side.
 
-Starts the baseline (``python -m bench.load.baseline``), offers it the load levels, stops
+Starts the baseline (``python -m bench.compare.baseline``), offers it the load levels, stops
 it (with ``--against-set KEY=VALUE``, the baseline side is orpheus-serve itself with those
 overrides: two configurations side by side, e.g. one vLLM engine against two); starts ``orpheus-serve serve`` on the same model, codec, corpus and levels, stops it
 (SIGTERM); and reports the ratios: audio seconds per wall second at equal concurrency,
@@ -23,6 +23,16 @@ from pathlib import Path
 
 from rich.console import Console
 
+from bench.compare.comparison import (
+    NAMES,
+    SHORT_NAMES,
+    CompareReport,
+    Variant,
+    VariantRun,
+    compare_capacity,
+    compare_levels,
+    comparison_table,
+)
 from bench.lib.environment import machine, versions
 from bench.lib.report import now_iso, write_json
 from bench.load.cli import (
@@ -36,16 +46,6 @@ from bench.load.cli import (
     report_console,
     search_spec,
     slo_from_args,
-)
-from bench.load.comparison import (
-    NAMES,
-    SHORT_NAMES,
-    CompareReport,
-    Variant,
-    VariantRun,
-    compare_capacity,
-    compare_levels,
-    comparison_table,
 )
 from bench.load.plot import plot_levels
 from bench.load.report import levels_table

@@ -1,4 +1,4 @@
-"""``python -m bench.load.baseline --model DIR --codec-model DIR/snac --device cpu --port P``.
+"""``python -m bench.compare.baseline --model DIR --codec-model DIR/snac --device cpu --port P``.
 
 The engine settings come from orpheus-serve's own configuration loader (the same
 defaults, CPU profile, ``--config`` file and ``--set`` overrides as ``orpheus-serve
@@ -17,20 +17,20 @@ from typing import Any
 
 from aiohttp import web
 
-from bench.load.baseline.engine import build_engine, load_tokenizer
-from bench.load.baseline.server import BaselineServer
+from bench.compare.baseline.engine import build_engine, load_tokenizer
+from bench.compare.baseline.server import BaselineServer
 from bench.load.servers import add_model_arguments
 from common.config import ServeConfig
 from llm_worker.vllm_ext import tokens as T
 from orchestrator.settings import ConfigError, load_config, set_overrides
 from shm.records import CODEBOOK_SIZE
 
-log = logging.getLogger("bench.load.baseline")
+log = logging.getLogger("bench.compare.baseline")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m bench.load.baseline",
+        prog="python -m bench.compare.baseline",
         description="The reference Orpheus-TTS serving approach (one process, per-request "
         "SNAC windows) on orpheus-serve's HTTP contract, for side-by-side benchmarks.",
     )
@@ -66,7 +66,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
 async def serve(cfg: ServeConfig, args: argparse.Namespace) -> None:
     import torch
 
-    from bench.load.baseline.decoder import ReferenceStreamDecoder
+    from bench.compare.baseline.decoder import ReferenceStreamDecoder
     from codec_worker.snac_model import load_snac
 
     t0 = time.monotonic()
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = serve_config(args)
     except ConfigError as exc:
-        print(f"bench.load.baseline: {exc}", file=sys.stderr)
+        print(f"bench.compare.baseline: {exc}", file=sys.stderr)
         return 2
     log.info("engine settings: %s", cfg.llm)
     try:
