@@ -15,19 +15,19 @@ if TYPE_CHECKING:
     from common.config import ServeConfig
 
 BENCHES = {
-    "codec": "bench.codec",
-    "penalties": "bench.penalties",
-    "codes": "bench.codes",
-    "engine": "bench.engine",
-    "gateway": "bench.gateway",
-    "protocols": "bench.protocols",
+    "codec": "bench.codec.cli",
+    "penalties": "bench.llm.penalties",
+    "codes": "bench.llm.codes",
+    "engine": "bench.engine.cli",
+    "gateway": "bench.gateway.cpu",
+    "protocols": "bench.gateway.protocols",
     "load": "bench.load.cli",
     "compare": "bench.compare.cli",
     "soak": "bench.soak.cli",
     "overload": "bench.overload.cli",
-    "voices": "bench.voices",
-    "jobs": "bench.jobs",
-    "textnorm": "bench.textnorm",
+    "voices": "bench.llm.voices",
+    "jobs": "bench.gateway.jobs",
+    "textnorm": "bench.gateway.textnorm",
     "ring": "bench.ring",
     "cache": "bench.cache.trace",
 }

@@ -43,9 +43,13 @@ if str(REPO) not in sys.path:
 
 PACKAGES = (
     "orpheus_wire", "shm", "store", "common", "orchestrator", "orpheus_client", "llm_worker",
-    "codec_worker", "gateway", "bench", "orpheus_serve",
+    "codec_worker", "gateway", "testkit", "bench", "orpheus_serve",
 )  # fmt: skip
-SKIP_MODULES = ("bench.compare.baseline.__main__", "orpheus_serve.__main__")
+SKIP_MODULES = (
+    "bench.compare.baseline.__main__",
+    "bench.engine.__main__",
+    "orpheus_serve.__main__",
+)
 
 
 @contextlib.contextmanager

@@ -17,20 +17,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.engine import (
-    EngineLevel,
-    Level,
-    combine,
+from bench.engine.levels import combine, first_wave_lengths, intervals_ms, shares, summarize_engine
+from bench.engine.results import EngineLevel, Level
+from bench.engine.variants import (
     engine_config,
     engine_cores,
-    first_wave_lengths,
-    intervals_ms,
     not_applicable,
     parse_engines,
     parse_streams,
     parse_variants,
-    shares,
-    summarize_engine,
     variant_overrides,
 )
 from llm_worker.engine.step_hooks import OutputLoopHook
@@ -250,7 +245,7 @@ def test_bench_engine_runs_one_and_two_engines_on_the_tiny_model(tmp_path: Path)
 
 
 def test_a_variant_refuses_the_wrong_head() -> None:
-    from bench.engine import check_head
+    from bench.engine.variants import check_head
     from llm_worker.engine.output_head import HeadChoice
     from llm_worker.vllm_ext import tokens as T
     from llm_worker.vllm_ext.token_space import TokenSpace
@@ -263,7 +258,7 @@ def test_a_variant_refuses_the_wrong_head() -> None:
 
 
 def test_levers_can_sit_on_the_audio_head() -> None:
-    from bench.engine import check_head
+    from bench.engine.variants import check_head
     from llm_worker.engine.output_head import HeadChoice
     from llm_worker.vllm_ext import tokens as T
     from llm_worker.vllm_ext.token_space import TokenSpace

@@ -11,7 +11,7 @@ import torch
 from snac import SNAC
 from snac.layers import DecoderBlock, NoiseBlock
 
-from bench.quality import error_db
+from bench.codec.quality import error_db
 from codec_worker.decoder import WindowDecoder, WindowKey
 from codec_worker.engine import DecodeEngine
 from codec_worker.levels import frames_to_levels

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.quality import error_db
+from bench.codec.quality import error_db
 from codec_worker.decoder import WindowDecoder
 from codec_worker.engine import DecodeEngine
 from codec_worker.noise import decode_seed

@@ -16,7 +16,7 @@ import torch
 from c2pa_certs import SIGNER_NAME, make_chain
 from perth_oracle import MARKED, UNMARKED, perth_scores, write_wav
 
-from bench.quality import error_db
+from bench.codec.quality import error_db
 from codec_worker.decoder import WindowDecoder
 from codec_worker.engine import DecodeEngine
 from codec_worker.main import build_engine

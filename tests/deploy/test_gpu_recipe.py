@@ -258,7 +258,7 @@ IMPORT_TO_DIST = {
     "opentelemetry": "opentelemetry-api",  # one namespace over several dists, all carried
 }
 RUNTIME_PACKAGES = (
-    "orpheus_serve", "bench", "orchestrator", "orpheus_client", "llm_worker", "codec_worker",
+    "orpheus_serve", "bench", "testkit", "orchestrator", "orpheus_client", "llm_worker", "codec_worker",
     "gateway", "common", "store", "shm", "orpheus_wire",
 )  # fmt: skip
 

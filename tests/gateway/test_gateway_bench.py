@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gateway import main
+from bench.gateway.cpu import main
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,7 +52,7 @@ def test_bench_gateway_runs_tracing_off_and_on_side_by_side(tmp_path: Path) -> N
 
 
 def test_steal_share_is_per_core_set() -> None:
-    from bench.gateway import _steal_pct
+    from bench.gateway.cpu import _steal_pct
 
     before = {0: (1000, 10), 1: (1000, 0)}
     after = {0: (1100, 30), 1: (1100, 0)}  # core 0: 20 of 100 ticks stolen; core 1: none
@@ -64,8 +64,8 @@ def test_steal_share_is_per_core_set() -> None:
 def test_bench_protocols_smoke(tmp_path: Path) -> None:
     """`orpheus-serve bench protocols` at a tiny scale: every protocol gets audio, and no
     first byte comes before the synthetic backend's first chunk."""
-    from bench.protocols import PROTOCOLS
-    from bench.protocols import main as protocols_main
+    from bench.gateway.protocols import PROTOCOLS
+    from bench.gateway.protocols import main as protocols_main
 
     out = tmp_path / "protocols.json"
     argv = ["--levels", "1,2", "--rounds", "1", "--first-chunk-ms", "30", "--json", str(out)]

@@ -377,7 +377,7 @@ CONSTRUCTORS = [
     ("llm_worker/profiling.py", "ProfilerConfig", "vllm.config", "ProfilerConfig"),
     ("llm_worker/requests.py", "SamplingParams", "vllm", "SamplingParams"),
     ("bench/compare/baseline/engine.py", "SamplingParams", "vllm", "SamplingParams"),
-    ("bench/penalties.py", "SamplingParams", "vllm", "SamplingParams"),
+    ("bench/llm/penalties.py", "SamplingParams", "vllm", "SamplingParams"),
 ]
 
 

@@ -34,9 +34,9 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from bench.gateway.synthetic import SyntheticGateway
 from bench.lib.report import environment, show, table, write_json
 from bench.lib.stats import percentile
-from bench.synthetic_gateway import SyntheticGateway
 from common.config import ServeConfig
 from common.config.gateway import GatewayConfig
 from common.config.llm import LLMConfig

@@ -32,10 +32,10 @@ from typing import Any
 
 import aiohttp
 
-from bench.gateway import header
+from bench.gateway.cpu import header
+from bench.gateway.synthetic import SyntheticGateway
 from bench.lib.report import show, table, write_json
 from bench.lib.stats import percentile
-from bench.synthetic_gateway import SyntheticGateway
 from common.config import ServeConfig
 from common.config.gateway import GatewayConfig
 from common.config.text import TextConfig

@@ -35,7 +35,7 @@ from typing import Any
 
 from bench.lib.report import environment, show, table, write_json
 from bench.lib.stats import percentile
-from bench.lockstep import (
+from bench.llm.lockstep import (
     KV_BYTES_PER_TOKEN,
     TEXTS,
     add_lockstep_arguments,

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.codec import WorkerHarness, _audio_seconds, _config_dict, _pcm_by_stream
+from bench.codec.cli import WorkerHarness, audio_seconds, pcm_by_stream, run_config
+from bench.codec.quality import error_db
 from bench.lib.report import show, table, write_json
-from bench.quality import error_db
 from codec_worker.decoder import WindowDecoder, WindowKey
 from codec_worker.engine import PCM_SCALE
 from codec_worker.noise import decode_seed
@@ -110,7 +110,7 @@ def _timed(harness: WorkerHarness, codes: np.ndarray, lockstep: bool) -> dict[st
     wall0, cpu0 = time.perf_counter(), time.process_time()
     sink, batches, windows = harness.run(codes, lockstep)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    audio = _audio_seconds(sink)
+    audio = audio_seconds(sink)
     return {"wall_s": wall, "cpu_s": cpu, "audio_s": audio, "windows_per_batch": windows / batches}
 
 
@@ -118,7 +118,7 @@ def _seam_db(
     harness: WorkerHarness, watermark: StreamWatermark | None, decoder: WindowDecoder,
     codes: np.ndarray, seed: int,
 ) -> float:  # fmt: skip
-    pcm = _pcm_by_stream(harness.run(codes, lockstep=True)[0])
+    pcm = pcm_by_stream(harness.run(codes, lockstep=True)[0])
     frames = torch.from_numpy(codes.astype(np.int64)).to(harness.engine.device)
     seeds = torch.full((codes.shape[0],), decode_seed(seed), dtype=torch.int64)
     with torch.inference_mode():
@@ -191,14 +191,7 @@ def watermark_ab(
         "benchmark": "codec-watermark",
         **header,
         "device": str(device),
-        "config": {
-            "codec": _config_dict(cfg),
-            "frames_per_stream": args.frames,
-            "rounds": args.rounds,
-            "seam_frames": args.seam_frames,
-            "seam_streams": args.seam_streams,
-            "weights": args.model or f"random (seed {args.seed})",
-        },
+        "config": run_config(args, cfg),
         "levels": rows,
         "seam_db": seams,
         "per_window": windows,

@@ -1,4 +1,4 @@
-"""``python -m bench.codes [--json FILE]``: the worker's per-step host cost of
+"""``python -m bench.llm.codes [--json FILE]``: the worker's per-step host cost of
 turning every stream's new audio tokens into SNAC frames, side by side in one run.
 
 Variants, alternated within each round, on identical token streams (one new token per

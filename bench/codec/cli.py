@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from snac import SNAC
 
+from bench.codec.quality import error_db
 from bench.lib.report import environment, show, table, write_json
-from bench.quality import error_db
 from codec_worker.decoder import WindowDecoder, WindowKey
 from codec_worker.engine import PCM_SCALE, DecodeEngine
 from codec_worker.host_memory import retain_freed_memory
@@ -128,7 +128,7 @@ def _replace(cfg: CodecConfig, **changes: Any) -> CodecConfig:
     return msgspec.structs.replace(cfg, **changes)
 
 
-def _pcm_by_stream(sink: CollectingSink) -> dict[int, np.ndarray]:
+def pcm_by_stream(sink: CollectingSink) -> dict[int, np.ndarray]:
     out: dict[int, list[bytes]] = {}
     for _, kind, sid, _, payload in sink.records:
         if kind == RecordKind.PCM:
@@ -136,7 +136,7 @@ def _pcm_by_stream(sink: CollectingSink) -> dict[int, np.ndarray]:
     return {sid: np.frombuffer(b"".join(p), dtype="<i2") for sid, p in out.items()}
 
 
-def _audio_seconds(sink: CollectingSink) -> float:
+def audio_seconds(sink: CollectingSink) -> float:
     samples = sum(len(p) // 2 for _, kind, _, _, p in sink.records if kind == RecordKind.PCM)
     return samples / SAMPLE_RATE
 
@@ -179,7 +179,7 @@ def seam_quality(
         out["reference"].append(error_db(streamed, ref_offline[s, lo:hi]))
         out["reference-fixed-noise"].append(error_db(ref_fixed_pcm[s], offline[s, lo:hi]))
     for variant, lockstep in (("worker", False), ("worker-lockstep", True)):
-        pcm = _pcm_by_stream(harness.run(codes, lockstep)[0])
+        pcm = pcm_by_stream(harness.run(codes, lockstep)[0])
         out[variant] = [error_db(pcm[s + 1], offline[s]) for s in range(n_streams)]
     return {k: float(np.mean(v)) for k, v in out.items()}
 
@@ -223,7 +223,7 @@ def policy_sweep(
         )
         harness = WorkerHarness(decoder, variant, device)
         cpu0 = time.process_time()
-        pcm = _pcm_by_stream(harness.run(codes, lockstep=True)[0])
+        pcm = pcm_by_stream(harness.run(codes, lockstep=True)[0])
         cpu = time.process_time() - cpu0
         db = [error_db(pcm[s + 1], offline[s]) for s in range(n_streams)]
         rows.append(
@@ -314,7 +314,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--watermark-ab",
         action="store_true",
         help="only measure the watermark's cost: the worker with codec.watermark off and perth, "
-        "alternated (bench/codec_watermark.py)",
+        "alternated (bench/codec/watermark.py)",
     )
     p.add_argument(
         "--sweep",
@@ -366,7 +366,7 @@ def main(argv: list[str]) -> int:
             write_json(doc | {"seam_frames": args.seam_frames, "policies": rows}, args.json)
         return 0
     if args.watermark_ab:
-        from bench.codec_watermark import watermark_ab
+        from bench.codec.watermark import watermark_ab
 
         return watermark_ab(args, decoder, cfg, device, levels, rng, header())
     harness = WorkerHarness(decoder, cfg, device)
@@ -392,15 +392,7 @@ def main(argv: list[str]) -> int:
         "benchmark": "codec",
         **header(),
         "device": str(device),
-        "config": {
-            "codec": _config_dict(cfg),
-            "frames_per_stream": args.frames,
-            "rounds": args.rounds,
-            "seam_frames": args.seam_frames,
-            "seam_streams": args.seam_streams,
-            "weights": args.model or f"random (seed {args.seed})",
-            "warmup_s": round(warm_s, 3),
-        },
+        "config": {**run_config(args, cfg), "warmup_s": round(warm_s, 3)},
         "streams": levels,
         "reference_audio_s_per_s": [runs[n]["reference"].audio_s_per_s for n in levels],
         "worker_audio_s_per_s": [runs[n]["worker"].audio_s_per_s for n in levels],
@@ -455,7 +447,7 @@ def _run_variant(
 
         def go() -> tuple[float, int, int]:
             sink, batches, windows = harness.run(codes, lockstep=variant == "worker-lockstep")
-            return _audio_seconds(sink), batches, windows
+            return audio_seconds(sink), batches, windows
 
     wall, cpu, audio, batches, windows = _measure(go)
     return Run(variant, n, wall, cpu, audio, batches, windows)
@@ -483,10 +475,19 @@ def _run_fields(r: Run) -> dict[str, float]:
     return d
 
 
-def _config_dict(cfg: CodecConfig) -> dict[str, Any]:
+def run_config(args: argparse.Namespace, cfg: CodecConfig) -> dict[str, Any]:
+    """The ``config`` of a codec result (this bench's and the watermark A/B's): the codec's
+    configuration and the run's sizes."""
     import msgspec
 
-    return msgspec.to_builtins(cfg)
+    return {
+        "codec": msgspec.to_builtins(cfg),
+        "frames_per_stream": args.frames,
+        "rounds": args.rounds,
+        "seam_frames": args.seam_frames,
+        "seam_streams": args.seam_streams,
+        "weights": args.model or f"random (seed {args.seed})",
+    }
 
 
 def _log_level(n: int, by_variant: dict[str, Run]) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from bench.lib.report import environment, write_json
-from bench.lockstep import (
+from bench.llm.lockstep import (
     KV_BYTES_PER_TOKEN,
     TEXTS,
     add_lockstep_arguments,
