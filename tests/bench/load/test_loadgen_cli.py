@@ -160,7 +160,7 @@ def test_search_finds_the_admission_limit(tmp_path: Path) -> None:
 def test_recompute_reads_a_stored_result(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    src = Path(__file__).resolve().parents[2] / "docs/results/h100_capacity_v1.json"
+    src = Path(__file__).resolve().parents[3] / "docs/results/h100_capacity_v1.json"
     out_json, out_png = tmp_path / "v1.json", tmp_path / "v1.png"
     assert main(["--recompute", str(src), "--json", str(out_json), "--plot", str(out_png)]) == 0
     data = json.loads(out_json.read_text())

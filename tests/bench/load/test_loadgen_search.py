@@ -30,7 +30,7 @@ from bench.load.search import CapacitySearch
 from bench.load.summary import LevelResult, Slo
 
 SLO = Slo(ttfb_s=1.0, ttfb_report_s=(0.5, 1.0), jitter_buffer_s=0.1, interactive_ttfb_s=0.5)
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
 
 
 def level(

@@ -3,7 +3,7 @@
 The gateway is orpheus-serve's own (``gateway_harness``); a synthetic backend stands in
 for the llm and codec workers and writes the real PCM ring at real-time pace. This checks
 the two client transports end to end; the e2e run against vLLM is in
-test_loadgen_baseline.py."""
+compare/test_compare_baseline.py."""
 
 from __future__ import annotations
 
