@@ -94,21 +94,22 @@ def parse_variants(text: str) -> list[str]:
     return names
 
 
-def parse_streams(text: str) -> list[int]:
+def _integers(text: str, flag: str) -> list[int]:
     try:
-        levels = [int(x) for x in text.split(",") if x.strip()]
+        return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"--streams takes comma-separated integers, not {text!r}") from None
+        raise ValueError(f"{flag} takes comma-separated integers, not {text!r}") from None
+
+
+def parse_streams(text: str) -> list[int]:
+    levels = _integers(text, "--streams")
     if not levels or min(levels) < 1:
         raise ValueError("--streams needs at least one level, each >= 1")
     return levels
 
 
 def parse_engines(text: str) -> list[int]:
-    try:
-        counts = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--engines takes comma-separated integers, not {text!r}") from None
+    counts = _integers(text, "--engines")
     if not counts or min(counts) < 1 or max(counts) > MAX_ENGINES:
         raise ValueError(f"--engines needs at least one count, each in 1..{MAX_ENGINES}")
     if len(set(counts)) != len(counts):

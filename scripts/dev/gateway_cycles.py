@@ -1,6 +1,6 @@
 """Which reference cycles does the gateway leave behind its requests, and through what?
 
-The soak's own clients (``bench.load.soak.Soak``: complete, disconnecting, WebSocket barge-in,
+The soak's own clients (``bench.soak.clients.Soak``: complete, disconnecting, WebSocket barge-in,
 slow reader, bad requests, floods past admission) run for ``--duration`` seconds against the
 gateway of ``tests/harness/gateway_harness.py`` (the real gateway and the synthetic backend in this
 process, on uvloop as served) while the collector keeps everything it finds unreachable
