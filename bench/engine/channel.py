@@ -1,5 +1,6 @@
 """The control channel between the parent and each engine process (a socket pair, one JSON
-line a message), and an engine's side of it."""
+line a message), an engine's side of it, and the name of the shared-memory board both
+sides know an engine process by."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ import msgspec
 # One JSON object a line over a socketpair. The parent: {"level": n}, {"go": true},
 # {"stop": true}, {"quit": true}. An engine: {"ready": {...}}, {"warm": true},
 # {"reached": true}, {"result": EngineLevel}, {"error": "one line"}.
+
+
+def board_name(pid: int) -> str:
+    """The prevented-token board (shared memory) of the engine in process ``pid``: the
+    child creates it, the parent removes it when the child was killed."""
+    return f"orpheus-bench-{pid}-prevented"
 
 
 class Channel:

@@ -13,10 +13,9 @@ from typing import Any
 
 import msgspec
 
-from bench.engine.channel import EngineSide
+from bench.engine.channel import EngineSide, board_name
 from bench.engine.levels import shares, summarize_engine
 from bench.engine.loop import Loop
-from bench.engine.parent import board_name
 from bench.engine.probes import PhaseReader, cpu_seconds, engine_core_process
 from bench.engine.results import PHASES_ENV, EngineLevel
 from bench.engine.variants import check_head, engine_config

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from bench.engine.channel import Channel
+from bench.engine.channel import Channel, board_name
 from bench.engine.levels import combine, mean, shares
 from bench.engine.probes import GpuBusy
 from bench.engine.results import PHASES_ENV, EngineLevel, Level, VariantResult
@@ -73,10 +73,6 @@ def _end_session(proc: subprocess.Popen[bytes]) -> None:
     # The prevented-token board of an engine that was killed (it closes it otherwise).
     with contextlib.suppress(FileNotFoundError):
         os.unlink(segment_path(board_name(proc.pid)))
-
-
-def board_name(pid: int) -> str:
-    return f"orpheus-bench-{pid}-prevented"
 
 
 @dataclass
