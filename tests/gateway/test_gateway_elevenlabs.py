@@ -15,9 +15,9 @@ import av
 import pytest
 from gateway_harness import running_gateway, wait_until
 
-from bench.doubles.synthetic_backend import synthetic_pcm
 from gateway.voices import ENGLISH_VOICES
 from shm.layout import InstanceLayout
+from testkit.synthetic_backend import synthetic_pcm
 
 pytestmark = pytest.mark.timeout(60)
 
