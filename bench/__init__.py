@@ -1,31 +1,26 @@
-"""Every benchmark of orpheus-serve, and the doubles they and the tests run against.
+"""Every benchmark of orpheus-serve, sorted by what it measures.
 
 ``orpheus-serve bench WHICH`` (orpheus_serve/cli.py) runs one; each prints a table and
-writes JSON (docs/benchmarks.md) through ``report.py``: one writer, one header (the machine
-and versions of ``environment.py``), one way to draw a table. Needs the ``bench`` extra
-(rich, matplotlib). No serving package imports this one (.importlinter).
+writes JSON (docs/benchmarks.md) through ``lib/``: one writer, one header (the machine and
+versions it ran on), one way to draw a table, one percentile, one plot set-up. Needs the
+``bench`` extra (rich, matplotlib). No serving package imports this one (.importlinter); the
+stand-ins the benchmarks run against (the tiny model, the synthetic backend, the reference
+decoder) are the test kit's, ``testkit``.
 
-- components: ``codec`` (batched SNAC decode vs the reference decoder; ``codec_watermark``:
-  its --watermark-ab, the watermark off and on), ``penalties`` (the
-  repetition penalty and constraint in vLLM's sampler), ``codes`` (token-to-frame mapping
-  per engine step), ``gateway`` (the gateway's CPU per stream against a synthetic backend),
-  ``protocols`` (flush to first byte per streaming protocol), ``voices`` (custom voices),
-  ``engine`` (the vLLM engine alone: step time against streams, per variant), ``jobs``
-  (interactive TTFB with long-form jobs running and without), ``textnorm`` (the cost of
-  text normalisation and pronunciation dictionaries per sentence), ``ring`` (the shared-memory
-  ring's wait: publish to wake, and the check when data is there); ``quality.py``: the
-  decoded audio's error against a reference, in dB (the codec bench and tests);
-  ``lockstep.py``: the in-process engines stepped in lockstep that ``penalties`` and
-  ``voices`` time; ``synthetic_gateway.py``: a gateway process as served in front of the
-  synthetic backend, what ``gateway``, ``jobs`` and ``protocols`` measure;
-- ``load/``: the end-to-end load generator, capacity search, soak and the side-by-side
-  comparison with the reference approach (``load/baseline/``);
-- ``overload/``: closed-loop levels past capacity against two admission modes, and the
-  fairness between two API keys (issue 43), on ``load/``'s clients and statistics;
-- ``cache/``: the sentence audio cache: its admission and eviction policy on a voice-agent
-  trace (``cache/policy.py``: LRU, second sight, TinyLFU), and the real server on such a
-  trace with the cache used and bypassed (``cache/trace.py``);
-- ``doubles/``: the tiny random-weight Orpheus model and SNAC writer, a synthetic llm+codec
-  backend for the gateway, the reference streaming decoder, a local server starter, an
-  HTTP streaming client, reference clips (WAV) for custom voices.
+- ``lib/``: what every benchmark shares (``lib.report``, ``lib.environment``, ``lib.stats``,
+  ``lib.plot``);
+- components, each alone: ``codec/`` (batched SNAC decode against the reference decoder,
+  the watermark off and on, the decoded audio's error in dB), ``llm/`` (the repetition
+  penalty and constraint in vLLM's sampler, token-to-frame mapping per step, custom voices;
+  the engines stepped in lockstep they time), ``engine/`` (the vLLM engine alone: step time
+  against streams, per variant and engine count), ``gateway/`` (the gateway's CPU per
+  stream, flush to first byte per protocol, interactive TTFB beside long-form jobs, the cost
+  of text normalisation; all but the last against the synthetic backend), ``ring`` (the
+  shared-memory ring's wait: publish to wake, and the check when data is there);
+- the whole server under load: ``load/`` (the load generator and capacity search),
+  ``compare/`` (side by side with the reference approach, ``compare.baseline``),
+  ``soak/`` (a bounded soak: hung streams and growth), ``overload/`` (closed-loop levels past
+  capacity against two admission modes, and the fairness between API keys), ``cache/`` (the
+  sentence audio cache: its policy on a voice-agent trace, and the real server with the cache
+  used and bypassed).
 """

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from bench.report import environment, now_iso, show, table, write_json
+from bench.lib.report import environment, now_iso, show, table, write_json
 from shm.config import ShmConfig
 from shm.layout import InstanceLayout, RingEndpoints
 from shm.ring import ReaderGroup, RingReader, RingWriter, create_ring, unlink_ring

@@ -4,7 +4,7 @@ Started only when ``ORPHEUS_PROFILE_MEMORY`` names a directory (unset, nothing o
 imported): by :mod:`orchestrator.child` in every worker the server starts (gateways, llm
 workers, the codec worker), by the project's vLLM plugin (:mod:`llm_worker.vllm_ext.plugin`)
 in every process vLLM starts (its engine core and workers), and in the gateway process of
-``bench gateway`` (:mod:`bench.synthetic_gateway`). A daemon thread appends one
+``bench gateway`` (:mod:`bench.gateway.synthetic`). A daemon thread appends one
 JSON line every ``ORPHEUS_PROFILE_MEMORY_EVERY_S`` seconds (default 10) to
 ``DIR/<pid>.jsonl``:
 

@@ -15,19 +15,19 @@ if TYPE_CHECKING:
     from common.config import ServeConfig
 
 BENCHES = {
-    "codec": "bench.codec",
-    "penalties": "bench.penalties",
-    "codes": "bench.codes",
-    "engine": "bench.engine",
-    "gateway": "bench.gateway",
-    "protocols": "bench.protocols",
+    "codec": "bench.codec.cli",
+    "penalties": "bench.llm.penalties",
+    "codes": "bench.llm.codes",
+    "engine": "bench.engine.cli",
+    "gateway": "bench.gateway.cpu",
+    "protocols": "bench.gateway.protocols",
     "load": "bench.load.cli",
-    "compare": "bench.load.compare",
-    "soak": "bench.load.soak",
+    "compare": "bench.compare.cli",
+    "soak": "bench.soak.cli",
     "overload": "bench.overload.cli",
-    "voices": "bench.voices",
-    "jobs": "bench.jobs",
-    "textnorm": "bench.textnorm",
+    "voices": "bench.llm.voices",
+    "jobs": "bench.gateway.jobs",
+    "textnorm": "bench.gateway.textnorm",
     "ring": "bench.ring",
     "cache": "bench.cache.trace",
 }
@@ -163,7 +163,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
-    from bench.doubles.tiny_model import write_random_lora, write_random_snac, write_tiny_model
+    from testkit.tiny_model import write_random_lora, write_random_snac, write_tiny_model
 
     out = Path(args.dir)
     write_tiny_model(out, seed=args.seed)

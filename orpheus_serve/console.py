@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TextIO
 
-from bench.doubles.local_server import is_ready
+from testkit.local_server import is_ready
 
 TAIL_LINES = 15
 """Lines of the log shown on failure."""

@@ -14,10 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from bench.doubles.local_server import free_port
 from orpheus_serve.console import Console, NotReady, stop
 from orpheus_serve.say import synthesize, write_wav
 from shm.ring import SHM_DIR
+from testkit.local_server import free_port
 
 TEXT = "Hello from orpheus-serve! This sentence travelled through vLLM, SNAC and shared memory."
 MODEL_DIR = Path("tiny-model")

@@ -1,8 +1,8 @@
 """What every test area shares (tests/<area>/ mirrors the code: gateway, llm, codec, shm,
-common, orchestrator, e2e, deploy, bench, docs; the harnesses are in tests/harness/): the
-engine mark, the tiny model written once per run, a private shared-memory layout, the lock
-of the tests that take back other processes' shared memory, and the run's own temporary
-directory with its end-of-run check (tests/test_run_tmpdir.py)."""
+common, orchestrator, e2e, deploy, bench (its folders bench/'s), testkit, docs; the harnesses
+are in tests/harness/): the engine mark, the tiny model written once per run, a private
+shared-memory layout, the lock of the tests that take back other processes' shared memory,
+and the run's own temporary directory with its end-of-run check (tests/test_run_tmpdir.py)."""
 
 from __future__ import annotations
 

@@ -44,9 +44,11 @@ from typing import Any
 import aiohttp
 
 from bench.cache.policy import STOCK
-from bench.doubles.local_server import free_port
+from bench.lib.plot import pyplot, save
+from bench.lib.report import environment, now_iso, write_json
+from bench.lib.stats import percentile
 from bench.load.servers import ORPHEUS_SERVE, ServerProcess, recorded_argv
-from bench.report import environment, now_iso, write_json
+from testkit.local_server import free_port
 
 BYTES_PER_S = 48_000
 KEY = "bench-cache"
@@ -142,10 +144,8 @@ async def run_phase(
 
 
 def pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1000, 1)
+    """The ``q``-th percentile (0..100) of seconds, in ms; None of nothing."""
+    return round(percentile(xs, q) * 1000, 1) if xs else None
 
 
 def summarise(results: list[Result], seconds: float) -> dict[str, Any]:
@@ -166,8 +166,8 @@ def summarise(results: list[Result], seconds: float) -> dict[str, Any]:
         "ttfb_ms": {
             k: {
                 "n": len(v),
-                "p50": pct(v, 0.5),
-                "p99": pct(v, 0.99),
+                "p50": pct(v, 50),
+                "p99": pct(v, 99),
                 "mean": round(statistics.fmean(v) * 1000, 1),
             }
             for k, v in sorted(by.items())
@@ -266,10 +266,7 @@ class aiohttp_get:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     labels, p50, p99 = [], [], []
@@ -290,7 +287,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax2.set_ylabel("audio seconds delivered per second")
     fig.suptitle(f"sentence audio cache, {report['clients']} closed-loop clients (CPU, tiny model)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save(fig, path, dpi=100)
 
 
 if __name__ == "__main__":

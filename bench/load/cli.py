@@ -21,7 +21,8 @@ from typing import Any
 import msgspec
 from rich.console import Console
 
-from bench.environment import machine, versions
+from bench.lib.environment import machine, versions
+from bench.lib.report import now_iso, write_json
 from bench.load.criteria import capacities_of, closed_levels
 from bench.load.plot import plot_levels
 from bench.load.recompute import RecomputeError, recompute
@@ -39,7 +40,6 @@ from bench.load.session import (
 )
 from bench.load.summary import LevelResult, Slo
 from bench.load.texts import Corpus, load_corpus
-from bench.report import now_iso, write_json
 
 
 def parse_ints(text: str) -> list[int]:

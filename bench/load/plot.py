@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.lib.plot import pyplot, save
 from bench.load.criteria import Capacity
 from bench.load.summary import LevelResult, Slo
 
@@ -30,10 +31,7 @@ def plot_levels(
     Closed-loop levels are plotted against concurrency and open-loop levels against
     arrival rate, each in its own pair of panels.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     modes = [
         m for m in ("closed", "open") if any(lv.mode == m for s in series.values() for lv in s)
@@ -138,6 +136,4 @@ def plot_levels(
         else:
             ax_rtf.set_ylim(bottom=0)
     fig.suptitle(title)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)

@@ -15,12 +15,12 @@ from typing import Any
 
 import msgspec
 
-from bench.environment import versions
+from bench.lib.environment import versions
+from bench.lib.report import now_iso
 from bench.load.criteria import capacities_of
 from bench.load.report import SCHEMA, LoadReport
 from bench.load.search import SearchResult
 from bench.load.summary import LevelResult, Slo
-from bench.report import now_iso
 
 
 class RecomputeError(ValueError):

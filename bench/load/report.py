@@ -9,11 +9,11 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from bench.environment import Machine, Versions
+from bench.lib.environment import Machine, Versions
+from bench.lib.report import table
 from bench.load.criteria import Capacity, all_criteria, passes
 from bench.load.search import SearchResult
 from bench.load.summary import LevelResult, Slo, budget_key
-from bench.report import table
 
 SCHEMA = "orpheus-serve/bench-load/1"
 

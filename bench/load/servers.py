@@ -11,7 +11,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-from bench.doubles.local_server import NotReady, wait_ready
+from testkit.local_server import NotReady, wait_ready
 
 
 def add_model_arguments(p: argparse.ArgumentParser, *, device: str | None) -> None:
@@ -109,7 +109,7 @@ def baseline_argv(
     model: str, codec_model: str, device: str, port: int, extra: list[str] | None = None
 ) -> list[str]:
     return [
-        sys.executable, "-m", "bench.load.baseline", "--model", model, "--codec-model", codec_model,
+        sys.executable, "-m", "bench.compare.baseline", "--model", model, "--codec-model", codec_model,
         "--device", device, "--host", "127.0.0.1", "--port", str(port), *(extra or []),
     ]  # fmt: skip
 

@@ -9,7 +9,7 @@ from typing import Literal
 
 import msgspec
 
-from bench.load.stats import Summary
+from bench.lib.stats import Summary
 from bench.load.trace import (
     StreamMetrics,
     StreamTrace,

@@ -15,7 +15,7 @@ from collections import Counter
 
 import msgspec
 
-from bench.load.stats import Summary
+from bench.lib.stats import Summary
 from bench.load.summary import LevelRun, Slo
 from bench.load.trace import Outcome, StreamMetrics, StreamTrace, audio_seconds, stream_metrics
 from bench.load.window import bytes_in_window, stable_window

@@ -29,8 +29,8 @@ from pathlib import Path
 import msgspec
 from rich.console import Console
 
-from bench.doubles.local_server import free_port
-from bench.environment import machine, versions
+from bench.lib.environment import machine, versions
+from bench.lib.report import now_iso, write_json
 from bench.load.cli import (
     add_output_arguments,
     add_workload_arguments,
@@ -62,7 +62,7 @@ from bench.overload.report import (
 )
 from bench.overload.shares import KeyShare, key_shares, weights_of
 from bench.overload.timeline import MetricsScraper, lead_series, ticks
-from bench.report import now_iso, write_json
+from testkit.local_server import free_port
 
 DEFAULT_KEYS = ("bench-key-flood", "bench-key-single", "bench-key-single-2", "bench-key-single-3")
 

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bench.lib.plot import pyplot, save
 from bench.overload.report import ArmResult, OverloadReport
 
 LIMIT = "orpheus_gateway_capacity"
@@ -108,10 +109,7 @@ def _levels_panels(ax_rate: Any, ax_share: Any, report: OverloadReport) -> None:
 
 
 def plot_report(report: OverloadReport, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     with_levels = any(arm.levels for arm in report.arms)
     rows = len(report.arms) + (1 if with_levels else 0)
@@ -128,6 +126,4 @@ def plot_report(report: OverloadReport, path: Path) -> None:
     fig.suptitle(
         f"overload: {report.model} on {report.device}, arms {', '.join(a.name for a in report.arms)}"
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path, dpi=100)

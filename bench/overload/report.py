@@ -8,12 +8,12 @@ from typing import Literal
 import msgspec
 from rich.console import Console
 
+from bench.lib.report import table
+from bench.lib.stats import Summary
 from bench.load.report import LoadHeader, fmt
-from bench.load.stats import Summary
 from bench.overload.classify import OverloadLevel, OverloadVerdict
 from bench.overload.shares import MIN_OF_FAIR, MIN_SHARE_REALTIME, KeyShare
 from bench.overload.timeline import LeadSample
-from bench.report import table
 
 SCHEMA = "orpheus-serve/bench-overload/1"
 

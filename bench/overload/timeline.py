@@ -20,7 +20,7 @@ from typing import Self
 import aiohttp
 import msgspec
 
-from bench.load.stats import percentile
+from bench.lib.stats import percentile
 from bench.load.trace import StreamTrace, audio_seconds
 
 GAUGES = (

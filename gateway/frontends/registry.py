@@ -21,7 +21,7 @@ where the code can tell):
 5. Tests: a file of its own against the synthetic backend (``tests/harness/gateway_harness.py``,
    as ``tests/gateway/frontends/baseten/test_baseten.py``), with the protocol's real client package where one
    exists; its routes in ``ROUTES`` of ``tests/docs/test_architecture.py``; a streaming protocol
-   in ``bench protocols`` (``bench/protocols.py``).
+   in ``bench protocols`` (``bench/gateway/protocols.py``).
 6. Docs: its section in docs/api.md, its row in README's API table and in the front ends'
    table of docs/architecture.md.
 """

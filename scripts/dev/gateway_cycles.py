@@ -1,6 +1,6 @@
 """Which reference cycles does the gateway leave behind its requests, and through what?
 
-The soak's own clients (``bench.load.soak.Soak``: complete, disconnecting, WebSocket barge-in,
+The soak's own clients (``bench.soak.clients.Soak``: complete, disconnecting, WebSocket barge-in,
 slow reader, bad requests, floods past admission) run for ``--duration`` seconds against the
 gateway of ``tests/harness/gateway_harness.py`` (the real gateway and the synthetic backend in this
 process, on uvloop as served) while the collector keeps everything it finds unreachable
@@ -33,7 +33,8 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "harness"))
 from gateway_harness import running_gateway
 
-from bench.load.soak import Soak, build_parser
+from bench.soak.cli import build_parser
+from bench.soak.clients import Soak
 from shm.layout import InstanceLayout
 from shm.segments import destroy_instance
 

@@ -18,6 +18,7 @@ import grimp
 PACKAGES = (
     "orpheus_serve",
     "bench",
+    "testkit",
     "loadgen",
     "orchestrator",
     "orpheus_client",

@@ -143,9 +143,9 @@ mods = ["vllm", "vllm.engine.arg_utils", "vllm.v1.engine.async_llm", "vllm.v1.en
         "vllm.model_executor.models.llama", "vllm.v1.attention.backends.flash_attn",
         "vllm.platforms.cuda", "vllm.model_executor.layers.quantization.fp8",
         "orpheus_serve.cli", "llm_worker.engine.engine", "codec_worker.engine", "gateway.app",
-        "bench.load.cli", "bench.load.baseline.engine"]
+        "bench.load.cli", "bench.compare.baseline.engine"]
 if os.environ.get("VERIFY_NO_VLLM"):
-    mods = [m for m in mods if not m.startswith(("vllm", "llm_worker", "bench.load.baseline"))]
+    mods = [m for m in mods if not m.startswith(("vllm", "llm_worker", "bench.compare.baseline"))]
 no_cuda = bool(os.environ.get("VERIFY_NO_CUDA"))  # the CPU rehearsal: no libcuda, no FA3
 if no_cuda:
     mods = [m for m in mods if m not in ("vllm.platforms.cuda", "vllm.v1.attention.backends.flash_attn")]

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Small tools for the GPU recipe (scripts/gpu/run_capacity.sh). Standard library only,
-except where a subcommand says (torch for ``facts --ceilings``, psutil for ``procs``).
+except where a subcommand says (torch for ``facts --ceilings``, psutil for ``procs``; the
+project's ``bench`` package, whose result classes read its results, for ``capacity``,
+``predict`` and ``best-engines``).
 
     gpu_tools.py facts [--ceilings] [--json F]   machine, versions, GPU; matmul/copy ceilings
     gpu_tools.py procs --out F [--interval S]    sample per-process CPU (until killed)
@@ -9,6 +11,7 @@ except where a subcommand says (torch for ``facts --ceilings``, psutil for ``pro
         GPU busy time and the idle gaps between kernels, top kernels, top CPU ranges, from
         torch profiler traces (Chrome JSON, .gz or not): what bounds an engine step
     gpu_tools.py capacity REPORT [--criterion real-time]  a bench load report's capacity
+        (its ``capacities``; a report from before the criteria: bench load --recompute first)
     gpu_tools.py predict ENGINE.json... [--variant V] [--engines K] [--mps on|off]
         "PUBLISHED REAL_TIME": the capacities a bench engine sweep predicts (where t(N)'s p50
         and p99 reach the 11.5 ms line), for K engines (default 1)
@@ -40,6 +43,14 @@ from collections import defaultdict
 from pathlib import Path
 
 MIB = 1 << 20
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _bench() -> None:
+    """The checkout's ``bench`` importable (the recipe runs this script from the checkout):
+    its result classes are the one owner of the results' format."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
 
 
 # ----------------------------------------------------------------------------- facts
@@ -352,27 +363,20 @@ def cmd_trace_summary(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- results
 
 
-CRITERIA = ("published", "real-time", "interactive")
+def capacity_of(report: dict, criterion: str = "real-time") -> int | None:
+    """The capacity a bench load report states under ``criterion`` (published, real-time,
+    interactive): its ``capacities``, read as bench.load.criteria.Capacity. None where it
+    states none (a report from before the criteria: ``bench load --recompute`` gives them)."""
+    _bench()
+    import msgspec
 
+    from bench.load.criteria import Capacity
 
-def capacity_of(report: dict, budget: float = 1.0, criterion: str | None = None) -> int | None:
-    """The capacity a bench load report states: under ``criterion`` (published, real-time,
-    interactive; reports since issue 22), else the old per-TTFB-budget form."""
-    search = report.get("search") or {}
-    caps = report.get("capacities") or search.get("capacities") or report.get("capacity") or []
-    if isinstance(caps, dict):
-        caps = [caps]
-    want = criterion or "real-time"
-    for c in caps:
-        if isinstance(c, dict) and c.get("criterion") == want:
-            return int(c["concurrency"])
-    if criterion is None:
-        for c in caps:
-            if isinstance(c, dict) and abs(float(c.get("ttfb_budget_s", -1)) - budget) < 1e-9:
-                return int(c["concurrency"])
-    if isinstance(report.get("capacity"), int):
-        return report["capacity"]
-    return None
+    try:
+        capacities = msgspec.convert(report.get("capacities") or [], list[Capacity])
+    except msgspec.ValidationError:
+        return None
+    return next((c.concurrency for c in capacities if c.criterion == criterion), None)
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
@@ -380,7 +384,13 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         report = json.loads(Path(args.report).read_text())
     except (OSError, json.JSONDecodeError):
         return 1
-    c = capacity_of(report, args.budget, args.criterion)
+    _bench()
+    from bench.load.criteria import CRITERIA
+
+    if args.criterion not in CRITERIA:
+        print(f"capacity: --criterion is one of {', '.join(CRITERIA)}", file=sys.stderr)
+        return 2
+    c = capacity_of(report, args.criterion)
     if c is None:
         return 1
     print(c)
@@ -389,7 +399,6 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 # One token per stream per engine step; 7 tokens make one 2048-sample frame at 24 kHz.
 TOKENS_PER_AUDIO_S = 7 * 24000 / 2048  # 82.03: a step must take under 12.19 ms
-STEP_LINE_MS = 11.5  # the real-time line of bench engine's plot: 6 % for the codec and HTTP
 
 
 def _cross(points: list[tuple[int, float]], line: float) -> float:
@@ -414,50 +423,58 @@ def _cross(points: list[tuple[int, float]], line: float) -> float:
     return 2 * nl
 
 
-def _engines_of(level: dict) -> int:
-    """A level's engine count (files from before the engines dimension: 1)."""
-    return int(level.get("engines") or 1)
+def engine_levels(engine: dict) -> list:
+    """A bench engine result's ``levels``, read as bench.engine.results.Level (a level from
+    before the engines dimension is one engine's)."""
+    _bench()
+    import msgspec
+
+    from bench.engine.results import Level
+
+    return msgspec.convert(engine.get("levels") or [], list[Level])
 
 
-def predict(engine: dict, variant: str | None = None, line_ms: float = STEP_LINE_MS,
+def predict(engine: dict, variant: str | None = None, line_ms: float | None = None,
             step: int = 8, engines: int = 1, mps: bool | None = None) -> dict:  # fmt: skip
     """Capacities the engine sweep predicts for the full server: published where the step's
     p50 reaches the real-time line (the mean RTF stays under 1), real-time where its p99
     does (bursts are what underrun). Predictions, to choose the confirmation's levels; a
     capacity is only ever a measured level. ``engines``: the levels of that engine count
     (their step times are the slowest engine's, at the total N); ``mps``: only the levels
-    measured with (True) or without (False) CUDA MPS, for K > 1 (None: any)."""
-    levels = [lv for lv in engine.get("levels", []) if isinstance(lv, dict)]
-    levels = [lv for lv in levels if _engines_of(lv) == engines]
+    measured with (True) or without (False) CUDA MPS, for K > 1 (None: any). ``line_ms``:
+    default bench engine's real-time line (11.5 ms: 6 % left for the codec and HTTP)."""
+    _bench()
+    from bench.engine.results import REAL_TIME_STEP_MS
+
+    line_ms = REAL_TIME_STEP_MS if line_ms is None else line_ms
+    levels = [lv for lv in engine_levels(engine) if lv.engines == engines]
     if mps is not None and engines > 1:
-        levels = [lv for lv in levels if bool(lv.get("mps")) == mps]
-    names = list(dict.fromkeys(str(lv.get("variant")) for lv in levels))
+        levels = [lv for lv in levels if bool(lv.mps) == mps]
+    names = list(dict.fromkeys(lv.variant for lv in levels))
     if variant is None:
         # llm.output_head auto serves the audio head wherever it is supported (the GPU)
         variant = next((v for v in ("audio-head", "full-head") if v in names), None)
         variant = variant or (names[0] if names else None)
-    mine = [lv for lv in levels if str(lv.get("variant")) == variant]
+    mine = [lv for lv in levels if lv.variant == variant]
     if not mine:
         raise ValueError(
             f"no levels of variant {variant!r} with {engines} engine(s) (have {names})"
         )
     out: dict = {"variant": variant, "line_ms": line_ms, "engines": engines, "mps": mps}
     for name, key in (("published", "step_ms_p50"), ("real-time", "step_ms_p99")):
-        pts = [(int(lv["streams"]), float(lv[key])) for lv in mine if lv.get(key) is not None]
-        n = _cross(pts, line_ms)
+        n = _cross([(lv.streams, getattr(lv, key)) for lv in mine], line_ms)
         out[name] = max(step, int(n // step * step))
     out["real-time"] = min(out["real-time"], out["published"])
     return out
 
 
 def best_engines(engine: dict, variant: str | None = None,
-                 line_ms: float = STEP_LINE_MS) -> dict:  # fmt: skip
+                 line_ms: float | None = None) -> dict:  # fmt: skip
     """The engine count (and MPS or not) whose levels predict the most published-criterion
     streams, real-time capacity breaking ties, then fewer engines; with every candidate's
     prediction under ``candidates``."""
-    levels = [lv for lv in engine.get("levels", []) if isinstance(lv, dict)]
-    setups = sorted({(_engines_of(lv), bool(lv.get("mps")) and _engines_of(lv) > 1)
-                     for lv in levels})  # fmt: skip
+    setups = sorted({(lv.engines, bool(lv.mps) and lv.engines > 1)
+                     for lv in engine_levels(engine)})  # fmt: skip
     candidates = []
     for k, mps in setups:
         try:
@@ -669,12 +686,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--steps", default=None, help="regex of the range that marks one step")
     s = sub.add_parser("capacity")
     s.add_argument("report")
-    s.add_argument("--budget", type=float, default=1.0, help="old reports: the TTFB budget")
-    s.add_argument("--criterion", choices=CRITERIA, default=None, help="default real-time")
+    s.add_argument("--criterion", default="real-time",
+                   help="published, real-time (default) or interactive")  # fmt: skip
     s = sub.add_parser("predict")
     s.add_argument("engine", nargs="+", help="bench engine JSON file(s)")
     s.add_argument("--variant", default=None, help="default: audio-head, else full-head")
-    s.add_argument("--line-ms", type=float, default=STEP_LINE_MS)
+    s.add_argument("--line-ms", type=float, default=None)
     s.add_argument("--engines", type=int, default=1, help="the levels of K engines")
     s.add_argument("--mps", choices=["on", "off"], default=None,
                    help="K > 1: only the levels measured with / without CUDA MPS")  # fmt: skip
@@ -683,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
                        "streams: prints K, on|off, published, real-time")  # fmt: skip
     s.add_argument("engine", nargs="+", help="bench engine JSON file(s)")
     s.add_argument("--variant", default=None, help="default: audio-head, else full-head")
-    s.add_argument("--line-ms", type=float, default=STEP_LINE_MS)
+    s.add_argument("--line-ms", type=float, default=None)
     s.add_argument("--json", action="store_true", help="the whole choice as JSON")
     s = sub.add_parser("stamp")
     s.add_argument("files", nargs="+")

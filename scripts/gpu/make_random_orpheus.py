@@ -11,7 +11,7 @@ transformers read:
 - ``config.json``: ``LlamaForCausalLM`` with canopylabs/orpheus-3b-0.1-ft's shape (hidden
   3072, 28 layers, 24 query heads, 8 KV heads, head dim 128, MLP 8192, vocabulary 156,940,
   tied embeddings, rope theta 500000 with llama3 rope scaling, bf16). Everything except the
-  shape is taken from the tiny test model's config (``bench.doubles.tiny_model``): token ids,
+  shape is taken from the tiny test model's config (``testkit.tiny_model``): token ids,
   rope scaling, and the voices and emotion tags under its ``"orpheus"`` key, stored the same
   way, so that the server treats both models alike.
 - ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``: bf16 weights drawn
@@ -151,13 +151,13 @@ def kv_bytes_per_token(cfg: dict[str, Any], dtype_bytes: int = 2) -> int:
 def base_files(workdir: Path) -> dict[str, Any]:
     """Write the tiny test model's tokenizer files into ``workdir`` and return its config.
 
-    ``bench.doubles.tiny_model`` writes the tokenizer only as part of ``write_tiny_model``, so
+    ``testkit.tiny_model`` writes the tokenizer only as part of ``write_tiny_model``, so
     this calls that (the tiny weights are a few tens of MB and take a second) and keeps the
     tokenizer and generation files and the config, whose token ids, rope settings and
     ``"orpheus"`` voices table the 3B config inherits. A ``write_tokenizer(dir)`` function,
     if tiny_model grows one, is used instead of writing the tiny weights.
     """
-    from bench.doubles import tiny_model
+    from testkit import tiny_model
 
     writer = getattr(tiny_model, "write_tokenizer", None)
     if writer is not None and hasattr(tiny_model, "_model_config"):
@@ -336,7 +336,7 @@ def write_random_orpheus(
     timings = write_weights(out, cfg, device, seed, int(shard_gib * (1 << 30)))
     t_snac = 0.0
     if snac:
-        from bench.doubles.tiny_model import write_random_snac
+        from testkit.tiny_model import write_random_snac
 
         t1 = time.perf_counter()
         write_random_snac(out / "snac", seed=seed)

@@ -43,9 +43,13 @@ if str(REPO) not in sys.path:
 
 PACKAGES = (
     "orpheus_wire", "shm", "store", "common", "orchestrator", "orpheus_client", "llm_worker",
-    "codec_worker", "gateway", "bench", "orpheus_serve",
+    "codec_worker", "gateway", "testkit", "bench", "orpheus_serve",
 )  # fmt: skip
-SKIP_MODULES = ("bench.load.baseline.__main__", "orpheus_serve.__main__")
+SKIP_MODULES = (
+    "bench.compare.baseline.__main__",
+    "bench.engine.__main__",
+    "orpheus_serve.__main__",
+)
 
 
 @contextlib.contextmanager
@@ -216,12 +220,12 @@ def check_codec_compile() -> dict[str, Any]:
 
     import torch
 
-    from bench.doubles.tiny_model import write_random_snac
     from codec_worker.decoder import WindowDecoder
     from codec_worker.engine import DecodeEngine
     from codec_worker.policy import WindowPolicy
     from codec_worker.snac_model import load_snac
     from common.config.codec import CodecConfig
+    from testkit.tiny_model import write_random_snac
 
     cfg = CodecConfig(compile=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -648,8 +648,8 @@ stage_compare_both() {
 }
 
 stage_penalties() {
-  if ! "$PY" -c "import bench.penalties" 2>/dev/null; then
-    note "bench.penalties is not in this tree: penalties benchmark skipped"; return 0
+  if ! "$PY" -c "import bench.llm.penalties" 2>/dev/null; then
+    note "bench.llm.penalties is not in this tree: penalties benchmark skipped"; return 0
   fi
   stage_stop
   local dev=()

@@ -11,8 +11,7 @@ import torch
 from snac import SNAC
 from snac.layers import DecoderBlock, NoiseBlock
 
-from bench.doubles.tiny_model import random_snac, write_random_snac
-from bench.quality import error_db
+from bench.codec.quality import error_db
 from codec_worker.decoder import WindowDecoder, WindowKey
 from codec_worker.engine import DecodeEngine
 from codec_worker.levels import frames_to_levels
@@ -29,6 +28,7 @@ from codec_worker.snac_model import (
 from common.config.codec import CodecConfig
 from shm.records import RecordKind, StreamEnd, record_encoder
 from shm.ring import Record
+from testkit.tiny_model import random_snac, write_random_snac
 
 torch.set_num_threads(1)
 

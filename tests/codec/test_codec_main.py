@@ -13,7 +13,6 @@ import msgspec
 import numpy as np
 import zmq
 
-from bench.doubles.tiny_model import write_random_snac
 from codec_worker.snac_model import SNAC_24KHZ_SMALL
 from common.config import ServeConfig
 from common.config.codec import CodecConfig
@@ -31,6 +30,7 @@ from shm.records import (
 )
 from shm.ring import RingReader, RingWriter
 from shm.segments import create_instance
+from testkit.tiny_model import write_random_snac
 
 
 def test_codec_worker_process_decodes_streams_from_the_code_ring(

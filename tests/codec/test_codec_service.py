@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.doubles.tiny_model import random_snac
-from bench.quality import error_db
+from bench.codec.quality import error_db
 from codec_worker.decoder import WindowDecoder
 from codec_worker.engine import DecodeEngine
 from codec_worker.noise import decode_seed
@@ -35,6 +34,7 @@ from shm.records import (
     record_encoder,
 )
 from shm.ring import Record
+from testkit.tiny_model import random_snac
 
 torch.set_num_threads(1)
 

@@ -56,12 +56,12 @@ def test_done_file_is_json_profile_done(tmp_path: Path) -> None:
 
 
 def test_codec_capture_writes_a_trace_with_the_worker_ranges(tmp_path: Path) -> None:
-    from bench.doubles.tiny_model import write_random_snac
     from codec_worker.decoder import WindowDecoder
     from codec_worker.engine import DecodeEngine
     from codec_worker.profiling import CodecProfiler
     from codec_worker.snac_model import load_snac
     from common.config.codec import CodecConfig
+    from testkit.tiny_model import write_random_snac
 
     snac = write_random_snac(tmp_path / "snac", seed=1)
     cfg = CodecConfig(model=str(snac), compile=False)

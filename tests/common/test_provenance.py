@@ -22,13 +22,13 @@ from c2pa_certs import ORGANISATION, SIGNER_NAME, Chain, make_chain, other_key
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448
 
-from bench.doubles.local_server import free_port
 from common.config.jobs import JobsConfig
 from common.provenance.manifest import DIGITAL_SOURCE_TYPE, generator_version
 from common.provenance.reading import read_provenance
 from common.provenance.signing import FileSigner, ProvenanceConfigError, load_signer
 from orchestrator.failures import EXIT_PERMANENT, preflight
 from orchestrator.settings import load_config
+from testkit.local_server import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

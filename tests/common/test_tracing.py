@@ -16,7 +16,6 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from bench.doubles.tiny_model import random_snac
 from codec_worker.decoder import WindowDecoder
 from codec_worker.engine import DecodeEngine
 from codec_worker.output import CollectingSink
@@ -48,6 +47,7 @@ from shm.records import (
     start_decoder,
 )
 from shm.ring import Record
+from testkit.tiny_model import random_snac
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"

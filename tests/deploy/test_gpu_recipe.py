@@ -24,7 +24,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import msgspec
 import pytest
+
+from bench.engine.results import Level
+from bench.load.criteria import Capacity
 
 REPO = Path(__file__).resolve().parents[2]
 GPU = REPO / "scripts" / "gpu"
@@ -258,7 +262,7 @@ IMPORT_TO_DIST = {
     "opentelemetry": "opentelemetry-api",  # one namespace over several dists, all carried
 }
 RUNTIME_PACKAGES = (
-    "orpheus_serve", "bench", "orchestrator", "orpheus_client", "llm_worker", "codec_worker",
+    "orpheus_serve", "bench", "testkit", "orchestrator", "orpheus_client", "llm_worker", "codec_worker",
     "gateway", "common", "store", "shm", "orpheus_wire",
 )  # fmt: skip
 
@@ -319,22 +323,22 @@ def test_trace_summary_arithmetic(tmp_path: Path) -> None:
     assert s["steps"]["count"] == 2 and s["steps"]["mean_period_ms"] == pytest.approx(1.0)
 
 
-def test_capacity_is_read_from_the_search_report() -> None:
-    old = {"search": {"capacities": [
-        {"ttfb_budget_s": 1.0, "concurrency": 320},
-        {"ttfb_budget_s": 0.5, "concurrency": 256},
-    ]}}  # fmt: skip
-    assert tools.capacity_of(old, 1.0) == 320
-    assert tools.capacity_of(old, 0.5) == 256
-    assert tools.capacity_of({}, 1.0) is None
-    new = {"capacities": [
-        {"criterion": "published", "concurrency": 96},
-        {"criterion": "real-time", "concurrency": 78},
-        {"criterion": "interactive", "concurrency": 64},
-    ]}  # fmt: skip
+def test_capacity_is_read_with_the_bench_result_classes() -> None:
+    """gpu_tools reads a load report's ``capacities`` as bench.load.criteria.Capacity: one
+    owner of the format."""
+    capacities = [
+        Capacity(criterion=c, definition=c, concurrency=n, at_least=False, first_failure=None,
+                 bounded_by=[])
+        for c, n in (("published", 96), ("real-time", 78), ("interactive", 64))
+    ]  # fmt: skip
+    new = {"capacities": msgspec.to_builtins(capacities)}
     assert tools.capacity_of(new) == 78  # real-time, the default
     assert tools.capacity_of(new, criterion="published") == 96
     assert tools.capacity_of(new, criterion="interactive") == 64
+    assert tools.capacity_of({}) is None
+    # the budget form from before the criteria is no Capacity: bench load --recompute it
+    old = {"capacities": [{"ttfb_budget_s": 1.0, "concurrency": 320}]}
+    assert tools.capacity_of(old) is None
     committed = json.loads((REPO / "docs/results/h100_capacity_v2.json").read_text())
     assert tools.capacity_of(committed, criterion="published") == 96
     assert tools.capacity_of(committed) == 78
@@ -342,9 +346,12 @@ def test_capacity_is_read_from_the_search_report() -> None:
 
 def _engine(variant: str, steps: dict[int, tuple[float, float]]) -> list[dict]:
     return [
-        {"variant": variant, "streams": n, "step_ms_p50": p50, "step_ms_p99": p99}
+        msgspec.to_builtins(
+            Level(variant=variant, streams=n, step_ms_p50=p50, step_ms_p99=p99,
+                  engine_cpu_ms_per_step=None, gpu_busy_fraction=None, tokens_per_s=0.0)
+        )
         for n, (p50, p99) in steps.items()
-    ]
+    ]  # fmt: skip
 
 
 def test_the_sweep_predicts_the_confirmation_levels(tmp_path: Path) -> None:
@@ -517,7 +524,10 @@ def _k(engines: int, mps: bool | None, steps: dict[int, tuple[float, float]]) ->
 def test_the_sweeps_choose_the_engine_count() -> None:
     """K engines' levels are read apart (a level without ``engines`` is one engine), with
     or without MPS, and the best predicts the most published-criterion streams."""
-    one = _engine("audio-head", {128: (8.0, 9.0), 256: (10.0, 11.0), 384: (13.0, 15.0)})
+    one = [
+        {k: v for k, v in lv.items() if k not in ("engines", "mps", "per_engine")}
+        for lv in _engine("audio-head", {128: (8.0, 9.0), 256: (10.0, 11.0), 384: (13.0, 15.0)})
+    ]  # levels from before the engines dimension
     two_mps = _k(2, True, {128: (6.0, 7.0), 256: (8.0, 9.0), 384: (10.0, 12.0)})
     two_slice = _k(2, False, {256: (12.0, 14.0), 384: (16.0, 20.0)})
     doc = {"levels": one + two_mps + two_slice}

@@ -15,7 +15,7 @@ import pytest
 from llm_worker.engine.output_head import PLUGIN_GROUP, PLUGIN_NAME, PLUGIN_TARGET
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("orpheus_serve", "bench", "orchestrator", "orpheus_client", "llm_worker",
+PACKAGES = ("orpheus_serve", "bench", "testkit", "orchestrator", "orpheus_client", "llm_worker",
             "codec_worker", "gateway", "common", "store", "shm", "orpheus_wire")  # fmt: skip
 
 

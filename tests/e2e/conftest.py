@@ -12,13 +12,13 @@ import pytest
 if TYPE_CHECKING:
     from e2e_harness import Server
 
-    from bench.doubles.otlp_receiver import OtlpReceiver
+    from testkit.otlp_receiver import OtlpReceiver
 
 
 @pytest.fixture(scope="session")
 def otlp_receiver() -> Iterator[OtlpReceiver]:
     """The OTLP/HTTP receiver ``default_server`` exports its spans to."""
-    from bench.doubles.otlp_receiver import OtlpReceiver
+    from testkit.otlp_receiver import OtlpReceiver
 
     with OtlpReceiver() as r:
         yield r

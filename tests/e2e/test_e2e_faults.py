@@ -51,9 +51,9 @@ from e2e_harness import (
     wait_segments_gone,
 )
 
-from bench.doubles.local_server import wait_ready
-from bench.load.soak import instance_segments, segment_bytes
+from bench.soak.sampling import instance_segments, segment_bytes
 from orchestrator import proctree
+from testkit.local_server import wait_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 

@@ -41,10 +41,10 @@ import aiohttp
 import pytest
 from e2e_harness import BYTES_PER_FRAME, Server, start_server, stop_server
 
-from bench.doubles.clips import reference_clip
-from bench.doubles.local_server import free_port
 from common.config.gateway import GatewayConfig
 from store.voices import VoicesConfig
+from testkit.clips import reference_clip
+from testkit.local_server import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

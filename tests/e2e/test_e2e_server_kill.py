@@ -48,7 +48,7 @@ from e2e_harness import (
     wait_segments_gone,
 )
 
-from bench.load.soak import instance_segments, segment_bytes
+from bench.soak.sampling import instance_segments, segment_bytes
 from gateway.jobs.store import JobStore
 from llm_worker.engine.env import RPC_SOCKET_NAME
 from orchestrator import proctree

@@ -3,7 +3,7 @@ every process's memory stays flat after a warm-up, fds and /dev/shm do not grow,
 hangs or fails (issue 36); the memory probe runs inside each process meanwhile.
 
 Memory is judged twice, each by the level between floods (the lowest value in the first and
-in the last window after the warm-up; ``bench.load.growth``, ``bench.load.probe_growth``):
+in the last window after the warm-up; ``bench.soak.growth``, ``bench.soak.probe_growth``):
 
 - *Live memory*, from inside (the probe): what glibc's malloc has in use, in every process of
   the pipeline, within ``LIVE_FLOOR_MB``. The issue's leak was 954 MB over 22,454 streams,
@@ -41,8 +41,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bench.load.soak import SoakReport
-from bench.load.soak import main as soak_main
+from bench.soak.cli import main as soak_main
+from bench.soak.results import SoakReport
 from common.host_heap import KEEP_FREE_BYTES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 from e2e_harness import Server, child_pid
 
-from bench.doubles.otlp_receiver import OtlpReceiver, ReceivedSpan
+from testkit.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from e2e_harness import BYTES_PER_FRAME, EXE, Server, start_server, stop_server
 
-from bench.doubles.clips import reference_clip
+from testkit.clips import reference_clip
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 

@@ -28,10 +28,10 @@ import pytest
 from e2e_harness import EXE, Server
 from perth_oracle import MARKED, perth_scores, require_oracle, write_wav
 
-from bench.doubles.local_server import free_port
 from gateway.audio.encoders import ContainerEncoder
 from orchestrator.failures import EXIT_PERMANENT
 from shm.ring import SHM_DIR
+from testkit.local_server import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

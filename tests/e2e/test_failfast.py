@@ -17,7 +17,6 @@ import msgspec
 import pytest
 from e2e_harness import EXE, instance_pids, wait_no_instance_pids
 
-from bench.doubles.local_server import free_port
 from codec_worker.snac_model import load_snac
 from common.config import ServeConfig
 from orchestrator import proctree
@@ -25,6 +24,7 @@ from orchestrator.failures import EXIT_PERMANENT, PermanentError, classify, pref
 from orchestrator.settings import is_set, load_config
 from orpheus_serve.cli import _with_codec_from_model_dir
 from shm.ring import SHM_DIR
+from testkit.local_server import free_port
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -2,7 +2,7 @@
 
 A serving process collects its older generations rarely (``common.heap.settle``), so a cycle
 per request is memory held until a full collection: it was the soak's gateway's +2 MB/h. The
-soak's own clients (``bench.load.soak``: complete, disconnecting, WebSocket barge-in, slow
+soak's own clients (``bench.soak``: complete, disconnecting, WebSocket barge-in, slow
 reader, bad requests, floods past admission) run against the gateway with its synthetic
 backend while the collector keeps everything it finds unreachable (``DEBUG_SAVEALL``); then
 nothing of it may be an exception, a frame, or an object of the project's code. What aiohttp
@@ -22,7 +22,8 @@ import aiohttp
 import pytest
 from gateway_harness import running_gateway
 
-from bench.load.soak import Soak, build_parser
+from bench.soak.cli import build_parser
+from bench.soak.clients import Soak
 from shm.layout import InstanceLayout
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from gateway_harness import running_gateway
 
-from bench.doubles.clips import wav_bytes
 from shm.layout import InstanceLayout
+from testkit.clips import wav_bytes
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -80,11 +80,11 @@ async def test_playground_makes_a_custom_voice_from_an_uploaded_clip(
     the encode socket), listed, selected, and spoken with."""
     from playwright.async_api import async_playwright
 
-    from bench.doubles.tiny_model import random_snac
     from codec_worker.encoder import EncodeServer, VoiceEncoder
     from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
     from common.config.llm import LLMConfig
     from store.voices import VoicesConfig
+    from testkit.tiny_model import random_snac
 
     t = np.arange(int(3.5 * 16_000)) / 16_000
     (tmp_path / "me.wav").write_bytes(wav_bytes(0.3 * np.sin(2 * np.pi * 200 * t), 16_000))

@@ -17,12 +17,12 @@ import zmq
 from gateway_harness import serve_config, wait_until
 from gateway_process import start_gateway
 
-from bench.doubles.local_server import free_port
-from bench.doubles.synthetic_backend import SyntheticBackend, synthetic_pcm
 from shm.admission import create_admission_segment
 from shm.layout import InstanceLayout
 from shm.messages import Heartbeat, WorkerReady, orchestrator_decoder
 from shm.ring import create_ring, unlink_ring
+from testkit.local_server import free_port
+from testkit.synthetic_backend import SyntheticBackend, synthetic_pcm
 
 pytestmark = pytest.mark.timeout(90)
 

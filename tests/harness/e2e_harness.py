@@ -15,12 +15,12 @@ from typing import IO
 
 import pytest
 
-from bench.doubles.local_server import free_port, wait_ready
 from bench.load.servers import ORPHEUS_SERVE, orpheus_serve_argv
 from llm_worker.engine.env import MULTIPROCESSING_ENV, RPC_DIR_ENV
 from orchestrator import proctree
 from shm.records import SAMPLES_PER_FRAME
 from shm.ring import SHM_DIR
+from testkit.local_server import free_port, wait_ready
 
 EXE = ORPHEUS_SERVE
 BYTES_PER_FRAME = SAMPLES_PER_FRAME * 2
@@ -198,7 +198,7 @@ def start_server(
     ``admission``: ``gateway.admission``. These tests start several streams at once on a
     two-core CPU that holds about two in real time, and check what happens to each of them
     (placement, faults, cleanup), so they admit by a fixed count unless asked; learned
-    admission against the real engine is tested in tests/bench/test_overload_bench.py.
+    admission against the real engine is tested in tests/bench/overload/test_overload_bench.py.
     ``worker_process``: vLLM's model worker in a process of its own, vLLM's CPU default, which
     the server changes (``llm_worker.engine.env.worker_in_engine_core``) and an operator's
     ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` restores: for the tests of what that process leaves

@@ -1,5 +1,5 @@
 """TEST FIXTURE for the gateway tests: a gateway in the test's event loop, fed by
-``bench.doubles.synthetic_backend`` (a stand-in for the llm_worker + codec_worker that speaks the
+``testkit.synthetic_backend`` (a stand-in for the llm_worker + codec_worker that speaks the
 real control socket and writes the real PCM ring). The real end-to-end tests, with vLLM
 and SNAC, are elsewhere (tests/test_e2e_*.py)."""
 
@@ -16,7 +16,6 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from bench.doubles.synthetic_backend import SyntheticBackend
 from common.config import ServeConfig
 from common.config.gateway import GatewayConfig
 from common.config.text import TextConfig
@@ -31,6 +30,7 @@ from gateway.service import Gateway
 from shm.layout import InstanceLayout
 from shm.records import SAMPLE_RATE
 from shm.ring import create_ring, unlink_ring
+from testkit.synthetic_backend import SyntheticBackend
 
 RING_BYTES = 4 << 20
 BYTES_PER_FRAME = 2048 * 2

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from bench.doubles.tiny_model import build_tokenizer
 from llm_worker.prompt import PromptBuilder
 from llm_worker.vllm_ext import tokens as T
+from testkit.tiny_model import build_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from bench.doubles.tiny_model import write_tiny_model
 from common.config.llm import LLMConfig
 from llm_worker.model_info import ENGLISH_VOICES, load_model_info
 from llm_worker.prompt import PromptBuilder
 from llm_worker.vllm_ext import tokens as T
 from shm.records import CODEBOOK_SIZE
+from testkit.tiny_model import write_tiny_model
 
 
 def _digests(d: Path) -> dict[str, str]:

@@ -191,7 +191,7 @@ SUBCLASSES = [
     ("llm_worker/vllm_ext/sampling/penalty.py", "TensorRepetitionPenalty"),
     ("llm_worker/vllm_ext/sampling/constraint.py", "AudioTokenConstraint"),
     ("llm_worker/vllm_ext/sampling/constraint_v2.py", "AudioTokenConstraintV2"),
-    ("bench/load/baseline/constraint.py", "AudioSlotConstraint"),
+    ("bench/compare/baseline/constraint.py", "AudioSlotConstraint"),
     ("llm_worker/engine/step_hooks.py", "StepHook"),
     ("llm_worker/vllm_ext/audio_head_model.py", "OrpheusAudioHeadForCausalLM"),
 ]
@@ -250,7 +250,7 @@ def test_v1_batch_update(source: VllmSource) -> None:
     """What rows.py and the baseline's constraint read of V1's BatchUpdate."""
     module = "vllm.v1.sample.logits_processor"
     used = set()
-    for f in ("llm_worker/vllm_ext/sampling/rows.py", "bench/load/baseline/constraint.py"):
+    for f in ("llm_worker/vllm_ext/sampling/rows.py", "bench/compare/baseline/constraint.py"):
         used |= project(f).attributes_of("batch_update")
     assert {"added", "removed", "moved", "batch_size"} <= used
     assert not (gone := missing(source.class_info(module, "BatchUpdate"), used)), (
@@ -321,7 +321,7 @@ CONFIG_READS = [
     ),
     (("llm_worker/engine/info.py",), "vc.scheduler_config", "vllm.config", "SchedulerConfig"),
     (
-        ("llm_worker/vllm_ext/sampling/penalty.py", "bench/load/baseline/constraint.py"),
+        ("llm_worker/vllm_ext/sampling/penalty.py", "bench/compare/baseline/constraint.py"),
         "vllm_config.model_config",
         "vllm.config",
         "ModelConfig",
@@ -342,7 +342,7 @@ CONFIG_READS = [
         "vllm.config",
         "SpeculativeConfig",
     ),
-    (("bench/load/baseline/engine.py",), "args", "vllm.engine.arg_utils", "AsyncEngineArgs"),
+    (("bench/compare/baseline/engine.py",), "args", "vllm.engine.arg_utils", "AsyncEngineArgs"),
 ]
 
 
@@ -376,8 +376,8 @@ CONSTRUCTORS = [
     ("llm_worker/engine/args.py", "AsyncEngineArgs", "vllm.engine.arg_utils", "AsyncEngineArgs"),
     ("llm_worker/profiling.py", "ProfilerConfig", "vllm.config", "ProfilerConfig"),
     ("llm_worker/requests.py", "SamplingParams", "vllm", "SamplingParams"),
-    ("bench/load/baseline/engine.py", "SamplingParams", "vllm", "SamplingParams"),
-    ("bench/penalties.py", "SamplingParams", "vllm", "SamplingParams"),
+    ("bench/compare/baseline/engine.py", "SamplingParams", "vllm", "SamplingParams"),
+    ("bench/llm/penalties.py", "SamplingParams", "vllm", "SamplingParams"),
 ]
 
 
@@ -419,7 +419,7 @@ def test_sampling_params_fields(source: VllmSource) -> None:
         f"{source.label}: SamplingParams lacks {gone}"
     )
     kinds = set()
-    for f in ("llm_worker/requests.py", "llm_worker/main.py", "bench/load/baseline/engine.py"):
+    for f in ("llm_worker/requests.py", "llm_worker/main.py", "bench/compare/baseline/engine.py"):
         kinds |= project(f).attributes_of("RequestOutputKind")
     assert kinds == {"DELTA"}, kinds
     assert not (
@@ -432,8 +432,8 @@ ENGINE_USERS = (
     "llm_worker/profiling.py",
     "llm_worker/engine/engine.py",
     "llm_worker/engine/info.py",
-    "bench/load/baseline/server.py",
-    "bench/load/baseline/__main__.py",
+    "bench/compare/baseline/server.py",
+    "bench/compare/baseline/__main__.py",
 )
 
 

@@ -25,7 +25,6 @@ from e2e_harness import note_engine_start
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from bench.doubles.tiny_model import write_tiny_model
 from common.config import ServeConfig
 from common.config.llm import LLMConfig
 from common.profiling import ProfileDone
@@ -44,6 +43,7 @@ from shm.messages import (
 from shm.records import RecordKind, StreamEnd, StreamError, end_decoder, error_decoder
 from shm.ring import RingReader, create_ring
 from shm.segments import destroy_instance
+from testkit.tiny_model import write_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
 

@@ -16,8 +16,7 @@ import torch
 from c2pa_certs import SIGNER_NAME, make_chain
 from perth_oracle import MARKED, UNMARKED, perth_scores, write_wav
 
-from bench.doubles.tiny_model import random_snac
-from bench.quality import error_db
+from bench.codec.quality import error_db
 from codec_worker.decoder import WindowDecoder
 from codec_worker.engine import DecodeEngine
 from codec_worker.main import build_engine
@@ -35,6 +34,7 @@ from common.provenance.signing import load_signer
 from orchestrator.failures import classify
 from shm.records import RecordKind, StreamEnd, record_encoder
 from shm.ring import Record
+from testkit.tiny_model import random_snac
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[3]

@@ -14,10 +14,10 @@ import pytest
 from elevenlabs_ws import Received, receive_until, ws_path
 from gateway_harness import running_gateway, wait_until
 
-from bench.doubles.synthetic_backend import ready_status
 from orpheus_client.zmq_client import AsyncClient
 from shm.layout import InstanceLayout
 from shm.messages import ClusterStatus, EngineStatus
+from testkit.synthetic_backend import ready_status
 
 pytestmark = pytest.mark.timeout(60)
 

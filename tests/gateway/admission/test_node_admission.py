@@ -24,8 +24,6 @@ import zmq
 from gateway_harness import serve_config, wait_until
 from gateway_process import start_gateway
 
-from bench.doubles.local_server import free_port
-from bench.doubles.synthetic_backend import SyntheticBackend
 from gateway.admission.queue import POLL_S, Admission, KeyLimits
 from gateway.errors import APIError
 from shm.admission import (
@@ -45,6 +43,8 @@ from shm.layout import InstanceLayout
 from shm.messages import WorkerReady, orchestrator_decoder
 from shm.ring import SHM_DIR
 from shm.segments import create_instance, destroy_instance
+from testkit.local_server import free_port
+from testkit.synthetic_backend import SyntheticBackend
 
 pytestmark = pytest.mark.timeout(120)
 SMALL = ShmConfig(code_ring_bytes=64 << 10, pcm_ring_bytes=4 << 20)

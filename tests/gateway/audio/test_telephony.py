@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from gateway_harness import running_gateway
 
-from bench.doubles.synthetic_backend import synthetic_pcm
 from gateway.audio.encoders import g711_table
 from gateway.audio.formats import ELEVENLABS_FORMATS, OutputFormat
 from gateway.audio.output import make_output
 from gateway.frontends.alignment import ChunkAligner, word_times
 from gateway.frontends.text_units import UnitSplitter
 from shm.layout import InstanceLayout
+from testkit.synthetic_backend import synthetic_pcm
 
 pytestmark = pytest.mark.timeout(60)
 BODY = {"model": "tts-1", "voice": "alloy", "input": "Hello caller.", "max_tokens": 7 * 10}

@@ -17,9 +17,9 @@ import aiohttp
 import pytest
 from gateway_harness import Harness, running_gateway, wait_until
 
-from bench.doubles.local_server import free_port
 from common.config.cache import CacheConfig
 from shm.layout import InstanceLayout
+from testkit.local_server import free_port
 
 pytestmark = pytest.mark.timeout(90)
 

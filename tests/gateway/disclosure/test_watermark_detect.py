@@ -15,14 +15,14 @@ import pytest
 import torch
 from gateway_harness import running_gateway
 
-from bench.doubles.clips import wav_bytes
-from bench.doubles.tiny_model import random_snac
 from codec_worker.encoder import EncodeServer, VoiceEncoder
 from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
 from codec_worker.watermark.detect import ClipDetector
 from codec_worker.watermark.perth import PerthWatermark
 from shm.layout import InstanceLayout
 from store.voices import VoicesConfig
+from testkit.clips import wav_bytes
+from testkit.tiny_model import random_snac
 
 RATE = 24_000
 KEY = "sk-detect"

@@ -22,8 +22,6 @@ import psutil
 import pytest
 from gateway_harness import Harness, running_gateway, wait_until
 
-from bench.doubles.clips import wav_bytes
-from bench.doubles.tiny_model import random_snac
 from codec_worker.encoder import EncodeServer, VoiceEncoder
 from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
 from common.config.gateway import GatewayConfig
@@ -34,6 +32,8 @@ from gateway.edge.listener import FD_RESERVE, connection_limit
 from gateway.voices.custom_routes import confined_lora_path
 from shm.layout import InstanceLayout
 from store.voices import VoicesConfig
+from testkit.clips import wav_bytes
+from testkit.tiny_model import random_snac
 
 pytestmark = pytest.mark.timeout(90)
 SPEECH = {"model": "tts-1", "input": "Hello there.", "voice": "alloy", "max_tokens": 70}

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from gateway_harness import running_gateway, wait_until
 
-from bench.doubles.synthetic_backend import synthetic_pcm
 from shm.layout import InstanceLayout
+from testkit.synthetic_backend import synthetic_pcm
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -25,7 +25,6 @@ import numpy as np
 import pytest
 from gateway_harness import Harness, running_gateway, wait_until
 
-from bench.doubles.synthetic_backend import synthetic_pcm
 from common.config.jobs import JobsConfig
 from common.config.llm import LLMConfig
 from gateway.jobs.routes import split_units
@@ -33,6 +32,7 @@ from gateway.jobs.runner import JobRunner, fade_edges
 from gateway.jobs.store import JobSpec, JobStore, owner_of
 from shm.layout import InstanceLayout
 from shm.ring import unlink_ring
+from testkit.synthetic_backend import synthetic_pcm
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -596,10 +596,10 @@ async def test_units_the_workers_fail_are_retried_then_fail_the_job(
 ) -> None:
     """A unit the workers fail once (a 500) is spoken again and the job is whole; a unit they
     refuse (a 400) fails its job at once with the reason."""
-    from bench.doubles.synthetic_backend import StreamPlan, default_plan
     from gateway.voices.catalogue import ENGLISH_VOICES
     from shm.messages import LlmSubmit
     from shm.records import StreamError
+    from testkit.synthetic_backend import StreamPlan, default_plan
 
     failed_once: set[str] = set()
 

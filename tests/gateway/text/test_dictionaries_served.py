@@ -385,8 +385,8 @@ def pause_bytes(ms: int) -> int:
 async def test_text_to_dialogue_with_two_voices_and_timestamps(
     layout: InstanceLayout, tmp_path: Path
 ) -> None:
-    from bench.doubles.synthetic_backend import frames_for_text
     from gateway.frontends.elevenlabs.dialogue import SPEAKER_PAUSE_MS
+    from testkit.synthetic_backend import frames_for_text
 
     async with running_gateway(layout, serve=text_serve(tmp_path, normalization="on")) as h:
         el = client(h)

@@ -18,8 +18,6 @@ from elevenlabs.core.api_error import ApiError
 from gateway_harness import Harness, running_gateway
 from openai import AsyncOpenAI
 
-from bench.doubles.clips import wav_bytes
-from bench.doubles.tiny_model import random_snac
 from codec_worker.encoder import EncodeServer, VoiceEncoder
 from codec_worker.snac_model import SNAC_24KHZ_SMALL, fuse_weight_norm
 from common.config.llm import LLMConfig
@@ -28,6 +26,8 @@ from orpheus_client.zmq_client import AsyncClient, SpeechError
 from shm.layout import InstanceLayout
 from store.lora import LoraEntry, LoraRegistry
 from store.voices import VoicesConfig
+from testkit.clips import wav_bytes
+from testkit.tiny_model import random_snac
 
 pytestmark = pytest.mark.timeout(90)
 

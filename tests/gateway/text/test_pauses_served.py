@@ -18,7 +18,6 @@ import pytest
 from elevenlabs import AsyncElevenLabs
 from gateway_harness import running_gateway
 
-from bench.doubles.synthetic_backend import synthetic_pcm
 from common.config.jobs import JobsConfig
 from common.config.text import TextConfig
 from gateway.jobs.routes import split_units
@@ -26,6 +25,7 @@ from gateway.jobs.runner import fade_edges
 from orpheus_client.zmq_client import AsyncClient, SpeechError
 from shm.layout import InstanceLayout
 from shm.records import FRAME_CODES
+from testkit.synthetic_backend import synthetic_pcm
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -20,8 +20,6 @@ import pytest
 import torch
 from gateway_harness import running_gateway
 
-from bench.doubles.clips import wav_bytes
-from bench.doubles.tiny_model import build_tokenizer, random_snac
 from codec_worker.encoder import EncodeServer, VoiceEncoder
 from codec_worker.levels import frames_to_levels
 from codec_worker.snac_model import SNAC_24KHZ, SNAC_24KHZ_SMALL, fuse_weight_norm
@@ -39,6 +37,8 @@ from shm.layout import InstanceLayout
 from shm.messages import LlmSubmit
 from store.lora import LoraEntry, LoraRegistry
 from store.voices import TooManyVoices, VoiceExists, VoicesConfig, VoiceStore, new_record, voice_id
+from testkit.clips import wav_bytes
+from testkit.tiny_model import build_tokenizer, random_snac
 
 RATE = 24_000
 
@@ -795,7 +795,7 @@ def test_zero_shot_support_is_the_models_configuration(tmp_path: Path) -> None:
         json.dumps({"orpheus": {"voices": ["tara"], "zero_shot": True}})
     )
     assert load_model_info(LLMConfig(model=str(tmp_path))).zero_shot is True
-    from bench.doubles.tiny_model import _model_config
+    from testkit.tiny_model import _model_config
 
     assert _model_config()["orpheus"]["zero_shot"] is True, "the test model declares it"
 

@@ -15,9 +15,9 @@ from offline_engine import sync_llm
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
-from bench.doubles.tiny_model import write_tiny_model
 from common.config.llm import LLMConfig
 from llm_worker.engine.args import engine_args
+from testkit.tiny_model import write_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 

@@ -20,7 +20,6 @@ from offline_engine import offline_llm
 from safetensors.torch import load_file
 from vllm import LLM, SamplingParams
 
-from bench.doubles.tiny_model import write_tiny_model
 from common.config.llm import LLMConfig
 from llm_worker.engine.args import GENERATION_CONFIG
 from llm_worker.engine.output_head import HeadChoice, choose_output_head
@@ -32,6 +31,7 @@ from llm_worker.vllm_ext.sampling import (
     pin_model_runner,
 )
 from llm_worker.vllm_ext.token_space import HeadKind, TokenSpace
+from testkit.tiny_model import write_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 

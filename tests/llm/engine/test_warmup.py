@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from bench.doubles.tiny_model import write_tiny_model
 from common.config.llm import LLMConfig, VoiceSampling
 from llm_worker.engine.warmup import WARMUP_ROWS, warm_up, warmup_lengths, warmup_samplings
 from llm_worker.prompt import PromptBuilder
 from llm_worker.vllm_ext import tokens as T
 from llm_worker.vllm_ext.sampling.hooks import SamplingHooks
 from llm_worker.vllm_ext.token_space import TokenSpace
+from testkit.tiny_model import write_tiny_model
 
 
 @pytest.fixture(scope="module")

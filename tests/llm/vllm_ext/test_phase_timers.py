@@ -1,7 +1,7 @@
 """The engine core's per-phase timers (llm_worker/vllm_ext/phase_timers.py): off by default with
 nothing wrapped, class-level wrapping of the methods that exist (by name) with the missing
 ones reported, the totals file, and the µs per request-step arithmetic. The real run on the
-tiny model is tests/bench/test_bench_engine.py's."""
+tiny model is tests/bench/engine/test_bench_engine.py's."""
 
 from __future__ import annotations
 

@@ -12,10 +12,10 @@ from offline_engine import sync_llm
 from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
 
-from bench.doubles.tiny_model import write_random_lora, write_tiny_model
 from common.config.llm import LLMConfig, LoraVoice
 from llm_worker.engine.args import engine_args
 from llm_worker.vllm_ext import tokens as T
+from testkit.tiny_model import write_random_lora, write_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 

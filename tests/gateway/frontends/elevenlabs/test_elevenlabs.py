@@ -15,9 +15,9 @@ import pytest
 from elevenlabs_ws import Received, receive_until, ws_path
 from gateway_harness import running_gateway, wait_until
 
-from bench.doubles.synthetic_backend import synthetic_pcm
 from gateway.voices.catalogue import ENGLISH_VOICES
 from shm.layout import InstanceLayout
+from testkit.synthetic_backend import synthetic_pcm
 
 pytestmark = pytest.mark.timeout(60)
 

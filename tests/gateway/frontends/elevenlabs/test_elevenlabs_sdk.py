@@ -26,13 +26,13 @@ from elevenlabs.types import VoiceSettings
 from gateway_harness import Harness, running_gateway
 from openai import AsyncOpenAI
 
-from bench.doubles.synthetic_backend import StreamPlan, default_plan, synthetic_pcm
 from common.config.llm import LLMConfig, LoraVoice
 from common.config.text import TextConfig
 from shm.layout import InstanceLayout
 from shm.messages import LlmSubmit
 from shm.records import StreamError
 from store.voices import VoicesConfig, VoiceStore, new_record
+from testkit.synthetic_backend import StreamPlan, default_plan, synthetic_pcm
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -14,10 +14,10 @@ import av
 import pytest
 from gateway_harness import running_gateway, wait_until
 
-from bench.doubles.synthetic_backend import synthetic_pcm
 from gateway.disclosure.headers import watermark_of
 from gateway.voices.catalogue import ENGLISH_VOICES
 from shm.layout import InstanceLayout
+from testkit.synthetic_backend import synthetic_pcm
 
 pytestmark = pytest.mark.timeout(60)
 WS = "/v1/audio/speech/stream"

@@ -17,12 +17,12 @@ import openai
 import pytest
 from gateway_harness import BYTES_PER_FRAME, running_gateway, wait_until
 
-from bench.doubles.synthetic_backend import StreamPlan, default_plan, synthetic_pcm
 from common.config.llm import LLMConfig
 from gateway.voices.catalogue import ENGLISH_VOICES
 from shm.layout import InstanceLayout
 from shm.messages import ClusterStatus, EngineStatus, LlmSubmit
 from shm.records import StreamError
+from testkit.synthetic_backend import StreamPlan, default_plan, synthetic_pcm
 
 pytestmark = pytest.mark.timeout(60)
 FRAMES = 12

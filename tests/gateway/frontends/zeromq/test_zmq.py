@@ -18,7 +18,6 @@ import zmq
 import zmq.asyncio
 from gateway_harness import running_gateway, wait_until
 
-from bench.doubles.synthetic_backend import synthetic_pcm
 from common.config.text import TextConfig
 from gateway.frontends.zeromq.server import MAX_PENDING_APPENDS
 from orpheus_client.zmq_client import AsyncClient, Client, SpeechError
@@ -31,6 +30,7 @@ from orpheus_wire.zeromq import (
     server_decoder,
 )
 from shm.layout import InstanceLayout
+from testkit.synthetic_backend import synthetic_pcm
 
 pytestmark = pytest.mark.timeout(60)
 

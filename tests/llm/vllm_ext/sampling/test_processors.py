@@ -28,13 +28,13 @@ from vllm.v1.sample.logits_processor import LogitsProcessor, LogitsProcessors
 from vllm.v1.sample.ops.penalties import apply_all_penalties
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
-from bench.doubles.tiny_model import VOCAB_SIZE, write_tiny_model
 from llm_worker.vllm_ext import tokens as T
 from llm_worker.vllm_ext.sampling import CounterSlots, PreventedBoard, RequestArgs
 from llm_worker.vllm_ext.sampling.constraint import AudioTokenConstraint
 from llm_worker.vllm_ext.sampling.penalty import TensorRepetitionPenalty
 from llm_worker.vllm_ext.sampling.runner import v2_processors_supported
 from shm.records import CODEBOOK_SIZE, FRAME_CODES
+from testkit.tiny_model import VOCAB_SIZE, write_tiny_model
 
 MAX_REQS = 12
 MAX_LEN = 96

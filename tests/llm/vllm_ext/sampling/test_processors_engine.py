@@ -13,7 +13,6 @@ import pytest
 from offline_engine import offline_llm
 from vllm import LLM, SamplingParams
 
-from bench.doubles.tiny_model import write_tiny_model
 from common.config.llm import LLMConfig
 from llm_worker.vllm_ext import tokens as T
 from llm_worker.vllm_ext.sampling import (
@@ -26,6 +25,7 @@ from llm_worker.vllm_ext.sampling import (
 )
 from llm_worker.vllm_ext.sampling.runner import v2_processors_supported
 from shm.records import CODEBOOK_SIZE, FRAME_CODES
+from testkit.tiny_model import write_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
