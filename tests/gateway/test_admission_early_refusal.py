@@ -161,7 +161,7 @@ async def test_over_http_a_refused_key_is_answered_before_its_body_is_read(
     async with (
         running_gateway(
             layout, backend={"realtime": True}, max_active_streams=1, max_queued_streams=0,
-            admission="fixed", api_keys=["flood", "other"],
+            admission="fixed", api_keys=["flood", "other"], early_refusal=True,
         ) as h,
         aiohttp.ClientSession() as s,
     ):  # fmt: skip
