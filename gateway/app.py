@@ -12,11 +12,12 @@ import msgspec
 from aiohttp import web
 
 from gateway import jobs, warm
+from gateway.apis import Api
 from gateway.cache import routes as cache_routes
 from gateway.cache.keys import job_tenant
 from gateway.disclosure import detect
 from gateway.disclosure.headers import mark_audio_answers
-from gateway.edge.auth import ApiKeys, http_middleware
+from gateway.edge.auth import ApiKeys, http_middleware, presented_key
 from gateway.edge.browser_guard import BrowserGuard, add_cors_headers
 from gateway.edge.listener import body_deadline
 from gateway.errors import APIError
@@ -64,6 +65,18 @@ AUDIO_PATHS = (
 )
 """The routes that answer audio: their answers say it is AI-generated (``gateway.disclosure``)."""
 
+EARLY_REFUSAL_ROUTES = {
+    openai.speech.PATH: Api.OPENAI_HTTP,
+    elevenlabs.messages.STREAM_PATH: Api.ELEVENLABS,
+    elevenlabs.messages.TIMESTAMPS_PATH: Api.ELEVENLABS,
+    elevenlabs.messages.CONVERT_PATH: Api.ELEVENLABS,
+    elevenlabs.messages.CONVERT_TIMESTAMPS_PATH: Api.ELEVENLABS,
+    baseten.predict.PATH: Api.BASETEN,
+}
+"""The HTTP speech routes whose request is one admission from the start: a key refused
+lately is refused again before the body is read (``Admission.refuse_early``), counted under
+this ``api`` label (an OpenAI request's ``stream_format`` is in the body: ``http``)."""
+
 ELEVENLABS_PATHS = ("/v1/text-to-speech/", "/v1/text-to-dialogue")
 """Routes whose clients (ElevenLabs' SDKs) read its error shape on a 429."""
 
@@ -75,6 +88,26 @@ def error_response(err: APIError, *, elevenlabs: bool = False) -> web.Response:
         content_type="application/json",
         headers=err.headers(),
     )
+
+
+def early_refusals(gateway: Gateway) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """The middleware of ``gateway.early_refusal``: a POST to a route of
+    ``EARLY_REFUSAL_ROUTES`` whose key ``Admission.refuse_early`` refuses is answered its 429
+    before its body is read (after the key checks, which it needs)."""
+
+    @web.middleware
+    async def refuse_early(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method == "POST":
+            resource = request.match_info.route.resource
+            api = EARLY_REFUSAL_ROUTES.get(resource.canonical) if resource is not None else None
+            if api is not None and (
+                error := gateway.admission.refuse_early(presented_key(request))
+            ):
+                gateway.metrics.count_request(api, "rejected")
+                raise error
+        return await handler(request)
+
+    return refuse_early
 
 
 @web.middleware
@@ -121,6 +154,8 @@ def build_app(gateway: Gateway) -> web.Application:
     # After json_errors, which renders their 401/403: browsers first, then keys.
     middlewares.append(BrowserGuard(g, keys.required).middleware())
     middlewares.append(http_middleware(keys, ApiKeys(g.admin_keys), metrics=g.metrics_require_key))
+    if g.early_refusal and not gateway.config.cache.enabled:  # as the gateway's admission
+        middlewares.append(early_refusals(gateway))
     if gateway.tracing is not None:  # off: no middleware, no cost
         incoming = gateway.requests.incoming_traceparent
 

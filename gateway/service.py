@@ -126,6 +126,7 @@ class Gateway:
             wait_budget=(lambda: self._wait_s) if learned else None,
             key_limits=KeyLimits(g.max_streams_per_key, g.key_max_streams),
             key_weights=g.key_weights,
+            early_refusal=g.early_refusal and not config.cache.enabled,
         )
         self.cluster = ClusterWatcher(layout.status)
         self.cluster.on_change(self._on_status)

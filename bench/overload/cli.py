@@ -48,6 +48,7 @@ from bench.load.session import LevelSpec, NotReady, Target, check_ready, offer_l
 from bench.load.summary import LevelRun, Slo
 from bench.load.texts import Corpus, load_corpus
 from bench.overload.classify import OverloadLevel, aggregate, verdict
+from bench.overload.cpu import cores, process_tree_cpu_s
 from bench.overload.plot import plot_report
 from bench.overload.report import (
     ArmResult,
@@ -280,15 +281,25 @@ class ArmRunner:
         self.runs: list[LevelRun] = []
         self.phases: list[Phase] = []
         self.t0 = time.perf_counter()
+        self.server_pid: int | None = None
+        """The server's process, whose tree's CPU each phase reads (``bench.overload.cpu``)."""
+        self._cpu_at: tuple[float, dict[str, float]] = (self.t0, {})
 
     def target(self, key: str | None) -> Target:
         return Target(url=self.url, api_key=key, read_timeout_s=self.args.read_timeout)
+
+    def _cpu_start(self) -> None:
+        self._cpu_at = (time.perf_counter(), process_tree_cpu_s(self.server_pid))
 
     def _phase(self, label: str, clients: int, runs: list[LevelRun]) -> None:
         self.runs += runs
         start = min(r.started for r in runs) - self.t0
         end = max(r.finished for r in runs) - self.t0
-        self.phases.append(Phase(label=label, clients=clients, start=start, end=end))
+        t0, cpu0 = self._cpu_at
+        used = cores(cpu0, process_tree_cpu_s(self.server_pid), time.perf_counter() - t0)
+        self.phases.append(
+            Phase(label=label, clients=clients, start=start, end=end, cpu_cores=used)
+        )
 
     async def level(
         self, clients: int, plan: LevelPlan, label: str, key: str | None = None
@@ -296,6 +307,7 @@ class ArmRunner:
         if key is None and self.keys is not None:
             key = self.keys[0]
         client = self.target(key).client()
+        self._cpu_start()
         try:
             run = await offer_level(
                 client, LevelSpec("closed", clients), plan, self.corpus, self.progress
@@ -336,6 +348,7 @@ class ArmRunner:
         on_issue = progress.on_issue if progress is not None else None
         on_done = progress.on_done if progress is not None else None
         plans = [self.plan] + [light] * (len(case) - 1)
+        self._cpu_start()
         try:
             with progress if progress is not None else contextlib.nullcontext():
                 runs = await asyncio.gather(
@@ -405,6 +418,7 @@ def run_arm(
         server.wait_ready(args.ready_timeout)
         console.print(f"ready after {server.ready_after_s:.0f}s")
         runner = ArmRunner(server.url, args, corpus, progress, console)
+        runner.server_pid = server.pid
         runner.weights = weights_of([*args.set, *arm.overrides])
         warmup, levels, fairness, timeline = event_loop_runner()(runner.run())
     return ArmResult(

@@ -28,6 +28,9 @@ class Phase(msgspec.Struct, frozen=True, kw_only=True):
     """Closed-loop clients offering load (both keys' in the fairness scenario)."""
     start: float
     end: float
+    cpu_cores: dict[str, float] = {}
+    """Cores the server's parts (gateway, codec, llm with vLLM's processes, other) and the
+    benchmark itself used over the phase (``bench.overload.cpu``; empty where unread)."""
 
 
 class Timeline(msgspec.Struct, frozen=True, kw_only=True):

@@ -96,6 +96,7 @@ INTERNAL_KEYS: dict[str, str] = {
     "gateway.ws_max_queued_sentences": "`ws_max_queued_chars` is the bound clients meet first",
     "gateway.http_error_log_interval_s": "log rate limiting; no operator trade-off",
     "gateway.retry_after_s": "the clients' retry pace, measured with `bench overload`",
+    "gateway.early_refusal": "an A/B switch of `bench overload`: it saved a few thousandths of a core",
     "gateway.zmq_max_message_bytes": "the HTTP body limit's twin; ZeroMQ carries text, no upload",
     "gateway.zmq_text_idle_timeout_s": "a fault timeout, `gateway.ws_text_idle_timeout_s`'s twin",
     # [shm]

@@ -28,6 +28,15 @@ not the node) and ``SHARE_RETRY_FACTOR`` times the Retry-After; one of a key und
 waits for its turn within its wait budget. Admitted streams are never cut: shares move only
 new admissions. With one key (or none named) nothing of this applies.
 
+Early refusals (``gateway.early_refusal``): a key refused for the node (``server_busy``), its
+share or its limit (``too_many_concurrent_requests``) is refused the same way, before its
+next request's body is read (``refuse_early``, from the HTTP speech routes' middleware), while
+nothing happened since that could let such a request in or change its answer (a slot freed,
+a waiter left, a limit rose, an engine became ready: ``_moved``; another key's request
+arrived: ``_arrived``) and for at most ``EARLY_REFUSAL_S`` (its
+Retry-After if shorter): a flood's refusals then cost the HTTP exchange and not the body's
+parsing and checks. It counts as the key's demand as any refusal does.
+
 A request either gets a slot at once, waits in the queue (at most ``max_queued`` waiters,
 each for at most ``queue_timeout_s``), or is refused with 429 and Retry-After. While the
 gate is closed (draining, no engine or no codec ready) requests are refused with 503.
@@ -84,6 +93,13 @@ in the turns) this long after its last admission."""
 OWED_FOR = 2.0
 """A refused request counts as its key's demand for this many times its Retry-After (its
 client sleeps it out and comes back), or until the key's next request arrives."""
+EARLY_REFUSAL_S = 1.0
+"""The longest a refusal is repeated before the next request's body is read (``refuse_early``):
+what may change without an event (a light key's refusals forgotten, the wait budget, the
+departure rate) changes the verdict within it rarely, and only for the next request."""
+EARLY_CODES = frozenset({"server_busy", "too_many_concurrent_requests"})
+"""The refusals ``refuse_early`` repeats: those decided on arrival from the node's state
+(not a wait that ran out, ``queue_timeout``, nor the gate's 503)."""
 
 
 class KeyLimits:
@@ -172,6 +188,7 @@ class Admission:
         wait_budget: WaitBudget | None = None,
         key_limits: KeyLimits | None = None,
         key_weights: dict[str, float] | None = None,
+        early_refusal: bool = False,
     ) -> None:
         self.max_active = max_active
         self.max_queued = max_queued
@@ -219,6 +236,17 @@ class Admission:
         self._departures: deque[float] = deque()
         """When slots were freed (monotonic s), over the last ``DEPARTURE_WINDOW_S``."""
         self._poller: asyncio.Task[None] | None = None
+        self.early_refusal = early_refusal
+        """Repeat a key's refusal before its next request's body is read (``refuse_early``)."""
+        self._moves = 0
+        """Counts what may let a refused request in (``_moved``): a repeated refusal holds
+        only while it is unchanged."""
+        self._refusals: dict[str, tuple[APIError, int, float, tuple[int, int]]] = {}
+        """Per key, its last refusal decided on arrival (``EARLY_CODES``): the error, ``_moves``
+        then, until when it may be repeated (monotonic s), the other processes' (active,
+        queued) then."""
+        self.early_refusals = 0
+        """Refusals repeated before a body was read (this process)."""
 
     @property
     def active(self) -> int:
@@ -257,7 +285,9 @@ class Admission:
             own = self.opinions[e]
             other = others.limits[e] if e < len(others.limits) else 0
             fresh = [n for n in (own, other) if n > 0]
-            if fresh:
+            if fresh and min(fresh) != self.limits[e]:
+                if min(fresh) > self.limits[e]:
+                    self._moved()
                 self.limits[e] = min(fresh)
 
     def _place(self, others: Others, *, ceiling: bool = False) -> int | None:
@@ -467,23 +497,29 @@ class Admission:
                 if engine is not None:
                     self._take(engine, key, turn=False)
                     return engine
+        if self._refusals:
+            self._arrived(key)
         key_limit = self._key_limits.of(key)
         loop = asyncio.get_running_loop()
         wait_s = self.wait_limit_s()
         now_ns = time.monotonic_ns()
         fut: asyncio.Future[int] = loop.create_future()
         with self._node(key) as others:
-            self._came_back(key, now_ns)
-            if key_limit and (held := self._node_streams_of(key, others)) >= key_limit:
-                raise self._key_busy(held, key_limit)
-            if self.learned:
-                self._take_opinions(others)
-            waiter = _Waiter(fut, key, now_ns)
-            standings = self._standings(others, now_ns, waiter)
-            if standings is None:
-                engine = self._admit_alone(key, others, wait_s, waiter)
-            else:
-                engine = self._admit_shared(key, others, wait_s, waiter, standings)
+            try:
+                self._came_back(key, now_ns)
+                if key_limit and (held := self._node_streams_of(key, others)) >= key_limit:
+                    raise self._key_busy(held, key_limit)
+                if self.learned:
+                    self._take_opinions(others)
+                waiter = _Waiter(fut, key, now_ns)
+                standings = self._standings(others, now_ns, waiter)
+                if standings is None:
+                    engine = self._admit_alone(key, others, wait_s, waiter)
+                else:
+                    engine = self._admit_shared(key, others, wait_s, waiter, standings)
+            except APIError as e:
+                self._remember(key, e, others)
+                raise
             if engine is not None:
                 return engine
         if self._board is not None and (self._poller is None or self._poller.done()):
@@ -498,6 +534,64 @@ class Admission:
         finally:
             timer.cancel()
             self._forget(fut, key)
+
+    def refuse_early(self, key: str = ANONYMOUS) -> APIError | None:
+        """The refusal a new request of ``key`` hears before its body is read: its key's last
+        refusal decided on arrival (``EARLY_CODES``), while nothing that could let such a
+        request in happened since (``_moved``; with several gateway processes, the others'
+        active and queued counts unchanged) and for at most ``EARLY_REFUSAL_S``; counted as
+        the key's demand as ``acquire``'s refusals are. None: read the request and ``acquire``
+        as usual (always, with ``early_refusal`` off)."""
+        memo = self._refusals.get(key)
+        if memo is None:
+            return None
+        error, moves, until, node = memo
+        if moves != self._moves or time.monotonic() >= until or self._gate() is not None:
+            del self._refusals[key]
+            return None
+        if self._board is not None:
+            with self._board.locked():
+                others = self._board.others()
+            if (others.active, others.queued) != node:
+                del self._refusals[key]
+                return None
+        self._came_back(key, time.monotonic_ns())
+        self.early_refusals += 1
+        again = APIError(
+            error.status,
+            error.code,
+            error.message,
+            param=error.param,
+            retry_after_s=error.retry_after_s,
+            headers=dict(error.extra_headers or {}),
+        )
+        return self._owe(key, again)
+
+    def _remember(self, key: str, error: APIError, others: Others) -> None:
+        """``acquire`` refused a request of ``key`` with ``error``: ``refuse_early`` may repeat
+        it (a refusal decided on arrival, with ``early_refusal`` on)."""
+        if not self.early_refusal or error.status != 429 or error.code not in EARLY_CODES:
+            return
+        now = time.monotonic()
+        if len(self._refusals) >= 256:  # keys no client sent again lately
+            for k in [k for k, m in self._refusals.items() if m[2] <= now]:
+                del self._refusals[k]
+        retry_after_s = error.retry_after_s or self._retry_after_s
+        until = now + min(EARLY_REFUSAL_S, retry_after_s)
+        self._refusals[key] = (error, self._moves, until, (others.active, others.queued))
+
+    def _arrived(self, key: str) -> None:
+        """A request of ``key`` arrived: its demand, and so the others' shares, may have
+        moved; only ``key``'s own refusal may still be repeated early."""
+        for k in [k for k in self._refusals if k != key]:
+            del self._refusals[k]
+
+    def _moved(self) -> None:
+        """Something happened that may let in a request refused on arrival (a slot freed, a
+        waiter left, a limit rose, an engine became ready): no refusal is repeated early."""
+        self._moves += 1
+        if self._refusals:
+            self._refusals.clear()
 
     def _admit_alone(self, key: str, others: Others, wait_s: float, waiter: _Waiter) -> int | None:
         """At most one key has demand: a free slot while nobody waits, else the queue in
@@ -714,6 +808,7 @@ class Admission:
             if w.fut is fut:
                 with self._node():
                     self._dequeue(w)
+                    self._moved()  # a waiter left the queue: a new request may fit in it
                 return
 
     def _dequeue(self, waiter: _Waiter) -> None:
@@ -804,6 +899,7 @@ class Admission:
         while now - d[0] > DEPARTURE_WINDOW_S:
             d.popleft()
         self._drop_key_stream(key)
+        self._moved()
         with self._node() as others:
             self.by_engine[engine] -= 1
             self._grant(others)
@@ -827,6 +923,7 @@ class Admission:
     def release_key(self, key: str = ANONYMOUS) -> None:
         """The end of a ``hold_key`` stream."""
         self._drop_key_stream(key)
+        self._moved()
         with self._node() as others:
             self._grant(others)  # a waiter of this key may start now
 
@@ -840,11 +937,13 @@ class Admission:
 
     def reconsider(self) -> None:
         """An engine became ready: waiters may have room now."""
+        self._moved()
         with self._node() as others:
             self._grant(others)
 
     def refuse_waiting(self, error: APIError) -> None:
         """Fail every queued request with ``error`` (the gateway starts draining)."""
+        self._moved()
         with self._node():
             for q in self._queues.values():
                 for w in q:
