@@ -37,6 +37,7 @@ import aiohttp
 import numpy as np
 
 from bench.gateway import header
+from bench.load.clients import NO_STORE
 from bench.report import show, table, write_json
 from bench.synthetic_gateway import SyntheticGateway
 from common.config import ServeConfig
@@ -76,7 +77,7 @@ async def _interactive(
         nonlocal errors
         t0 = time.perf_counter()
         try:
-            async with s.post(f"{base}/v1/audio/speech", json=body) as r:
+            async with s.post(f"{base}/v1/audio/speech", json=body, headers=NO_STORE) as r:
                 if r.status != 200:
                     errors += 1
                     await r.read()
@@ -107,10 +108,12 @@ async def _job_audio_s(s: aiohttp.ClientSession, base: str, ids: list[str]) -> f
 
 
 async def _variant(base: str, args: argparse.Namespace, jobs: int) -> dict[str, Any]:
-    text = " ".join(f"Sentence {i} of a long bench chapter." for i in range(args.job_units))
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
         ids = []
-        for _ in range(jobs):
+        for j in range(jobs):
+            # Each job's sentences its own: a job's units cannot opt out of the sentence
+            # audio cache, which would answer a repeat of another job's.
+            text = " ".join(f"Sentence {i} of bench chapter {j}." for i in range(args.job_units))
             body = {"input": text, "voice": "tara", "response_format": "pcm",
                     "max_tokens": 7 * args.unit_frames}  # fmt: skip
             async with s.post(f"{base}/v1/audio/jobs", json=body) as r:

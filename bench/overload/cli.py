@@ -282,7 +282,12 @@ class ArmRunner:
         self.t0 = time.perf_counter()
 
     def target(self, key: str | None) -> Target:
-        return Target(url=self.url, api_key=key, read_timeout_s=self.args.read_timeout)
+        return Target(
+            url=self.url,
+            api_key=key,
+            read_timeout_s=self.args.read_timeout,
+            use_cache=self.args.use_cache,
+        )
 
     def _phase(self, label: str, clients: int, runs: list[LevelRun]) -> None:
         self.runs += runs

@@ -21,7 +21,7 @@ import aiohttp
 import numpy as np
 import pytest
 import zmq
-from gateway_harness import serve_config, wait_until
+from gateway_harness import NO_STORE, serve_config, wait_until
 from test_gateway_process import start_gateway
 
 from bench.doubles.local_server import free_port
@@ -371,7 +371,7 @@ async def test_two_gateway_processes_admit_for_the_node_under_a_flood(
                 # 36 frames at real-time pace: about 3 s per stream, time enough to probe.
                 tokens = 7 * frames
                 async with s.post(
-                    f"{url}/v1/audio/speech", json={**body, "max_tokens": tokens}
+                    f"{url}/v1/audio/speech", json={**body, "max_tokens": tokens}, headers=NO_STORE
                 ) as r:
                     await r.read()
                     return r.status, r.headers.get("Retry-After", ""), dict(r.headers)

@@ -6,6 +6,8 @@ and SNAC, are elsewhere (tests/test_e2e_*.py)."""
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -33,6 +35,10 @@ from shm.records import SAMPLE_RATE
 from shm.ring import create_ring, unlink_ring
 
 RING_BYTES = 4 << 20
+NO_STORE = {"Cache-Control": "no-store"}
+"""The header of a test that sends one text again and again to measure or count synthesis
+(admission, placement, saturation): the sentence audio cache, on by default, would answer
+its repeats, and its concurrent twins would share one synthesis (single flight)."""
 BYTES_PER_FRAME = 2048 * 2
 
 
@@ -83,15 +89,24 @@ async def running_gateway(
     tracing: Tracing | None = None,
     **gateway_cfg: Any,
 ) -> AsyncIterator[Harness]:
-    """A gateway serving HTTP on a free port, with a synthetic backend behind it."""
-    ep = layout.pcm_ring(0)
-    create_ring(ep, RING_BYTES)
-    be = SyntheticBackend(layout, **(backend or {})).start()
+    """A gateway serving HTTP on a free port, with a synthetic backend behind it.
+
+    The sentence audio cache is on, as by default; unless the test names ``cache.dir``, its
+    files go to a directory of this gateway's own, removed at the end (not the user's state
+    directory, where they would outlive the test and answer another's repeats)."""
     if gateway_cfg.pop("zmq", False):
         gateway_cfg["zmq_endpoint"] = f"ipc://{layout.socket_dir}/zmq-clients"
     config = serve_config(**gateway_cfg)
     if serve:  # other sections of the configuration ([voices], [llm], ...)
         config = msgspec.structs.replace(config, **serve)
+    own_cache = None
+    if not config.cache.dir:
+        own_cache = tempfile.mkdtemp(prefix="audio-cache-")
+        cache = msgspec.structs.replace(config.cache, dir=own_cache)
+        config = msgspec.structs.replace(config, cache=cache)
+    ep = layout.pcm_ring(0)
+    create_ring(ep, RING_BYTES)
+    be = SyntheticBackend(layout, **(backend or {})).start()
     gw = Gateway(config, layout, 0, GatewayMetrics(CollectorRegistry()), tracing)
     runner: web.AppRunner | None = None
     listener: Listener | None = None
@@ -124,6 +139,8 @@ async def running_gateway(
         await gw.close()
         be.stop()
         unlink_ring(ep)
+        if own_cache is not None:
+            shutil.rmtree(own_cache, ignore_errors=True)
 
 
 def pcm_seconds(n_bytes: int) -> float:
