@@ -283,7 +283,8 @@ async def test_a_cache_whose_directory_went_away_fails_no_request(
 async def test_a_hit_counts_in_its_key_s_concurrency_and_takes_no_engine_slot() -> None:
     admission = Admission(4, 4, 1.0, 1, lambda: None, key_limits=KeyLimits(1))
     admission.hold_key("k1")
-    assert admission.by_engine == [0] and admission.by_key == {"k1": 1}
+    assert admission.by_engine == [0] and admission.slotless_by_key == {"k1": 1}
+    assert not admission.by_key  # what the key's fair share counts
     with pytest.raises(APIError) as e:
         await admission.acquire("k1")
     assert e.value.status == 429
@@ -291,7 +292,7 @@ async def test_a_hit_counts_in_its_key_s_concurrency_and_takes_no_engine_slot() 
         admission.hold_key("k1")
     assert await admission.acquire("k2") == 0  # other keys: the engine slot is free
     admission.release_key("k1")
-    assert admission.by_key == {"k2": 1}
+    assert admission.by_key == {"k2": 1} and not admission.slotless_by_key
     assert await admission.acquire("k1") == 0
 
 
