@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from bench.doubles.synthetic_backend import SyntheticBackend
 from common.config import ServeConfig
+from common.config.cache import CacheConfig
 from common.config.gateway import GatewayConfig
 from common.config.text import TextConfig
 from common.tracing import Tracing
@@ -73,10 +74,17 @@ def serve_config(**gateway: Any) -> ServeConfig:
     commands in the text ("error-after-2") and its audio is one frame per character, both of
     which normalisation would change; the tests of normalisation turn it on. Admission is
     ``fixed`` unless asked: the synthetic backend's pace is set by the test, not by a load, so
-    a learned limit would measure nothing (tests/gateway/test_gateway_capacity.py asks for it)."""
+    a learned limit would measure nothing (tests/gateway/test_gateway_capacity.py asks for it).
+    The sentence audio cache is on, as by default, in a new directory of the run's own
+    temporary directory (removed at the run's end; ``running_gateway`` removes its gateway's
+    at once): in the user's state directory its entries would outlive the test and answer
+    another's repeats, in this run or the next (the synthetic backend's model is one name)."""
     gateway.setdefault("admission", "fixed")
     return ServeConfig(
-        device="cpu", gateway=GatewayConfig(**gateway), text=TextConfig(normalization="off")
+        device="cpu",
+        gateway=GatewayConfig(**gateway),
+        text=TextConfig(normalization="off"),
+        cache=CacheConfig(dir=tempfile.mkdtemp(prefix="audio-cache-")),
     )
 
 
@@ -89,21 +97,19 @@ async def running_gateway(
     tracing: Tracing | None = None,
     **gateway_cfg: Any,
 ) -> AsyncIterator[Harness]:
-    """A gateway serving HTTP on a free port, with a synthetic backend behind it.
-
-    The sentence audio cache is on, as by default; unless the test names ``cache.dir``, its
-    files go to a directory of this gateway's own, removed at the end (not the user's state
-    directory, where they would outlive the test and answer another's repeats)."""
+    """A gateway serving HTTP on a free port, with a synthetic backend behind it. The sentence
+    audio cache is on, as by default, in a directory of this gateway's own (``serve_config``),
+    removed at the end, unless the test names its own ``[cache]``."""
     if gateway_cfg.pop("zmq", False):
         gateway_cfg["zmq_endpoint"] = f"ipc://{layout.socket_dir}/zmq-clients"
     config = serve_config(**gateway_cfg)
+    own_cache = config.cache.dir
     if serve:  # other sections of the configuration ([voices], [llm], ...)
         config = msgspec.structs.replace(config, **serve)
-    own_cache = None
-    if not config.cache.dir:
-        own_cache = tempfile.mkdtemp(prefix="audio-cache-")
-        cache = msgspec.structs.replace(config.cache, dir=own_cache)
-        config = msgspec.structs.replace(config, cache=cache)
+    if not config.cache.dir:  # a test's [cache] that names no directory: this gateway's
+        config = msgspec.structs.replace(
+            config, cache=msgspec.structs.replace(config.cache, dir=own_cache)
+        )
     ep = layout.pcm_ring(0)
     create_ring(ep, RING_BYTES)
     be = SyntheticBackend(layout, **(backend or {})).start()
@@ -139,8 +145,7 @@ async def running_gateway(
         await gw.close()
         be.stop()
         unlink_ring(ep)
-        if own_cache is not None:
-            shutil.rmtree(own_cache, ignore_errors=True)
+        shutil.rmtree(own_cache, ignore_errors=True)
 
 
 def pcm_seconds(n_bytes: int) -> float:
