@@ -1,6 +1,6 @@
 """What does a 429 cost the gateway's CPU, with the early refusal and without?
 
-The real gateway process in front of the synthetic backend (``bench.synthetic_gateway``),
+The real gateway process in front of the synthetic backend (``bench.gateway.synthetic``),
 fixed admission, one slot, no queue: one long stream holds the slot, then ``--requests``
 refused ``POST /v1/audio/speech`` go one after another over fresh connections (as
 ``bench overload``'s clients send them: the shipped corpus, a fifth of them long paragraphs).
@@ -23,7 +23,7 @@ import time
 import aiohttp
 
 from bench.load.texts import load_corpus
-from bench.synthetic_gateway import SyntheticGateway
+from bench.gateway.synthetic import SyntheticGateway
 from common.config import ServeConfig
 from common.config.gateway import GatewayConfig
 from shm.config import ShmConfig
