@@ -10,7 +10,7 @@ and the 429s of any gateway say what the node can take. The segment
              | (96 bytes unused)
              | per-key table: KEY_ENTRIES x (key id i64 | active i64 | queued i64
                                              | refused i64 | last admitted ns i64
-                                             | admitted lately i64)
+                                             | admitted lately i64 | slotless i64)
 
 The per-engine counts place each stream on one of the node's vLLM engines (``llm.engines``)
 by the streams every gateway holds there, so two gateways do not pile onto one engine. The
@@ -19,7 +19,8 @@ engine holds in real time (0: no fresh evidence); the node takes the lowest fres
 The per-key table holds the streams (active and queued) each API key has in this gateway,
 the requests of the key it refused lately whose clients are still expected back (their
 Retry-After not yet out), when it last admitted one of the key's streams and how many it
-admitted lately, under a stable
+admitted lately, and its streams that hold no engine slot (the sentence audio cache's hits:
+counted in the key's concurrency, not in its share), under a stable
 63-bit id of the key (``key_id``; 0 marks a free entry), so that a key's concurrency limit
 (``gateway.max_streams_per_key``), its fair share of the node (``gateway.admission.shares``) and the
 turns between keys are the node's, not one process's. A gateway publishes its ``KEY_ENTRIES`` busiest keys; one with more
@@ -54,9 +55,10 @@ from shm.ring import SHM_DIR
 
 HEADER_BYTES = 256
 KEY_ENTRIES = 128
-"""API keys one gateway publishes at once (6 KiB of its slot)."""
-KEY_FIELDS = 6
-"""Key id, active, queued, refused, last admitted (CLOCK_MONOTONIC ns), admitted lately."""
+"""API keys one gateway publishes at once (7 KiB of its slot)."""
+KEY_FIELDS = 7
+"""Key id, active, queued, refused, last admitted (CLOCK_MONOTONIC ns), admitted lately,
+slotless."""
 SLOT_BYTES = HEADER_BYTES + KEY_ENTRIES * KEY_FIELDS * 8
 _FIELDS = SLOT_BYTES // 8
 PID, ACTIVE, QUEUED, OLDEST = 0, 1, 2, 3
@@ -79,6 +81,9 @@ class KeyCounts(NamedTuple):
     """When one of its streams was last admitted (CLOCK_MONOTONIC; 0: not lately)."""
     admitted: int = 0
     """Its streams admitted lately (``gateway.admission.queue.ADMITTED_WINDOW_S``): its turns."""
+    slotless: int = 0
+    """Its streams that hold no engine slot (the sentence audio cache's hits): they count
+    in its concurrency (``gateway.max_streams_per_key``), not in ``active`` nor its share."""
 
     def merged(self, other: KeyCounts) -> KeyCounts:
         return KeyCounts(
@@ -87,6 +92,7 @@ class KeyCounts(NamedTuple):
             self.refused + other.refused,
             max(self.last_admit_ns, other.last_admit_ns),
             self.admitted + other.admitted,
+            self.slotless + other.slotless,
         )
 
 
@@ -202,8 +208,8 @@ class AdmissionBoard:
             if wanted.size or every:
                 table = slot[KEYS0:].reshape(KEY_ENTRIES, KEY_FIELDS)
                 rows = table[table[:, 0] != 0] if every else table[np.isin(table[:, 0], wanted)]
-                for kid, a, q, r, t, n in rows.tolist():
-                    theirs = KeyCounts(a, q, r, t, n)
+                for kid, a, q, r, t, n, f in rows.tolist():
+                    theirs = KeyCounts(a, q, r, t, n, f)
                     held = counts.get(kid)
                     counts[kid] = theirs if held is None else held.merged(theirs)
         return Others(
@@ -247,7 +253,7 @@ class AdmissionBoard:
         table[:] = 0
         rows = list(keys.items())
         if len(rows) > KEY_ENTRIES:
-            rows.sort(key=lambda kv: kv[1][0] + kv[1][1] + kv[1][2], reverse=True)
+            rows.sort(key=lambda kv: kv[1][0] + kv[1][1] + kv[1][2] + sum(kv[1][5:]), reverse=True)
         for k, (kid, counts) in enumerate(rows[:KEY_ENTRIES]):
             table[k, 0] = kid
             table[k, 1 : 1 + len(counts)] = counts

@@ -208,6 +208,9 @@ async def run_level(spec: LevelSpec) -> LevelResult:
     request = (
         b"POST /v1/audio/speech HTTP/1.1\r\n"
         + f"Host: 127.0.0.1:{spec.port}\r\nContent-Type: application/json\r\n".encode()
+        # Every stream says the same text: without no-store the sentence audio cache
+        # would answer them (single flight, then hits) and the bench would measure it.
+        + b"Cache-Control: no-store\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )

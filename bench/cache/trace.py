@@ -6,15 +6,16 @@ bypassed, side by side on one server in one run.
 
 (``python -m bench.cache.trace`` the same.)
 
-One server (``cache.enabled``, two API keys' worth of clients in the same key), closed-loop
-clients each speaking voice-agent turns (``bench.cache.policy.voice_agent_trace``'s sentences
-without the flood: a stock phrase of 50, Zipf, opening or closing two unique sentences) one
-sentence per ``POST /v1/audio/speech``. The arms alternate in phases of ``--phase-s``: the
-``on`` arm's requests use the cache, the ``off`` arm's send ``Cache-Control: no-store``
-(neither read nor written: the server as it is without the cache), so both meet the same
-machine and the same model. Per arm: requests, audio seconds delivered per second, time to
-first byte (request sent to first body byte, at the client) p50/p99 by ``X-Cache`` (hit,
-miss), the hit ratio; the cache's entries and bytes at the end (``/metrics``).
+One server (the cache on, as by default; two API keys' worth of clients in the same key),
+closed-loop clients each speaking voice-agent turns
+(``bench.cache.policy.voice_agent_trace``'s sentences without the flood: a stock phrase of
+50, Zipf, opening or closing two unique sentences) one sentence per ``POST
+/v1/audio/speech``. The arms alternate in phases of ``--phase-s``: the ``on`` arm's requests
+use the cache, the ``off`` arm's send ``Cache-Control: no-store`` (neither read nor written:
+the server as it is without the cache), so both meet the same machine and the same model.
+Per arm: requests, audio seconds delivered per second, time to first byte (request sent to
+first body byte, at the client) p50/p99 by ``X-Cache`` (hit, miss), the hit ratio; the
+cache's entries and bytes at the end (``/metrics``).
 
 ``--scenario repeat``: the issue's closed-loop check instead, the ``repeat`` arm's clients
 cycling through five sentences (cached after their second synthesis) against the
@@ -197,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
+        # The cache as configured by default (on), its entries in this run's directory.
         extra = ["--set", f'gateway.api_keys=["{KEY}"]', "--set", "gateway.admission=fixed",
-                 "--set", "cache.enabled=true", "--set", f"cache.dir={tmp}/entries"]  # fmt: skip
+                 "--set", f"cache.dir={tmp}/entries"]  # fmt: skip
         argv_ = [ORPHEUS_SERVE, "serve", "--model", args.model, "--codec-model",
                  args.codec_model, "--device", args.device, "--host", "127.0.0.1",
                  "--port", str(port), *extra]  # fmt: skip

@@ -211,7 +211,7 @@ def run_variant(
     with server:
         server.wait_ready(args.ready_timeout)
         console.print(f"ready after {server.ready_after_s:.0f}s")
-        target = Target(url=server.url, read_timeout_s=args.read_timeout)
+        target = Target(url=server.url, read_timeout_s=args.read_timeout, use_cache=args.use_cache)
         coro = _measure(target, args, plan_from_args(args), corpus, slo_from_args(args), progress)
         levels, found = event_loop_runner()(coro)
     return VariantRun(

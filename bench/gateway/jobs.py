@@ -40,6 +40,7 @@ from bench.gateway.cpu import header
 from bench.gateway.synthetic import SyntheticGateway
 from bench.lib.report import show, table, write_json
 from bench.lib.stats import percentile
+from bench.load.clients import NO_STORE
 from common.config import ServeConfig
 from common.config.gateway import GatewayConfig
 from common.config.jobs import JobsConfig
@@ -73,7 +74,7 @@ async def _interactive(
         nonlocal errors
         t0 = time.perf_counter()
         try:
-            async with s.post(f"{base}/v1/audio/speech", json=body) as r:
+            async with s.post(f"{base}/v1/audio/speech", json=body, headers=NO_STORE) as r:
                 if r.status != 200:
                     errors += 1
                     await r.read()
@@ -104,10 +105,12 @@ async def _job_audio_s(s: aiohttp.ClientSession, base: str, ids: list[str]) -> f
 
 
 async def _variant(base: str, args: argparse.Namespace, jobs: int) -> dict[str, Any]:
-    text = " ".join(f"Sentence {i} of a long bench chapter." for i in range(args.job_units))
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
         ids = []
-        for _ in range(jobs):
+        for j in range(jobs):
+            # Each job's sentences its own: a job's units cannot opt out of the sentence
+            # audio cache, which would answer a repeat of another job's.
+            text = " ".join(f"Sentence {i} of bench chapter {j}." for i in range(args.job_units))
             body = {"input": text, "voice": "tara", "response_format": "pcm",
                     "max_tokens": 7 * args.unit_frames}  # fmt: skip
             async with s.post(f"{base}/v1/audio/jobs", json=body) as r:

@@ -36,6 +36,7 @@ from bench.gateway.cpu import header
 from bench.gateway.synthetic import SyntheticGateway
 from bench.lib.report import show, table, write_json
 from bench.lib.stats import percentile
+from bench.load.clients import NO_STORE
 from common.config import ServeConfig
 from common.config.gateway import GatewayConfig
 from common.config.text import TextConfig
@@ -182,7 +183,11 @@ class _Session:
 
 
 async def _level(base: str, proto: str, sessions: int, rounds: int, voice: str) -> list[float]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+    # no-store on every request and WebSocket upgrade: the sessions say the same turns, which
+    # the sentence audio cache would answer; this bench measures the protocols' synthesis.
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=600), headers=NO_STORE
+    ) as http:
         ss = [_Session(proto, base, http, voice) for _ in range(sessions)]
         await asyncio.gather(*(s.open() for s in ss))
         try:

@@ -7,7 +7,9 @@ measure.
 directory, PCM ring, a free port), starts the source, then the gateway, and returns once the
 gateway reported ready (as it would to the orchestrator); on leaving (or a failed start) the
 gateway is stopped with SIGTERM (it drains), then the source, and the ring, sockets and run
-directory are removed.
+directory are removed. The sentence audio cache (on by default) keeps its files in the
+run directory unless ``cache.dir`` is set; the benchmarks' clients send
+``Cache-Control: no-store`` where they measure synthesis.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+import msgspec
 
 from common.config import ServeConfig
 from shm.config import ShmConfig
@@ -63,7 +67,12 @@ class SyntheticGateway:
         create_ring(self.layout.pcm_ring(0), shm.pcm_ring_bytes)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.config = configure(shm, self.port, self.run_dir)
+        config = configure(shm, self.port, self.run_dir)
+        if not config.cache.dir:  # the sentence audio cache's sightings and entries: here,
+            # removed with the run, not in the user's state directory
+            cache = msgspec.structs.replace(config.cache, dir=os.path.join(self.run_dir, "cache"))
+            config = msgspec.structs.replace(config, cache=cache)
+        self.config = config
         self.stop = self.ctx.Event()
         self._source_options = source
         self.source: Any = None

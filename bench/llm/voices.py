@@ -52,6 +52,11 @@ LORA_RANK = 8
 # -- TTFB ----------------------------------------------------------------------------------------
 
 
+_NO_STORE = {"Cache-Control": "no-store"}
+"""The texts repeat across variants: synthesised each time, not answered by the sentence
+audio cache (``bench.load.clients.NO_STORE``, not imported: aiohttp is imported lazily)."""
+
+
 async def _ttfb(url: str, voice: str, text: str, seed: int) -> float:
     import aiohttp
 
@@ -59,7 +64,7 @@ async def _ttfb(url: str, voice: str, text: str, seed: int) -> float:
             "max_tokens": 7 * 4, "seed": seed}  # fmt: skip
     async with aiohttp.ClientSession() as s:
         t0 = time.perf_counter()
-        async with s.post(f"{url}/v1/audio/speech", json=body) as r:
+        async with s.post(f"{url}/v1/audio/speech", json=body, headers=_NO_STORE) as r:
             if r.status != 200:
                 raise RuntimeError(f"{voice}: {r.status} {await r.text()}")
             await r.content.readany()

@@ -103,6 +103,12 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model-name", default="tts-1", help="the request's model field")
     g.add_argument("--seed", type=int, default=0, help="seed of texts and arrivals")
     _seconds(g, "--read-timeout", 60.0, "a stream silent this long counts as broken (60)")
+    g.add_argument(
+        "--use-cache",
+        action="store_true",
+        help="let the server's sentence audio cache answer repeated texts (default: every "
+        "request sends Cache-Control: no-store, so that the bench measures synthesis)",
+    )
     s = p.add_argument_group("targets")
     _seconds(s, "--ttfb-budget", 1.0, "p99 TTFB budget for pass/fail, goodput and capacity (1.0)")
     s.add_argument(
@@ -237,7 +243,11 @@ async def _run(
     args: argparse.Namespace, corpus: Corpus, console: Console | None
 ) -> tuple[LevelResult | None, list[LevelResult], SearchResult | None]:
     target = Target(
-        url=args.url, zmq=args.zmq, api_key=args.api_key, read_timeout_s=args.read_timeout
+        url=args.url,
+        zmq=args.zmq,
+        api_key=args.api_key,
+        read_timeout_s=args.read_timeout,
+        use_cache=args.use_cache,
     )
     plan, slo = plan_from_args(args), slo_from_args(args)
     warmup = None

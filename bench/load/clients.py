@@ -39,6 +39,11 @@ class SpeechRequest(msgspec.Struct, frozen=True, kw_only=True):
         return body
 
 
+NO_STORE = {"Cache-Control": "no-store"}
+"""The header a bench that measures synthesis sends with every request: the server's
+sentence audio cache (on by default) would otherwise answer its repeated texts."""
+
+
 class SpeechClient(Protocol):
     """Streams one request's audio into its trace. Cancellation must abort the request."""
 
@@ -48,11 +53,17 @@ class SpeechClient(Protocol):
 
 
 class HttpSpeechClient:
-    """``POST /v1/audio/speech`` with ``response_format=pcm`` (24 kHz int16 mono, no header)."""
+    """``POST /v1/audio/speech`` with ``response_format=pcm`` (24 kHz int16 mono, no header).
+    ``use_cache`` False (the default): every request sends ``Cache-Control: no-store``, so
+    that a repeated text is synthesised again, not answered by the sentence audio cache."""
 
-    def __init__(self, base_url: str, *, read_timeout_s: float, api_key: str | None) -> None:
+    def __init__(
+        self, base_url: str, *, read_timeout_s: float, api_key: str | None, use_cache: bool = False
+    ) -> None:
         self._url = base_url.rstrip("/") + "/v1/audio/speech"
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        if not use_cache:
+            self._headers.update(NO_STORE)
         # One connection per stream and no pool limit: the generator, not the connector,
         # decides how many requests are in flight.
         self._session = aiohttp.ClientSession(
@@ -97,13 +108,17 @@ class HttpSpeechClient:
 class ZmqSpeechClient:
     """The gateway's ZeroMQ protocol (``orpheus_client.zmq_client.AsyncClient``), for internal clients.
 
-    All streams share one DEALER socket, as an internal client would use it.
+    All streams share one DEALER socket, as an internal client would use it. ``use_cache``
+    False (the default): every request sends ``cache="no-store"``, as HTTP's header.
     """
 
-    def __init__(self, endpoint: str, *, read_timeout_s: float, api_key: str | None) -> None:
+    def __init__(
+        self, endpoint: str, *, read_timeout_s: float, api_key: str | None, use_cache: bool = False
+    ) -> None:
         from orpheus_client.zmq_client import AsyncClient  # imported lazily: optional transport
 
         self._client = AsyncClient(endpoint, api_key=api_key, timeout_s=read_timeout_s)
+        self._cache = None if use_cache else "no-store"
 
     async def stream(self, request: SpeechRequest, trace: StreamTrace) -> None:
         from orpheus_client.zmq_client import SpeechError
@@ -112,7 +127,7 @@ class ZmqSpeechClient:
         trace.sent = time.perf_counter()
         try:
             async for data in self._client.speech(
-                request.text, voice=request.voice, max_tokens=request.max_tokens
+                request.text, voice=request.voice, max_tokens=request.max_tokens, cache=self._cache
             ):
                 if data:
                     trace.record(time.perf_counter(), len(data))

@@ -34,6 +34,9 @@ class Target(msgspec.Struct, frozen=True, kw_only=True):
     api_key: str | None = None
     read_timeout_s: float = 60.0
     """A stream silent for this long is broken (clients give up after 3-30 s)."""
+    use_cache: bool = False
+    """Let the server's sentence audio cache answer repeated texts; False: every request
+    says ``no-store`` (the benches measure synthesis, and their texts repeat)."""
 
     @property
     def name(self) -> str:
@@ -42,9 +45,17 @@ class Target(msgspec.Struct, frozen=True, kw_only=True):
     def client(self) -> SpeechClient:
         if self.zmq:
             return ZmqSpeechClient(
-                self.zmq, read_timeout_s=self.read_timeout_s, api_key=self.api_key
+                self.zmq,
+                read_timeout_s=self.read_timeout_s,
+                api_key=self.api_key,
+                use_cache=self.use_cache,
             )
-        return HttpSpeechClient(self.url, read_timeout_s=self.read_timeout_s, api_key=self.api_key)
+        return HttpSpeechClient(
+            self.url,
+            read_timeout_s=self.read_timeout_s,
+            api_key=self.api_key,
+            use_cache=self.use_cache,
+        )
 
 
 class NotReady(RuntimeError):

@@ -286,7 +286,12 @@ class ArmRunner:
         self._cpu_at: tuple[float, dict[str, float]] = (self.t0, {})
 
     def target(self, key: str | None) -> Target:
-        return Target(url=self.url, api_key=key, read_timeout_s=self.args.read_timeout)
+        return Target(
+            url=self.url,
+            api_key=key,
+            read_timeout_s=self.args.read_timeout,
+            use_cache=self.args.use_cache,
+        )
 
     def _cpu_start(self) -> None:
         self._cpu_at = (time.perf_counter(), process_tree_cpu_s(self.server_pid))

@@ -224,7 +224,11 @@ class Soak:
         print(_sample_line(start), flush=True)
         connector = aiohttp.TCPConnector(limit=0, force_close=True)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        # no-store: the soak measures the synthesis path's leaks, and a cached answer (or
+        # a sighting in the server's state directory) is not what it runs for.
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, headers={"Cache-Control": "no-store"}
+        ) as session:
             sampler = asyncio.create_task(self.sampler())
             await self.traffic(session)
             await sampler

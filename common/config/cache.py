@@ -11,9 +11,10 @@ import msgspec
 
 
 class CacheConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    enabled: bool = False
+    enabled: bool = True
     """Serve repeated units from the cache and store new ones (off: every unit is
-    synthesised, nothing is written)."""
+    synthesised, nothing is written). A request opts out with ``Cache-Control: no-store``
+    (docs/api.md, "The sentence audio cache")."""
     scope: Literal["key", "node"] = "key"
     """``key``: entries belong to the API key that made them (no key ever hears another's
     sentences, nor learns from a hit's speed that another said them); ``node``: one entry

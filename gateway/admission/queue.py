@@ -11,7 +11,9 @@ Waiting (learned): a request waits only as long as a real-time client can use
 (``wait_budget``: the TTFB budget less the start time the engine needs now); one that could
 not start within it (more requests ahead than the node finishes in that time) is refused at
 once, with Retry-After. Per key: ``gateway.max_streams_per_key`` (and per-key overrides) caps
-a key's streams (429 ``too_many_concurrent_requests`` at once: the key queues on its side).
+a key's streams (429 ``too_many_concurrent_requests`` at once: the key queues on its side),
+those served from the sentence audio cache included (``hold_key``: they take no engine slot
+and count in nothing else here, fair shares included).
 
 Fair shares (issue 60), while more than one key has demand on the node: each key's share of
 the node's capacity is its demand or its weighted part of an equal split among the keys with
@@ -225,7 +227,11 @@ class Admission:
         """The share of each key this process knows, as the last contended decision set it
         (empty while at most one key has demand)."""
         self.by_key: dict[str, int] = {}
-        """Streams this process holds per API key (keys with none are not kept)."""
+        """Streams this process holds an engine slot for, per API key (keys with none are not
+        kept): what the key's share and turns count."""
+        self.slotless_by_key: dict[str, int] = {}
+        """Streams this process serves with no engine slot, per API key (the sentence audio
+        cache's hits, ``hold_key``): they count in the key's concurrency only."""
         self._ids: dict[str, int] = {}
         """Board ids (``shm.admission.key_id``) of the keys this process holds or queues."""
         self.keys_unpublished = 0
@@ -318,12 +324,13 @@ class Admission:
         counts: dict[int, KeyCounts] = {}
         for key in list(self._ids):
             held, waiting, owed = self.by_key.get(key, 0), self._queued_of(key), 0
+            slotless = self.slotless_by_key.get(key, 0)
             if key in self._owed:
                 owed = self._owed_of(key, now_ns)
             last = self._last_admit.get(key, 0)
-            if held or waiting or owed or now_ns - last < REMEMBER_NS:
+            if held or waiting or owed or slotless or now_ns - last < REMEMBER_NS:
                 counts[self._ids[key]] = KeyCounts(
-                    held, waiting, owed, last, self._admitted_of(key, now_ns)
+                    held, waiting, owed, last, self._admitted_of(key, now_ns), slotless
                 )
             else:
                 del self._ids[key]
@@ -401,8 +408,11 @@ class Admission:
         return self.by_key.get(key, 0) + self._theirs(key, others)[0]
 
     def _node_streams_of(self, key: str, others: Others) -> int:
-        """Streams ``key`` holds and waits for on the node."""
-        return self._node_held(key, others) + self._queued_of(key) + self._theirs(key, others)[1]
+        """Streams ``key`` holds and waits for on the node, those with no engine slot (cache
+        hits) included: what its concurrency limit counts."""
+        theirs = self._theirs(key, others)
+        here = self.by_key.get(key, 0) + self.slotless_by_key.get(key, 0) + self._queued_of(key)
+        return here + theirs.active + theirs.slotless + theirs.queued
 
     def node_counts(self) -> tuple[int, int]:
         """Active and queued streams of the whole node."""
@@ -908,8 +918,10 @@ class Admission:
     def hold_key(self, key: str = ANONYMOUS) -> None:
         """A stream of ``key`` served from the sentence audio cache: it takes no engine slot
         (the learned and fixed limits count synthesis only) but counts in the key's
-        concurrency (``max_streams_per_key``), node-wide. Raises ``APIError`` (the gate's
-        503, or 429 ``too_many_concurrent_requests``); ``release_key`` it."""
+        concurrency (``max_streams_per_key``), node-wide, and not in its fair share nor its
+        turns (``slotless_by_key``: a key whose callers hear cached greetings is not the
+        busier for it when it asks for synthesis). Raises ``APIError`` (the gate's 503, or
+        429 ``too_many_concurrent_requests``); ``release_key`` it."""
         refused = self._gate()
         if refused is not None:
             raise refused
@@ -917,18 +929,22 @@ class Admission:
         with self._node(key) as others:
             if key_limit and (held := self._node_streams_of(key, others)) >= key_limit:
                 raise self._key_busy(held, key_limit)
-            self.by_key[key] = self.by_key.get(key, 0) + 1
+            self.slotless_by_key[key] = self.slotless_by_key.get(key, 0) + 1
             self._id(key)
 
     def release_key(self, key: str = ANONYMOUS) -> None:
         """The end of a ``hold_key`` stream."""
-        self._drop_key_stream(key)
-        self._moved()
-        with self._node() as others:
-            self._grant(others)  # a waiter of this key may start now
+        n = self.slotless_by_key.get(key, 0) - 1
+        if n > 0:
+            self.slotless_by_key[key] = n
+        else:
+            self.slotless_by_key.pop(key, None)
+        self._moved()  # a key held at its limit may be admitted now: no early refusal
+        with self._node() as others:  # publishes the key's count to the other processes
+            self._grant(others)  # a waiter of this key held at its limit may start now
 
     def _drop_key_stream(self, key: str) -> None:
-        """One stream of ``key`` fewer in this process (a slot's or a ``hold_key``'s)."""
+        """One stream of ``key`` with a slot fewer in this process."""
         n = self.by_key.get(key, 0) - 1
         if n > 0:
             self.by_key[key] = n

@@ -7,10 +7,14 @@
   kept);
 - the WebSocket protocols and ZeroMQ: a ``cache`` field, ``"use"`` (the default),
   ``"no-cache"`` or ``"no-store"``, with the header's meanings.
+
+What the answer says: ``combined`` makes one state of the units a protocol's final message
+covers (ElevenLabs' context, vLLM-Omni's sentence).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 import msgspec
@@ -66,3 +70,19 @@ def without_logging(use: CacheUse) -> CacheUse:
     """``use`` for a request that asked for zero retention (ElevenLabs' ``enable_logging``
     false): never written."""
     return CacheUse(read=use.read, write=False)
+
+
+def combined(states: Iterable[str | None]) -> str | None:
+    """The cache state of an answer made of units with these states (each a request's
+    ``cache_state``): ``hit`` when every unit came from the cache, ``miss`` when none did,
+    ``partial`` otherwise; None when no unit could be cached (the cache off, pauses alone):
+    the protocol then says nothing, as before the cache. A unit that could not be cached
+    (None) beside cacheable ones counts as synthesised."""
+    seen = list(states)
+    if all(s is None for s in seen):
+        return None
+    if all(s == "hit" for s in seen):
+        return "hit"
+    if all(s in ("miss", None) for s in seen):
+        return "miss"
+    return "partial"

@@ -155,6 +155,10 @@ ROUTES = {
     ("GET", "/v1/audio/jobs/{job_id}"),
     ("DELETE", "/v1/audio/jobs/{job_id}"),
     ("GET", "/v1/audio/jobs/{job_id}/audio"),
+    # the sentence audio cache (on by default; gateway/cache/routes.py, gateway/warm.py)
+    ("DELETE", "/v1/cache"),
+    ("DELETE", "/v1/admin/cache"),
+    ("POST", "/v1/cache/warm"),
 }
 
 
@@ -166,7 +170,7 @@ def test_the_front_end_registry_adds_every_route() -> None:
 
     gateway = SimpleNamespace(
         config=ServeConfig(), custom_voices=None, voices=SimpleNamespace(listing=None), tracing=None,
-        metrics=None,
+        metrics=None, cache=SimpleNamespace(shared=False),
     )  # fmt: skip
     app = build_app(gateway)  # type: ignore[arg-type]
     routes = {

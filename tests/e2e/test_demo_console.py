@@ -38,9 +38,12 @@ CAUSE = re.compile(r"^orpheus-serve: .+; fix: .+$")
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_demo_console_is_short_and_its_log_is_full(tmp_path: Path) -> None:
+    # The sentence audio cache (on by default) of the demo's server in the test's directory,
+    # not the user's state directory.
+    env = {**os.environ, "ORPHEUS_CACHE__DIR": str(tmp_path / "audio-cache")}
     r = subprocess.run(
         [sys.executable, "-m", "orpheus_serve.demo"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=840, check=False,
+        cwd=tmp_path, capture_output=True, text=True, timeout=840, check=False, env=env,
     )  # fmt: skip
     console = (r.stdout + r.stderr).strip().splitlines()
     log_path = tmp_path / "demo.log"

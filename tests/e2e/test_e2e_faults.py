@@ -40,6 +40,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from e2e_harness import (
+    NO_STORE,
     Server,
     child_pid,
     instance_pids,
@@ -85,7 +86,7 @@ def _speak(url: str, frames: int = 6) -> int:
     body = json.dumps({"model": "tts-1", "input": "After the fault.", "voice": "tara",
                        "response_format": "pcm", "max_tokens": 7 * frames, "seed": 3}).encode()  # fmt: skip
     req = urllib.request.Request(
-        f"{url}/v1/audio/speech", body, {"Content-Type": "application/json"}
+        f"{url}/v1/audio/speech", body, {"Content-Type": "application/json", **NO_STORE}
     )
     with urllib.request.urlopen(req, timeout=300) as r:
         assert r.status == 200
@@ -175,7 +176,7 @@ async def _stream(url: str, max_tokens: int, seed: int, out: Outcome, first: asy
     timeout = aiohttp.ClientTimeout(total=300, sock_read=120)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as s:
-            async with s.post(f"{url}/v1/audio/speech", json=body) as r:
+            async with s.post(f"{url}/v1/audio/speech", json=body, headers=NO_STORE) as r:
                 out.status = r.status
                 async for chunk in r.content.iter_any():
                     out.audio += len(chunk)

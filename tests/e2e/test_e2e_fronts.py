@@ -39,7 +39,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from e2e_harness import BYTES_PER_FRAME, Server, start_server, stop_server
+from e2e_harness import BYTES_PER_FRAME, NO_STORE, Server, start_server, stop_server
 
 from common.config.gateway import GatewayConfig
 from store.voices import VoicesConfig
@@ -467,7 +467,10 @@ async def _refused_while_full(front: Front, server: Server) -> tuple[int, dict, 
             while await asyncio.to_thread(_active_streams, server) != 1:
                 assert time.monotonic() < deadline and not busy.done()
                 await asyncio.sleep(0.02)
-            async with s.post(f"{front.url}/v1/audio/speech", json=_speech(6)) as r:
+            # no-store: a cached answer would take no slot, and this one is to be refused
+            async with s.post(
+                f"{front.url}/v1/audio/speech", json=_speech(6), headers=NO_STORE
+            ) as r:
                 return r.status, await r.json(content_type=None), r.headers.get("Retry-After")
         finally:
             busy.cancel()

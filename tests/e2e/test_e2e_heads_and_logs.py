@@ -27,7 +27,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from e2e_harness import Server, start_server, stop_server
+from e2e_harness import NO_STORE, Server, start_server, stop_server
 from serve_logs import check_json_log, check_text_log, stop_after_ready_line
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -65,7 +65,7 @@ def servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 async def speak(url: str, body: dict) -> bytes:
     req = {"model": "tts-1", "response_format": "pcm", "temperature": 0.0, "seed": 3, **body}
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"{url}/v1/audio/speech", json=req) as resp:
+        async with session.post(f"{url}/v1/audio/speech", json=req, headers=NO_STORE) as resp:
             assert resp.status == 200, await resp.text()
             return await resp.read()
 

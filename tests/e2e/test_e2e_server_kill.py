@@ -39,6 +39,7 @@ from typing import Any
 import pytest
 from e2e_harness import (
     EXE,
+    NO_STORE,
     Server,
     describe_pids,
     instance_pids,
@@ -82,7 +83,7 @@ def _stream(url: str, started: threading.Event) -> None:
     body = json.dumps({"model": "tts-1", "input": "A stream the crash cuts short.",
                        "voice": "tara", "response_format": "pcm", "max_tokens": 7 * 400}).encode()  # fmt: skip
     req = urllib.request.Request(
-        f"{url}/v1/audio/speech", body, {"Content-Type": "application/json"}
+        f"{url}/v1/audio/speech", body, {"Content-Type": "application/json", **NO_STORE}
     )
     try:
         with urllib.request.urlopen(req, timeout=300) as r:
@@ -98,7 +99,7 @@ def _speak(url: str) -> int:
     body = json.dumps({"model": "tts-1", "input": "Still here.", "voice": "tara",
                        "response_format": "pcm", "max_tokens": 7 * 4, "seed": 3}).encode()  # fmt: skip
     req = urllib.request.Request(
-        f"{url}/v1/audio/speech", body, {"Content-Type": "application/json"}
+        f"{url}/v1/audio/speech", body, {"Content-Type": "application/json", **NO_STORE}
     )
     with urllib.request.urlopen(req, timeout=300) as r:
         return len(r.read())

@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from e2e_harness import BYTES_PER_FRAME, EXE, Server, start_server, stop_server
+from e2e_harness import BYTES_PER_FRAME, EXE, NO_STORE, Server, start_server, stop_server
 
 from testkit.clips import reference_clip
 
@@ -77,7 +77,7 @@ async def _speak(
 ) -> tuple[int, bytes]:
     body = {"model": "tts-1", "input": text, "voice": voice, "response_format": "pcm",
             "max_tokens": 7 * frames, "seed": seed}  # fmt: skip
-    async with aiohttp.ClientSession(headers=AUTH) as s:
+    async with aiohttp.ClientSession(headers={**AUTH, **NO_STORE}) as s:
         async with s.post(f"{url}/v1/audio/speech", json=body) as r:
             return r.status, await r.read()
 

@@ -6,10 +6,11 @@ request's context to the llm worker. Tracing off: no context is sent."""
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import aiohttp
 import pytest
-from gateway_harness import running_gateway
+from gateway_harness import NO_STORE, running_gateway
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -103,10 +104,11 @@ async def test_a_queued_request_has_an_admission_span(layout: InstanceLayout) ->
         max_active_streams=1,
         max_queued_streams=1,
     ) as h:
-        held = asyncio.create_task(speak_http(h.url, {"traceparent": TRACEPARENT}))
+        # no-store: the twin would otherwise follow the first's synthesis (single flight)
+        held = asyncio.create_task(speak_http(h.url, {"traceparent": TRACEPARENT, **NO_STORE}))
         while not h.gateway.requests.active:
             await asyncio.sleep(0.01)
-        await speak_http(h.url, {})  # waits for the first one's slot
+        await speak_http(h.url, NO_STORE)  # waits for the first one's slot
         await held
     spans = exporter.get_finished_spans()
     (queued,) = [s for s in spans if s.name == "tts.request" and s.parent is None]
@@ -133,10 +135,13 @@ async def test_a_rejected_request_ends_its_span_with_the_error(layout: InstanceL
     ) as h:
         async with aiohttp.ClientSession() as session:
             body = {"model": "orpheus", "input": "Hello " * 40, "voice": "tara"}
-            first = asyncio.create_task(session.post(f"{h.url}/v1/audio/speech", json=body))
+            post = functools.partial(
+                session.post, f"{h.url}/v1/audio/speech", json=body, headers=NO_STORE
+            )  # no-store: the twin would otherwise follow the first's synthesis, not queue
+            first = asyncio.create_task(post())
             while not h.gateway.requests.active:
                 await asyncio.sleep(0.01)
-            async with session.post(f"{h.url}/v1/audio/speech", json=body) as resp:
+            async with post() as resp:
                 assert resp.status == 429
             (await first).release()
     rejected = [

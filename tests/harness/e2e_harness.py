@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections import Counter
@@ -18,12 +19,18 @@ import pytest
 from bench.load.servers import ORPHEUS_SERVE, orpheus_serve_argv
 from llm_worker.engine.env import MULTIPROCESSING_ENV, RPC_DIR_ENV
 from orchestrator import proctree
+from orchestrator.settings import is_set, set_overrides
 from shm.records import SAMPLES_PER_FRAME
 from shm.ring import SHM_DIR
 from testkit.local_server import free_port, wait_ready
 
 EXE = ORPHEUS_SERVE
 BYTES_PER_FRAME = SAMPLES_PER_FRAME * 2
+NO_STORE = {"Cache-Control": "no-store"}
+"""The header of a request that must be synthesised: the sentence audio cache is on by
+default, and a test that says one body again and again (a stream after each fault, twins
+compared with each other) would otherwise hear its third saying from the cache, and its
+concurrent twins would share one synthesis."""
 START_TIMEOUT_S = 600.0  # vLLM's CPU start-up on a busy 2-core machine
 
 NO_ENGINE_ENV = "TESTS_NO_ENGINE"
@@ -208,6 +215,7 @@ def start_server(
     codec = str(model / "snac") if codec_model else None
     zmq_set = ["--set", f"gateway.zmq_endpoint={zmq_endpoint}"] if zmq else []
     admission_set = ["--set", f"gateway.admission={admission}"]
+    admission_set += _own_cache_dir(extra)
     cmd = orpheus_serve_argv(str(model), codec, "cpu", port, [*admission_set, *extra, *zmq_set])
     note_engine_start("server")
     # Without the test run's VLLM_RPC_BASE_PATH (tests/conftest.py): the server puts vLLM's
@@ -224,6 +232,20 @@ def start_server(
         proc.wait()
         raise
     return srv
+
+
+def _own_cache_dir(extra: tuple[str, ...]) -> list[str]:
+    """``--set cache.dir=`` a new directory in the run's own temporary directory (removed at
+    the run's end, tests/conftest.py), unless the test's configuration names one or a state
+    directory: the sentence audio cache is on by default, and in the user's state directory
+    its entries and sightings would outlive the test and answer another's repeats (the tiny
+    model is one per run, so its identity, part of every key, is the same all run)."""
+    config = extra[extra.index("--config") + 1] if "--config" in extra else None
+    sets = [extra[i + 1] for i, a in enumerate(extra[:-1]) if a == "--set"]
+    flags = set_overrides(sets)
+    if is_set(config, flags, "cache", "dir") or is_set(config, flags, "voices", "state_dir"):
+        return []
+    return ["--set", f"cache.dir={tempfile.mkdtemp(prefix='audio-cache-')}"]
 
 
 def stop_server(srv: Server) -> int:

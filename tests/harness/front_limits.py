@@ -60,6 +60,7 @@ def routes_only_gateway() -> Gateway:
         voices=SimpleNamespace(listing=None),
         metrics=None,
         tracing=None,
+        cache=SimpleNamespace(shared=False),  # the sentence audio cache's routes (on by default)
     )
 
 

@@ -6,6 +6,8 @@ and SNAC, are elsewhere (tests/test_e2e_*.py)."""
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -17,6 +19,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from common.config import ServeConfig
+from common.config.cache import CacheConfig
 from common.config.gateway import GatewayConfig
 from common.config.text import TextConfig
 from common.tracing import Tracing
@@ -33,6 +36,10 @@ from shm.ring import create_ring, unlink_ring
 from testkit.synthetic_backend import SyntheticBackend
 
 RING_BYTES = 4 << 20
+NO_STORE = {"Cache-Control": "no-store"}
+"""The header of a test that sends one text again and again to measure or count synthesis
+(admission, placement, saturation): the sentence audio cache, on by default, would answer
+its repeats, and its concurrent twins would share one synthesis (single flight)."""
 BYTES_PER_FRAME = 2048 * 2
 
 
@@ -67,10 +74,17 @@ def serve_config(**gateway: Any) -> ServeConfig:
     commands in the text ("error-after-2") and its audio is one frame per character, both of
     which normalisation would change; the tests of normalisation turn it on. Admission is
     ``fixed`` unless asked: the synthetic backend's pace is set by the test, not by a load, so
-    a learned limit would measure nothing (tests/gateway/admission/test_capacity.py asks for it)."""
+    a learned limit would measure nothing (tests/gateway/admission/test_capacity.py asks for it).
+    The sentence audio cache is on, as by default, in a new directory of the run's own
+    temporary directory (removed at the run's end; ``running_gateway`` removes its gateway's
+    at once): in the user's state directory its entries would outlive the test and answer
+    another's repeats, in this run or the next (the synthetic backend's model is one name)."""
     gateway.setdefault("admission", "fixed")
     return ServeConfig(
-        device="cpu", gateway=GatewayConfig(**gateway), text=TextConfig(normalization="off")
+        device="cpu",
+        gateway=GatewayConfig(**gateway),
+        text=TextConfig(normalization="off"),
+        cache=CacheConfig(dir=tempfile.mkdtemp(prefix="audio-cache-")),
     )
 
 
@@ -83,15 +97,22 @@ async def running_gateway(
     tracing: Tracing | None = None,
     **gateway_cfg: Any,
 ) -> AsyncIterator[Harness]:
-    """A gateway serving HTTP on a free port, with a synthetic backend behind it."""
-    ep = layout.pcm_ring(0)
-    create_ring(ep, RING_BYTES)
-    be = SyntheticBackend(layout, **(backend or {})).start()
+    """A gateway serving HTTP on a free port, with a synthetic backend behind it. The sentence
+    audio cache is on, as by default, in a directory of this gateway's own (``serve_config``),
+    removed at the end, unless the test names its own ``[cache]``."""
     if gateway_cfg.pop("zmq", False):
         gateway_cfg["zmq_endpoint"] = f"ipc://{layout.socket_dir}/zmq-clients"
     config = serve_config(**gateway_cfg)
+    own_cache = config.cache.dir
     if serve:  # other sections of the configuration ([voices], [llm], ...)
         config = msgspec.structs.replace(config, **serve)
+    if not config.cache.dir:  # a test's [cache] that names no directory: this gateway's
+        config = msgspec.structs.replace(
+            config, cache=msgspec.structs.replace(config.cache, dir=own_cache)
+        )
+    ep = layout.pcm_ring(0)
+    create_ring(ep, RING_BYTES)
+    be = SyntheticBackend(layout, **(backend or {})).start()
     gw = Gateway(config, layout, 0, GatewayMetrics(CollectorRegistry()), tracing)
     runner: web.AppRunner | None = None
     listener: Listener | None = None
@@ -124,6 +145,7 @@ async def running_gateway(
         await gw.close()
         be.stop()
         unlink_ring(ep)
+        shutil.rmtree(own_cache, ignore_errors=True)
 
 
 def pcm_seconds(n_bytes: int) -> float:

@@ -107,6 +107,10 @@ class AudioMessage(msgspec.Struct, omit_defaults=True):
 class FinalMessage(msgspec.Struct):
     contextId: str
     isFinal: bool = True
+    cache: str | msgspec.UnsetType = msgspec.UNSET
+    """Extension: ``hit`` (the context's audio came from the sentence audio cache),
+    ``partial`` (some of its sentences did), ``miss``; absent when nothing of it could be
+    cached (the cache off) (``gateway.cache.control.combined``)."""
 
 
 class SingleAudioMessage(msgspec.Struct, omit_defaults=True):
@@ -119,6 +123,8 @@ class SingleAudioMessage(msgspec.Struct, omit_defaults=True):
 
 class SingleFinalMessage(msgspec.Struct):
     isFinal: bool = True
+    cache: str | msgspec.UnsetType = msgspec.UNSET
+    """As ``FinalMessage``'s."""
 
 
 class ErrorMessage(msgspec.Struct, omit_defaults=True):

@@ -57,7 +57,7 @@ from aiohttp import WSMsgType, web
 from gateway.audio.encoders import AudioEncoder
 from gateway.audio.formats import OutputFormat
 from gateway.audio.output import make_output
-from gateway.cache.control import of_http
+from gateway.cache.control import combined, of_http
 from gateway.edge.auth import presented_key
 from gateway.errors import APIError
 from gateway.frontends.alignment import UnitAligners
@@ -126,6 +126,13 @@ class _Context:
         """The last message was a flush with no text: a close now ends the turn gracefully."""
         self.closing = False
         self.failed = False
+        self.cache_states: list[str | None] = []
+        """Each spoken unit's cache state (the final message's ``cache``)."""
+
+    def cache(self) -> str | msgspec.UnsetType:
+        """The final message's ``cache``: unset when nothing of the context could be cached."""
+        state = combined(self.cache_states)
+        return msgspec.UNSET if state is None else state
 
 
 class _Socket:
@@ -303,7 +310,7 @@ class _Socket:
 
     async def final(self, ctx: _Context) -> None:
         """Tell the client ``ctx`` is finished."""
-        await send_json_quietly(self.link, self.ws, FinalMessage(ctx.id))
+        await send_json_quietly(self.link, self.ws, FinalMessage(ctx.id, cache=ctx.cache()))
 
     async def close_all(self) -> None:
         for ctx in list(self.contexts.values()):
@@ -324,12 +331,17 @@ class _Socket:
             enc = ctx.encoder
             params = msgspec.structs.replace(ctx.params, text=unit.text).spoken()
             aligners = UnitAligners(unit.raw, params.text, unit.pause_ms)
+            counted = False
 
             async def deliver(
                 active: ActiveRequest | None, chunks: list[bytes], last: bool
             ) -> None:
+                nonlocal counted
                 if active is not None and (not ctx.units or ctx.units[-1] is not active):
                     ctx.units.append(active)
+                if active is not None and not counted:
+                    counted = True
+                    ctx.cache_states.append(active.cache_state)
                 n = sum(map(len, chunks))
                 data = b"".join(map(enc.encode, chunks))
                 times, normalized = aligners.take(pcm_ms(n), last=last)
@@ -369,7 +381,7 @@ class _SingleSocket(_Socket):
         await send_json_quietly(self.link, self.ws, ErrorMessage(err.code, err.message, err.status))
 
     async def final(self, ctx: _Context) -> None:
-        await send_json_quietly(self.link, self.ws, SingleFinalMessage())
+        await send_json_quietly(self.link, self.ws, SingleFinalMessage(cache=ctx.cache()))
         if not self.ws.closed:
             await self.link.write(self.ws.close())
 

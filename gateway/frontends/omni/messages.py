@@ -70,6 +70,10 @@ class AudioDone(msgspec.Struct, tag="audio.done", tag_field="type", omit_default
     total_bytes: int
     error: bool
     timestamp_info: TimestampInfo | None = None
+    cache: str | None = None
+    """Extension: ``hit`` (the sentence's audio came from the sentence audio cache),
+    ``partial`` (some of its spoken units did), ``miss``; absent when nothing of it could be
+    cached (the cache off) (``gateway.cache.control.combined``)."""
 
 
 class AudioChunk(msgspec.Struct, tag="audio.chunk", tag_field="type"):

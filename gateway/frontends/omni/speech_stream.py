@@ -42,7 +42,7 @@ from gateway.apis import Api
 from gateway.audio.encoders import AudioEncoder
 from gateway.audio.formats import RAW
 from gateway.audio.output import make_output
-from gateway.cache.control import USE, CacheUse, of_header
+from gateway.cache.control import USE, CacheUse, combined, of_header
 from gateway.disclosure.headers import watermark_of
 from gateway.edge.auth import presented_key
 from gateway.errors import APIError
@@ -306,6 +306,9 @@ class _OmniConnection:
             ) -> None:
                 if active is not None and (not shown.units or shown.units[-1] is not active):
                     shown.units.append(active)
+                if active is not None and active is not shown.cached_from:
+                    shown.cached_from = active
+                    shown.cache_states.append(active.cache_state)
                 start_ms = round(pcm_ms(shown.pcm_bytes))
                 for c in chunks:
                     shown.pcm_bytes += len(c)
@@ -381,7 +384,8 @@ class _OmniConnection:
                         [w.end_ms / 1000 for w in words],
                     )
                 )
-            await self.send(AudioDone(shown.utt, shown.index, shown.total, failed, info))
+            cache = combined(shown.cache_states)
+            await self.send(AudioDone(shown.utt, shown.index, shown.total, failed, info, cache))
 
         return job
 
@@ -410,6 +414,10 @@ class _Shown:
         """The spoken units whose audio is held, not sent yet (the last: the latest unit)."""
         self.words: list[WordTime] = []
         self.failure: APIError | None = None
+        self.cache_states: list[str | None] = []
+        """Each spoken unit's cache state (``audio.done``'s ``cache``)."""
+        self.cached_from: ActiveRequest | None = None
+        """The spoken unit whose state was taken last."""
 
 
 async def _serve(

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
-from gateway_harness import running_gateway, wait_until
+from gateway_harness import NO_STORE, running_gateway, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -359,7 +359,7 @@ async def _speak(
             "max_tokens": 7 * frames}  # fmt: skip
     t0 = time.monotonic()
     async with s.post(
-        f"{url}/v1/audio/speech", json=body, headers={"Authorization": f"Bearer {key}"}
+        f"{url}/v1/audio/speech", json=body, headers={"Authorization": f"Bearer {key}", **NO_STORE}
     ) as r:
         head = time.monotonic() - t0
         if r.status != 200:

@@ -12,7 +12,7 @@ import aiohttp
 import msgspec
 import pytest
 from elevenlabs_ws import Received, receive_until, ws_path
-from gateway_harness import running_gateway, wait_until
+from gateway_harness import NO_STORE, running_gateway, wait_until
 
 from orpheus_client.zmq_client import AsyncClient
 from shm.layout import InstanceLayout
@@ -35,7 +35,7 @@ async def test_streams_land_on_both_engines(layout: InstanceLayout) -> None:
     backend = {"realtime": True, "first_chunk_delay_s": 0.3}
     async with running_gateway(lay, backend=backend) as h, aiohttp.ClientSession() as s:
         responses = await asyncio.gather(
-            *(s.post(f"{h.url}/v1/audio/speech", json=body()) for _ in range(4))
+            *(s.post(f"{h.url}/v1/audio/speech", json=body(), headers=NO_STORE) for _ in range(4))
         )
         for r in responses:
             assert r.status == 200
@@ -97,7 +97,8 @@ async def test_an_engine_restart_fails_only_its_streams(layout: InstanceLayout) 
     backend = {"realtime": True, "first_chunk_delay_s": 30.0}
     async with running_gateway(lay, backend=backend) as h, aiohttp.ClientSession() as s:
         tasks = [
-            asyncio.create_task(s.post(f"{h.url}/v1/audio/speech", json=body())) for _ in range(2)
+            asyncio.create_task(s.post(f"{h.url}/v1/audio/speech", json=body(), headers=NO_STORE))
+            for _ in range(2)
         ]
         await wait_until(lambda: len(h.backend.submitted()) == 2, what="two streams")
         on_engine = {next(iter(h.backend.engine_of[m.stream_id])): m for m in h.backend.submitted()}

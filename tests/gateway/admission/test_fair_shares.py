@@ -21,7 +21,7 @@ from gateway_harness import wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.admission.queue import SHARE_RETRY_FACTOR, Admission
+from gateway.admission.queue import SHARE_RETRY_FACTOR, Admission, KeyLimits
 from gateway.admission.shares import fair_shares
 from gateway.errors import APIError
 from shm.admission import AdmissionBoard
@@ -244,3 +244,56 @@ async def test_the_next_sentences_of_a_response_do_not_count_in_its_keys_turns()
     a.release(0, "a")
     await asyncio.wait_for(second, 1.0)
     a.release(0, "b")
+
+
+# -- streams served from the sentence audio cache (``hold_key``) -----------------------------
+async def test_a_key_s_cache_hits_do_not_count_in_its_turns_nor_its_share() -> None:
+    """The agent's callers hear two cached greetings (no engine slot) when it and a third key
+    wait for the slot the other frees: the agent, first in line, holds no slot, so its turn
+    comes first; counted as streams held, its hits would have put it behind."""
+    a = adm(1)
+    await a.acquire("other")
+    a.hold_key("agent")
+    a.hold_key("agent")
+    agent = asyncio.create_task(a.acquire("agent"))
+    await wait_until(lambda: a.queued == 1, what="the agent waiting")
+    third = asyncio.create_task(a.acquire("third"))
+    await wait_until(lambda: a.queued == 2, what="the third key waiting")
+    assert a.shares == pytest.approx({"other": 1 / 3, "agent": 1 / 3, "third": 1 / 3})
+    a.release(0, "other")
+    assert await asyncio.wait_for(agent, 1.0) == 0
+    assert not third.done()
+    a.release(0, "agent")
+    assert await asyncio.wait_for(third, 1.0) == 0
+    a.release(0, "third")
+    a.release_key("agent")
+    a.release_key("agent")
+    assert a.active == 0 and not a.by_key and not a.slotless_by_key
+
+
+async def test_cache_hits_in_one_gateway_process_count_in_the_key_s_limit_in_the_other(
+    node: InstanceLayout,
+) -> None:
+    """``max_streams_per_key`` is the node's: hits held in process 0 (published on the board
+    as the key's slotless streams) refuse the key's third stream in process 1."""
+
+    def gateway(index: int) -> Admission:
+        board = AdmissionBoard(node.admission_segment, node.gateways, index)
+        return Admission(4, 16, 0.05, 1, lambda: None, board, key_limits=KeyLimits(2))
+
+    a, b = gateway(0), gateway(1)
+    try:
+        a.hold_key("k")
+        assert await b.acquire("k") == 0
+        with pytest.raises(APIError) as e:
+            await b.acquire("k")
+        assert e.value.code == "too_many_concurrent_requests"
+        with pytest.raises(APIError):
+            a.hold_key("k")
+        a.release_key("k")
+        assert await b.acquire("k") == 0  # the hit's end is published too
+        b.release(0, "k")
+        b.release(0, "k")
+    finally:
+        a.close()
+        b.close()

@@ -21,7 +21,7 @@ import aiohttp
 import numpy as np
 import pytest
 import zmq
-from gateway_harness import serve_config, wait_until
+from gateway_harness import NO_STORE, serve_config, wait_until
 from gateway_process import start_gateway
 
 from gateway.admission.queue import POLL_S, Admission, KeyLimits
@@ -254,15 +254,15 @@ def test_the_board_publishes_the_busiest_keys_when_a_gateway_has_more_than_fit(
     try:
         theirs = AdmissionBoard(node.admission_segment, 2, 1)
         counts = {key_id(f"key-{i}"): KeyCounts(1) for i in range(KEY_ENTRIES + 5)}
-        counts[key_id("busy")] = KeyCounts(3, 2, 1, 7, 4)
+        counts[key_id("busy")] = KeyCounts(3, 2, 1, 7, 4, 5)
         with theirs.locked():
             assert theirs.publish(0, 0, 0, keys=counts) == 6
         with mine.locked():
             seen = mine.others([key_id("busy"), key_id("key-0"), key_id("absent")]).keys
-        assert seen[key_id("busy")] == (3, 2, 1, 7, 4) and key_id("absent") not in seen
+        assert seen[key_id("busy")] == (3, 2, 1, 7, 4, 5) and key_id("absent") not in seen
         with mine.locked():
             every = mine.others(every=True).keys
-        assert len(every) == KEY_ENTRIES and every[key_id("busy")] == (3, 2, 1, 7, 4)
+        assert len(every) == KEY_ENTRIES and every[key_id("busy")] == (3, 2, 1, 7, 4, 5)
         assert key_id("key-0") == key_id("key-0") and key_id("") > 0
     finally:
         mine.close()
@@ -371,7 +371,7 @@ async def test_two_gateway_processes_admit_for_the_node_under_a_flood(
                 # 36 frames at real-time pace: about 3 s per stream, time enough to probe.
                 tokens = 7 * frames
                 async with s.post(
-                    f"{url}/v1/audio/speech", json={**body, "max_tokens": tokens}
+                    f"{url}/v1/audio/speech", json={**body, "max_tokens": tokens}, headers=NO_STORE
                 ) as r:
                     await r.read()
                     return r.status, r.headers.get("Retry-After", ""), dict(r.headers)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
-from gateway_harness import running_gateway, wait_until
+from gateway_harness import NO_STORE, running_gateway, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.admission.queue import Admission
@@ -99,7 +99,8 @@ async def test_metrics_scrape_carries_the_saturation_of_the_open_streams(
 
         assert scraped(await scrape(), "orpheus_gateway_saturation") == 0.0
         streams = [
-            asyncio.create_task(s.post(f"{h.url}/v1/audio/speech", json=body)) for _ in range(3)
+            asyncio.create_task(s.post(f"{h.url}/v1/audio/speech", json=body, headers=NO_STORE))
+            for _ in range(3)
         ]
         await wait_until(lambda: len(h.backend.submitted()) == 3, what="three streams open")
         text = await scrape()

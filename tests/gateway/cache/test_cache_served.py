@@ -7,6 +7,7 @@ key's concurrency; a cache whose directory is gone fails no request."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import msgspec
 import pytest
 import zmq
 import zmq.asyncio
+from elevenlabs_ws import ws_path
 from gateway_harness import Harness, running_gateway, wait_until
 
 from common.config.cache import CacheConfig
@@ -151,37 +153,114 @@ async def test_node_scope_shares_entries_between_keys(
         assert (await _speak(h, s, "k1"))[0] == "hit"
 
 
+async def _omni_say(
+    h: Harness, s: aiohttp.ClientSession, text: str, granularity: str = "none"
+) -> tuple[int, list[object]]:
+    """vLLM-Omni's WebSocket, one utterance: its audio bytes and each shown unit's
+    ``audio.done`` ``cache`` (None: absent)."""
+    async with s.ws_connect(h.url + "/v1/audio/speech/stream") as ws:
+        config = {"type": "session.config", "voice": "tara", "split_granularity": granularity}
+        await ws.send_json(config)
+        await ws.send_json({"type": "input.text", "text": text})
+        await ws.send_json({"type": "input.done"})
+        audio, states = 0, []
+        async for msg in ws:
+            if msg.type == aiohttp.WSMsgType.BINARY:
+                audio += len(msg.data)
+            elif msg.type == aiohttp.WSMsgType.TEXT:
+                event = json.loads(msg.data)
+                if event["type"] == "audio.done":
+                    states.append(event.get("cache"))
+                elif event["type"] == "session.done":
+                    break
+        return audio, states
+
+
 async def test_a_streaming_protocol_s_sentences_hit_one_by_one(
     layout: InstanceLayout, tmp_path: Path
 ) -> None:
     """vLLM-Omni's WebSocket: each sentence is a unit; a known one streams from the cache,
-    the new one behind it is synthesised."""
+    the new one behind it is synthesised; ``audio.done`` says which: per sentence when the
+    client asks for sentences, and of the whole utterance (``partial``) when not."""
     greeting, new = "Hello, thanks for calling.", "Your order ships on Monday."
-
-    async def say(h: Harness, s: aiohttp.ClientSession, text: str) -> int:
-        async with s.ws_connect(h.url + "/v1/audio/speech/stream") as ws:
-            await ws.send_json({"type": "session.config", "voice": "tara"})
-            await ws.send_json({"type": "input.text", "text": text})
-            await ws.send_json({"type": "input.done"})
-            audio = 0
-            async for msg in ws:
-                if msg.type == aiohttp.WSMsgType.BINARY:
-                    audio += len(msg.data)
-                elif msg.type == aiohttp.WSMsgType.TEXT and '"session.done"' in msg.data:
-                    break
-            return audio
-
     async with (
         running_gateway(layout, serve=_cache(tmp_path)) as h,
         aiohttp.ClientSession() as s,
     ):
-        await say(h, s, greeting)
-        await say(h, s, greeting)
+        assert (await _omni_say(h, s, greeting))[1] == ["miss"]
+        assert (await _omni_say(h, s, greeting))[1] == ["miss"]
         await _stored(h, 1)
         submits = len(h.backend.submitted())
-        assert await say(h, s, f"{greeting} {new}") > 0
+        audio, states = await _omni_say(h, s, f"{greeting} {new}")
+        assert audio > 0 and states == ["partial"]  # one shown unit: the utterance
         sent = [m.text for m in h.backend.submitted()[submits:]]
         assert sent == [new]  # the greeting came from the cache
+        states = (await _omni_say(h, s, f"{greeting} {new}", "sentence"))[1]
+        assert states == ["hit", "miss"]
+
+
+async def _elevenlabs_turns(
+    h: Harness, path: str, turns: list[str], single: bool = False
+) -> list[dict[str, object]]:
+    """ElevenLabs' WebSocket (multi-context, or the single-context ``stream-input``): each
+    turn's final message (one context a turn; the single socket: one socket a turn)."""
+    finals = []
+    async with aiohttp.ClientSession() as s:
+        for i, text in enumerate(turns):
+            async with s.ws_connect(h.url + path) as ws:
+                if single:
+                    for m in ({"text": " "}, {"text": text}, {"text": ""}):
+                        await ws.send_json(m)
+                else:
+                    cid = f"turn{i}"
+                    await ws.send_json({"text": text, "context_id": cid, "flush": True})
+                    await ws.send_json({"text": "", "context_id": cid, "flush": True})
+                    await ws.send_json({"context_id": cid, "close_context": True})
+                async for msg in ws:
+                    assert msg.type == aiohttp.WSMsgType.TEXT, msg
+                    m = json.loads(msg.data)
+                    assert "error" not in m, m
+                    if m.get("isFinal"):
+                        finals.append(m)
+                        break
+    return finals
+
+
+@pytest.mark.parametrize("single", [False, True], ids=["multi-context", "single-context"])
+async def test_elevenlabs_s_final_message_says_the_cache_state_of_its_context(
+    layout: InstanceLayout, tmp_path: Path, single: bool
+) -> None:
+    """``isFinal``'s message carries ``cache``: ``miss`` for a context synthesised, ``hit``
+    for one all of whose sentences came from the cache, ``partial`` for a cached greeting
+    with new content behind it. ElevenLabs' SDK (its pydantic models allow extra fields),
+    Pipecat and LiveKit read the message as before (tests/gateway/test_voice_agent_clients)."""
+    from elevenlabs.types import FinalOutput, FinalOutputMulti
+
+    greeting, new = "Hello, thanks for calling.", "Your order ships on Monday."
+    path = (
+        "/v1/text-to-speech/tara/stream-input?output_format=pcm_24000"
+        if single
+        else ws_path("tara")
+    )
+    async with running_gateway(layout, serve=_cache(tmp_path, admit_after=1)) as h:
+        finals = await _elevenlabs_turns(h, path, [greeting], single)
+        await _stored(h, 1)
+        finals += await _elevenlabs_turns(h, path, [greeting, f"{greeting} {new}"], single)
+    assert [f["cache"] for f in finals] == ["miss", "hit", "partial"]
+    for f in finals:
+        parsed = (FinalOutput if single else FinalOutputMulti).model_validate(f)
+        assert parsed.is_final is True
+        assert single or parsed.context_id == f["contextId"]
+
+
+async def test_with_the_cache_off_the_socket_s_final_messages_are_as_before(
+    layout: InstanceLayout,
+) -> None:
+    off = {"cache": CacheConfig(enabled=False)}
+    async with running_gateway(layout, serve=off) as h, aiohttp.ClientSession() as s:
+        (final,) = await _elevenlabs_turns(h, ws_path("tara"), ["Hello there."])
+        assert final == {"contextId": "turn0", "isFinal": True}
+        assert (await _omni_say(h, s, "Hello there."))[1] == [None]
 
 
 async def test_a_cache_whose_directory_went_away_fails_no_request(
@@ -204,7 +283,8 @@ async def test_a_cache_whose_directory_went_away_fails_no_request(
 async def test_a_hit_counts_in_its_key_s_concurrency_and_takes_no_engine_slot() -> None:
     admission = Admission(4, 4, 1.0, 1, lambda: None, key_limits=KeyLimits(1))
     admission.hold_key("k1")
-    assert admission.by_engine == [0] and admission.by_key == {"k1": 1}
+    assert admission.by_engine == [0] and admission.slotless_by_key == {"k1": 1}
+    assert not admission.by_key  # what the key's fair share counts
     with pytest.raises(APIError) as e:
         await admission.acquire("k1")
     assert e.value.status == 429
@@ -212,7 +292,7 @@ async def test_a_hit_counts_in_its_key_s_concurrency_and_takes_no_engine_slot() 
         admission.hold_key("k1")
     assert await admission.acquire("k2") == 0  # other keys: the engine slot is free
     admission.release_key("k1")
-    assert admission.by_key == {"k2": 1}
+    assert admission.by_key == {"k2": 1} and not admission.slotless_by_key
     assert await admission.acquire("k1") == 0
 
 

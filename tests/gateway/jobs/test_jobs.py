@@ -23,7 +23,7 @@ import av
 import msgspec
 import numpy as np
 import pytest
-from gateway_harness import Harness, running_gateway, wait_until
+from gateway_harness import NO_STORE, Harness, running_gateway, wait_until
 
 from common.config.jobs import JobsConfig
 from common.config.llm import LLMConfig
@@ -317,7 +317,8 @@ async def test_units_leave_the_reserve_to_interactive_requests(
         speech = f"{h.url}/v1/audio/speech"
 
         async def interactive() -> int:
-            async with s.post(speech, json=body, headers=auth(KEY_A)) as r:
+            # no-store: two twins would otherwise share one synthesis (single flight)
+            async with s.post(speech, json=body, headers={**auth(KEY_A), **NO_STORE}) as r:
                 await r.read()
                 return r.status
 
@@ -577,12 +578,17 @@ async def test_two_gateways_on_one_jobs_dir_run_each_job_once(
             jobs_gateway(other, jobs_dir, backend={"realtime": True}) as h2,
             aiohttp.ClientSession() as s,
         ):
-            ids = [(await submit(s, h1 if i % 2 else h2))["id"] for i in range(4)]
+            # Each job its own text: a unit its key has had synthesised twice would be answered
+            # by the sentence audio cache, not spoken (counted below).
+            texts = [TEXT.replace("Sentence", f"Job {i} sentence") for i in range(4)]
+            ids = [
+                (await submit(s, h1 if i % 2 else h2, text=t))["id"] for i, t in enumerate(texts)
+            ]
             for job_id in ids:
                 assert (await wait_state(s, h1, job_id, {"done", "failed"}))["state"] == "done"
                 assert (await get(s, h2, job_id))["state"] == "done"
             spoken = job_submits(h1) + job_submits(h2)
-            assert sorted(spoken) == sorted(split_units(TEXT, 280) * 4)
+            assert sorted(spoken) == sorted(u for t in texts for u in split_units(t, 280))
             assert job_submits(h1) and job_submits(h2)  # both took some
     finally:
         from shm.segments import destroy_instance

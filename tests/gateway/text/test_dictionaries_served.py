@@ -477,6 +477,6 @@ async def test_the_single_context_socket_takes_locators_and_ends_on_empty_text(
                     audio += base64.b64decode(body["audio"])
                 if body.get("isFinal"):
                     final = body
-            assert final == {"isFinal": True} and audio
+            assert final == {"isFinal": True, "cache": "miss"} and audio
         assert ws.closed
         assert spoken(h)[-2:] == ["I run koo-ber-net-eez.", "And more"]
