@@ -28,7 +28,7 @@ import aiohttp
 import jsonschema
 import pytest
 import yaml
-from gateway_harness import running_gateway, wait_until
+from gateway_harness import NO_STORE, running_gateway, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from test_kubernetes import (
     CHECKOV_ACCEPTED,
@@ -421,7 +421,8 @@ def test_the_pickers_metrics_are_the_gateways_gauges(layout: InstanceLayout) -> 
             running_gateway(layout, backend=backend, max_active_streams=4) as h,
             aiohttp.ClientSession() as s,
         ):
-            posts = [asyncio.create_task(s.post(f"{h.url}/v1/audio/speech", json=body)) for _ in range(2)]  # fmt: skip
+            # no-store: two streams of the synthesis path, not a leader and its follower
+            posts = [asyncio.create_task(s.post(f"{h.url}/v1/audio/speech", json=body, headers=NO_STORE)) for _ in range(2)]  # fmt: skip
             await wait_until(lambda: len(h.backend.submitted()) == 2, what="two streams")
             async with s.get(f"{h.url}{source['path']}") as r:
                 text = await r.text()
