@@ -215,7 +215,7 @@ def start_server(
     codec = str(model / "snac") if codec_model else None
     zmq_set = ["--set", f"gateway.zmq_endpoint={zmq_endpoint}"] if zmq else []
     admission_set = ["--set", f"gateway.admission={admission}"]
-    admission_set += _own_cache_dir(extra)
+    admission_set += _own_state_dirs(extra)
     cmd = orpheus_serve_argv(str(model), codec, "cpu", port, [*admission_set, *extra, *zmq_set])
     note_engine_start("server")
     # Without the test run's VLLM_RPC_BASE_PATH (tests/conftest.py): the server puts vLLM's
@@ -234,18 +234,24 @@ def start_server(
     return srv
 
 
-def _own_cache_dir(extra: tuple[str, ...]) -> list[str]:
-    """``--set cache.dir=`` a new directory in the run's own temporary directory (removed at
-    the run's end, tests/conftest.py), unless the test's configuration names one or a state
-    directory: the sentence audio cache is on by default, and in the user's state directory
-    its entries and sightings would outlive the test and answer another's repeats (the tiny
-    model is one per run, so its identity, part of every key, is the same all run)."""
+def _own_state_dirs(extra: tuple[str, ...]) -> list[str]:
+    """``--set cache.dir=`` and ``jobs.dir=`` new directories in the run's own temporary
+    directory (removed at the run's end, tests/conftest.py), unless the test's configuration
+    names them or a state directory. The sentence audio cache is on by default, and in the
+    user's state directory its entries and sightings would outlive the test and answer
+    another's repeats (the tiny model is one per run, so its identity, part of every key, is
+    the same all run); a job's files would stay there too (test_e2e_watermark's did)."""
     config = extra[extra.index("--config") + 1] if "--config" in extra else None
     sets = [extra[i + 1] for i, a in enumerate(extra[:-1]) if a == "--set"]
     flags = set_overrides(sets)
-    if is_set(config, flags, "cache", "dir") or is_set(config, flags, "voices", "state_dir"):
+    if is_set(config, flags, "voices", "state_dir"):
         return []
-    return ["--set", f"cache.dir={tempfile.mkdtemp(prefix='audio-cache-')}"]
+    out = []
+    if not is_set(config, flags, "cache", "dir"):
+        out += ["--set", f"cache.dir={tempfile.mkdtemp(prefix='audio-cache-')}"]
+    if not is_set(config, flags, "jobs", "dir"):  # a job's files, as the cache's entries
+        out += ["--set", f"jobs.dir={tempfile.mkdtemp(prefix='jobs-')}"]
+    return out
 
 
 def stop_server(srv: Server) -> int:
