@@ -34,15 +34,14 @@ from gateway.edge.auth import presented_key
 from gateway.errors import APIError
 from gateway.frontends.alignment import CharTimes, UnitAligners
 from gateway.frontends.elevenlabs.messages import API, HttpAlignment, output_format
-from gateway.frontends.elevenlabs.speak import speak_units
-from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, api_error, read_body
+from gateway.frontends.elevenlabs.speak import answered, speak_units
+from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, read_body
 from gateway.frontends.text_units import UnitSplitter
 from gateway.frontends.utterance import pcm_ms
 from gateway.link import ClientLink
 from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams, build_params, check_text
 from gateway.service import Gateway
-from gateway.streams import StreamFailed
 from gateway.text.breaks import cap_ms, check_breaks
 from gateway.text.plan import TextPlan
 from orpheus_wire.text import Locator
@@ -307,32 +306,29 @@ def dialogue_handler(gateway: Gateway, *, stream: bool, timestamps: bool) -> Han
         )
         templates = _templates(gateway, body, fmt, plan)
         enc = make_output(templates[0].output)
-        first = True
+
+        async def speak_turns(link: ClientLink, out: _Dialogue) -> None:
+            first = True
+            for n, (turn, template) in enumerate(zip(body.inputs, templates, strict=True)):
+                if n > 0:
+                    same = body.inputs[n - 1].voice_id == turn.voice_id
+                    await out.pause(TURN_PAUSE_MS if same else SPEAKER_PAUSE_MS)
+                start_ms, first_char = out.audio_ms, len(out.alignment.chars)
+                splitter = UnitSplitter(
+                    "sentence", UNIT_MAX_CHARS, None, language=language
+                )  # breaks checked
+                units = splitter.feed(turn.text) + splitter.flush()
+                await speak_units(
+                    gateway, template, units, link, out,
+                    started_at=started_at if first else None, cache=cache,
+                )  # fmt: skip
+                first = first and not units
+                out.end_turn(n, turn.voice_id, start_ms, first_char)
+
         try:
             with gateway.links.open(API, abort_of(request), key=presented_key(request)) as link:
                 out = _Dialogue(request, link, fmt, enc, stream=stream, timestamps=timestamps)
-                try:
-                    for n, (turn, template) in enumerate(zip(body.inputs, templates, strict=True)):
-                        if n > 0:
-                            same = body.inputs[n - 1].voice_id == turn.voice_id
-                            await out.pause(TURN_PAUSE_MS if same else SPEAKER_PAUSE_MS)
-                        start_ms, first_char = out.audio_ms, len(out.alignment.chars)
-                        splitter = UnitSplitter(
-                            "sentence", UNIT_MAX_CHARS, None, language=language
-                        )  # breaks checked
-                        units = splitter.feed(turn.text) + splitter.flush()
-                        await speak_units(
-                            gateway, template, units, link, out,
-                            started_at=started_at if first else None, cache=cache,
-                        )  # fmt: skip
-                        first = first and not units
-                        out.end_turn(n, turn.voice_id, start_ms, first_char)
-                    return await out.finish()
-                except (APIError, StreamFailed) as e:
-                    if out.resp is None:
-                        raise api_error(e) from None
-                    link.abort()  # never let a cut stream pass for a whole one
-                    return out.resp
+                return await answered(out, speak_turns(link, out))
         finally:
             enc.close()
 

@@ -39,14 +39,13 @@ from gateway.frontends.elevenlabs.messages import (
     params_for,
     refuse_unsupported,
 )
-from gateway.frontends.elevenlabs.speak import speak_units
-from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, api_error, read_body
+from gateway.frontends.elevenlabs.speak import answered, speak_units
+from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, read_body
 from gateway.frontends.text_units import UnitSplitter
 from gateway.frontends.utterance import pcm_ms
 from gateway.link import ClientLink
 from gateway.requests import ActiveRequest
 from gateway.service import Gateway
-from gateway.streams import StreamFailed
 from gateway.text.breaks import cap_ms
 from shm.messages import UNDECODABLE
 
@@ -225,24 +224,14 @@ def stream_handler(gateway: Gateway, *, timestamps: bool, whole: bool = False) -
             "sentence", UNIT_MAX_CHARS, cap_ms(g.max_break_s), language=language
         )
         units = splitter.feed(params.text) + splitter.flush()
+        cache = of_http(request.headers.get("Cache-Control"), request.query.get("enable_logging"))
         enc = make_output(params.output, params.speed)
         try:
             with gateway.links.open(API, abort_of(request), key=presented_key(request)) as link:
                 out = _HttpStream(request, link, fmt, enc, timestamps, whole)
-                try:
-                    await speak_units(
-                        gateway, params, units, link, out, started_at=started_at,
-                        cache=of_http(
-                            request.headers.get("Cache-Control"),
-                            request.query.get("enable_logging"),
-                        ),
-                    )  # fmt: skip
-                    return await out.finish()
-                except (APIError, StreamFailed) as e:
-                    if out.resp is None:
-                        raise api_error(e) from None
-                    link.abort()  # never let a cut stream pass for a whole one
-                    return out.resp
+                return await answered(out, speak_units(
+                    gateway, params, units, link, out, started_at=started_at, cache=cache,
+                ))  # fmt: skip
         finally:
             enc.close()
 

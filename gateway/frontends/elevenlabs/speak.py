@@ -1,20 +1,25 @@
 """The speak loop of ElevenLabs' HTTP text-to-speech and text-to-dialogue: a text's units
-(sentences, as ``UnitSplitter`` cut them), one request each, in order, into one output."""
+(sentences, as ``UnitSplitter`` cut them), one request each, in order, into one output; and
+the end both answers share (finished whole, refused before any audio, or cut after it)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 import msgspec
+from aiohttp import web
 
 from gateway.cache.control import USE, CacheUse
+from gateway.errors import APIError
 from gateway.frontends.alignment import UnitAligners
+from gateway.frontends.shared import api_error
 from gateway.frontends.text_units import Unit
 from gateway.frontends.utterance import Deliver, speak_unit
 from gateway.link import ClientLink
 from gateway.schemas import SpeechParams
 from gateway.service import Gateway
+from gateway.streams import StreamFailed
 
 
 class UnitOutput(Protocol):
@@ -24,6 +29,16 @@ class UnitOutput(Protocol):
 
     @property
     def deliver(self) -> Deliver: ...
+
+
+class StreamedAnswer(Protocol):
+    """An answer written as its audio comes: its link, its response (``None`` until the
+    first bytes go out) and ``finish``, which ends it once all of it is spoken."""
+
+    link: ClientLink
+    resp: web.StreamResponse | None
+
+    async def finish(self) -> web.StreamResponse: ...
 
 
 async def speak_units(
@@ -48,3 +63,17 @@ async def speak_units(
             started_at=started_at, pause_ms=unit.pause_ms, cache=cache,
         )  # fmt: skip
         started_at = None
+
+
+async def answered(out: StreamedAnswer, speaking: Awaitable[None]) -> web.StreamResponse:
+    """``out`` once ``speaking`` (its units' audio) is done and ``out`` finished. A refusal or
+    a failed stream before any audio went out is the request's error (JSON, with its status);
+    after it, the connection is cut and the response ends where it was."""
+    try:
+        await speaking
+        return await out.finish()
+    except (APIError, StreamFailed) as e:
+        if out.resp is None:
+            raise api_error(e) from None
+        out.link.abort()  # never let a cut stream pass for a whole one
+        return out.resp
