@@ -36,7 +36,7 @@ import mmap
 import os
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -344,11 +344,7 @@ class RingWriter:
         """Stage a record, publishing and waiting for space while the ring is full."""
         if self.try_append(kind, stream_id, seq, payload):
             return
-        self.publish()
-        deadline = time.monotonic() + timeout_s
-        while (
-            wait_s := self._retry(kind, stream_id, seq, payload, deadline, timeout_s)
-        ) is not None:
+        for wait_s in self._space_waits(kind, stream_id, seq, payload, timeout_s):
             self._space_bell.wait(wait_s)
 
     async def append_async(
@@ -357,35 +353,29 @@ class RingWriter:
         """``append`` for an event loop: the wait for space awaits instead of blocking."""
         if self.try_append(kind, stream_id, seq, payload):
             return
-        self.publish()
-        deadline = time.monotonic() + timeout_s
-        while (
-            wait_s := self._retry(kind, stream_id, seq, payload, deadline, timeout_s)
-        ) is not None:
+        for wait_s in self._space_waits(kind, stream_id, seq, payload, timeout_s):
             await self._space_bell.wait_async(wait_s)
 
-    def _retry(
-        self,
-        kind: int,
-        stream_id: int,
-        seq: int,
-        payload: Payload,
-        deadline: float,
-        timeout_s: float,
-    ) -> float | None:
-        """One try at a full ring, shared by ``append`` and ``append_async``: ``None`` once the
-        record is staged, else the seconds to wait for space (at most a recheck). Raises
-        ``RingFull`` at the deadline. ``producer_waiting`` asks the consumer for a space
-        doorbell while the producer waits, and is cleared when it stops waiting."""
-        self._seg.producer_waiting.value = 1
-        if self.try_append(kind, stream_id, seq, payload):
-            self._seg.producer_waiting.value = 0
-            return None
-        left = deadline - time.monotonic()
-        if left <= 0:
-            self._seg.producer_waiting.value = 0
-            raise RingFull(f"ring {self.endpoints.segment} stayed full for {timeout_s:.3f}s")
-        return min(left, self._recheck_s)
+    def _space_waits(
+        self, kind: int, stream_id: int, seq: int, payload: Payload, timeout_s: float
+    ) -> Iterator[float]:
+        """A full ring's tries, shared by ``append`` and ``append_async`` (each waits its own
+        way): publish what is staged, then the seconds to wait for space (at most a recheck)
+        before each new try, until the record is staged. Raises ``RingFull`` once it stayed
+        full for ``timeout_s``. ``producer_waiting`` asks the consumer for a space doorbell
+        while the producer waits, and is cleared when it stops waiting."""
+        self.publish()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._seg.producer_waiting.value = 1
+            if self.try_append(kind, stream_id, seq, payload):
+                self._seg.producer_waiting.value = 0
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._seg.producer_waiting.value = 0
+                raise RingFull(f"ring {self.endpoints.segment} stayed full for {timeout_s:.3f}s")
+            yield min(left, self._recheck_s)
 
     def close(self) -> None:
         self._data_bell.close(linger=0)
