@@ -16,7 +16,6 @@ how to find where one comes from (docs/performance.md, "Memory over hours").
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import os
 import shutil
@@ -27,11 +26,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import aiohttp
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "harness"))
-from gateway_harness import running_gateway
+from gateway_harness import garbage_of, running_gateway
 
 from bench.soak.cli import build_parser
 from bench.soak.clients import Soak
@@ -92,18 +90,7 @@ async def drive(args: argparse.Namespace) -> list[Any]:
             argv = ["--url", h.url, "--pid", "1", "--duration", str(args.duration),
                     "--flood-size", "40", "--flood-every", "5"]  # fmt: skip
             soak = Soak(build_parser().parse_args(argv), h.url, "orpheus-1")
-            gc.collect()
-            gc.set_debug(gc.DEBUG_SAVEALL)
-            try:
-                connector = aiohttp.TCPConnector(limit=0, force_close=True)
-                async with aiohttp.ClientSession(connector=connector) as session:
-                    await soak.traffic(session)
-                await asyncio.sleep(1.0)  # the gateway's side of the last streams ends
-                gc.collect()
-                garbage = list(gc.garbage)
-            finally:
-                gc.set_debug(0)
-                gc.garbage.clear()
+            garbage = await garbage_of(soak.traffic, settle_s=1.0)
             outcomes = Counter((s.scenario, s.outcome) for s in soak.streams)
             print(f"{len(soak.streams)} requests: " + ", ".join(
                 f"{sc} {oc} {n}" for (sc, oc), n in sorted(outcomes.items())))  # fmt: skip

@@ -13,14 +13,11 @@ collection bounds it).
 
 from __future__ import annotations
 
-import asyncio
-import gc
 from collections import Counter
 from types import FrameType, TracebackType
 
-import aiohttp
 import pytest
-from gateway_harness import running_gateway
+from gateway_harness import garbage_of, running_gateway
 
 from bench.soak.cli import build_parser
 from bench.soak.clients import Soak
@@ -38,18 +35,7 @@ async def test_the_soak_mix_leaves_no_cycle_of_ours(layout: InstanceLayout) -> N
         argv = ["--url", h.url, "--pid", "1", "--duration", "10", "--users", "4",
                 "--flood-size", "24", "--flood-every", "2", "--max-frames", "16"]  # fmt: skip
         soak = Soak(build_parser().parse_args(argv), h.url, "orpheus-1")
-        gc.collect()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        try:
-            connector = aiohttp.TCPConnector(limit=0, force_close=True)
-            async with aiohttp.ClientSession(connector=connector) as session:
-                await soak.traffic(session)
-            await asyncio.sleep(0.5)  # the gateway's side of the last streams ends
-            gc.collect()
-            garbage = list(gc.garbage)
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
+        garbage = await garbage_of(soak.traffic, settle_s=0.5)
     outcomes = Counter((s.scenario, s.outcome) for s in soak.streams)
     for needed in [("complete", "ok"), ("disconnect", "disconnected"), ("ws_cancel", "cancelled"),
                    ("bad_request", "rejected"), ("flood", "refused")]:  # fmt: skip

@@ -6,14 +6,16 @@ and SNAC, are elsewhere (tests/test_e2e_*.py)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -150,3 +152,23 @@ async def running_gateway(
 
 def pcm_seconds(n_bytes: int) -> float:
     return n_bytes / 2 / SAMPLE_RATE
+
+
+async def garbage_of(
+    traffic: Callable[[aiohttp.ClientSession], Awaitable[object]], settle_s: float
+) -> list[Any]:
+    """What ``traffic`` (clients on one session, e.g. ``bench.soak.clients.Soak.traffic``)
+    leaves to the collector: everything it finds unreachable (``gc.DEBUG_SAVEALL``) once the
+    traffic is over and the gateway's side of its last streams had ``settle_s`` to end."""
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            await traffic(session)
+        await asyncio.sleep(settle_s)
+        gc.collect()
+        return list(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
