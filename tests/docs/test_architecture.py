@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from import_contracts import lint, lint_gateway_with
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -34,11 +36,7 @@ def test_a_layer_violation_is_reported(tmp_path: Path) -> None:
         "[importlinter:contract:layers]\nname = layers\ntype = layers\n"
         "layers =\n    gateway\n    common\n"
     )
-    lint = Path(sys.executable).with_name("lint-imports")
-    res = subprocess.run(
-        [str(lint), "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    res = lint(tmp_path)
     assert res.returncode == 1
     assert "common.bad -> gateway" in res.stdout
 
@@ -51,17 +49,7 @@ def test_a_cycle_inside_the_gateway_is_reported(tmp_path: Path) -> None:
     (pkg / "__init__.py").write_text("")
     (pkg / "service.py").write_text("from gateway import session\n")
     (pkg / "session.py").write_text("from gateway import service\n")
-    config = (REPO / ".importlinter").read_text()
-    contract = config[config.index("[importlinter:contract:gateway-acyclic]") :]
-    contract = contract[: contract.index("\n\n")]
-    (tmp_path / ".importlinter").write_text(
-        f"[importlinter]\nroot_packages =\n    gateway\n\n{contract}\n"
-    )
-    lint = Path(sys.executable).with_name("lint-imports")
-    res = subprocess.run(
-        [str(lint), "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    res = lint_gateway_with(tmp_path, "gateway-acyclic")
     assert res.returncode == 1, res.stdout
     assert "BROKEN" in res.stdout
 

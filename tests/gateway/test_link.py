@@ -16,13 +16,12 @@ import ast
 import asyncio
 import base64
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
 from gateway_harness import Harness, running_gateway, wait_until
+from import_contracts import contract, lint_gateway_with
 from prometheus_client import CollectorRegistry
 
 from gateway.apis import Api
@@ -264,11 +263,9 @@ async def test_held_audio_credits_every_unit_it_carries() -> None:
 def test_no_front_end_reaches_the_metrics() -> None:
     """.importlinter's ``frontends-no-metrics`` forbids the import; nor does a front end
     reach them through the gateway (``gateway.metrics``, ``....metrics.``)."""
-    config = (REPO / ".importlinter").read_text()
-    contract = config[config.index("[importlinter:contract:frontends-no-metrics]") :]
-    contract = contract[: contract.index("\n\n")]
-    assert "source_modules =\n    gateway.frontends\n" in contract
-    assert "forbidden_modules =\n    gateway.metrics\n" in contract
+    no_metrics = contract("frontends-no-metrics")
+    assert "source_modules =\n    gateway.frontends\n" in no_metrics
+    assert "forbidden_modules =\n    gateway.metrics\n" in no_metrics
     reached = [
         f"{path.relative_to(REPO)}:{node.lineno}"
         for path in sorted((REPO / "gateway" / "frontends").rglob("*.py"))
@@ -287,16 +284,6 @@ def test_a_front_end_importing_the_metrics_is_reported(tmp_path: Path) -> None:
         init.write_text("")
     (tmp_path / "gateway" / "metrics.py").write_text("")
     (front / "speech.py").write_text("from gateway import metrics\n")
-    config = (REPO / ".importlinter").read_text()
-    contract = config[config.index("[importlinter:contract:frontends-no-metrics]") :]
-    contract = contract[: contract.index("\n\n")]
-    (tmp_path / ".importlinter").write_text(
-        f"[importlinter]\nroot_packages =\n    gateway\n\n{contract}\n"
-    )
-    lint = Path(sys.executable).with_name("lint-imports")
-    res = subprocess.run(
-        [str(lint), "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    res = lint_gateway_with(tmp_path, "frontends-no-metrics")
     assert res.returncode == 1, res.stdout
     assert "gateway.frontends.speech -> gateway.metrics" in res.stdout, res.stdout
