@@ -298,24 +298,35 @@ def test_supervisord_structure() -> None:
     assert p["autorestart"] == "unexpected"
 
 
-def test_supervisord_parsed_by_supervisor(tmp_path: Path) -> None:
-    options = pytest.importorskip("supervisor.options", reason="pip install supervisor")
-    from supervisor.datatypes import RestartWhenExitUnexpected, signal_number
+def supervisor_groups(tmp_path: Path, *programs: Path) -> list[Any]:
+    """supervisord's process groups of ``programs`` (deploy/supervisord/'s files), included
+    from one main file as deploy/README.md installs them; parsed without a critical or a
+    warning. The parser checks that the user and the log directory exist: this machine's
+    user, ``tmp_path`` for the logs."""
+    from supervisor.options import ServerOptions
 
-    # The parser checks that the user and the log directory exist: use this machine's.
-    text = SUPERVISORD.read_text().replace("user=orpheus", f"user={getpass.getuser()}")
-    program = tmp_path / "orpheus-serve.conf"
-    program.write_text(text.replace("/var/log/orpheus-serve/", f"{tmp_path}/"))
+    files = []
+    for path in programs:
+        text = path.read_text().replace("user=orpheus", f"user={getpass.getuser()}")
+        files.append(tmp_path / path.name)
+        files[-1].write_text(text.replace("/var/log/orpheus-serve/", f"{tmp_path}/"))
     main = tmp_path / "supervisord.conf"
     main.write_text(
         f"[supervisord]\nlogfile={tmp_path}/supervisord.log\npidfile={tmp_path}/s.pid\n"
-        f"[include]\nfiles={program}\n"
+        f"[include]\nfiles={' '.join(map(str, files))}\n"
     )
-    opts = options.ServerOptions()
+    opts = ServerOptions()
     opts.configfile = str(main)
     opts.process_config(do_usage=False)
     assert not opts.parse_criticals and not opts.parse_warnings
-    [group] = opts.process_group_configs
+    return opts.process_group_configs
+
+
+def test_supervisord_parsed_by_supervisor(tmp_path: Path) -> None:
+    pytest.importorskip("supervisor.options", reason="pip install supervisor")
+    from supervisor.datatypes import RestartWhenExitUnexpected, signal_number
+
+    [group] = supervisor_groups(tmp_path, SUPERVISORD)
     [proc] = group.process_configs
     assert proc.name == "orpheus-serve"
     assert proc.command == EXEC
@@ -332,24 +343,10 @@ def test_supervisord_mps_program_parsed_by_supervisor(tmp_path: Path) -> None:
     """nvidia-mps.conf next to orpheus-serve.conf, as deploy/README.md installs them: the
     daemon in the foreground, started before the server and stopped after it, listening
     where the server's engines look."""
-    options = pytest.importorskip("supervisor.options", reason="pip install supervisor")
+    pytest.importorskip("supervisor.options", reason="pip install supervisor")
     from supervisor.datatypes import RestartUnconditionally, signal_number
 
-    files = []
-    for path in (SUPERVISORD, SUPERVISORD_MPS):
-        text = path.read_text().replace("user=orpheus", f"user={getpass.getuser()}")
-        files.append(tmp_path / path.name)
-        files[-1].write_text(text.replace("/var/log/orpheus-serve/", f"{tmp_path}/"))
-    main = tmp_path / "supervisord.conf"
-    main.write_text(
-        f"[supervisord]\nlogfile={tmp_path}/supervisord.log\npidfile={tmp_path}/s.pid\n"
-        f"[include]\nfiles={' '.join(map(str, files))}\n"
-    )
-    opts = options.ServerOptions()
-    opts.configfile = str(main)
-    opts.process_config(do_usage=False)
-    assert not opts.parse_criticals and not opts.parse_warnings
-    groups = {g.name: g for g in opts.process_group_configs}
+    groups = {g.name: g for g in supervisor_groups(tmp_path, SUPERVISORD, SUPERVISORD_MPS)}
     [mps] = groups["nvidia-mps"].process_configs
     [server] = groups["orpheus-serve"].process_configs
     assert groups["nvidia-mps"].priority < groups["orpheus-serve"].priority
