@@ -386,11 +386,12 @@ def checkov() -> str:
     )
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_security_defaults_pass_checkov(overlay: str, tmp_path: Path) -> None:
+def checkov_results(objects: list[Obj], name: str, tmp_path: Path) -> dict[str, Any]:
+    """checkov's ``results`` (``passed_checks``, ``failed_checks``, ...) on ``objects``, written
+    as ``name``.yaml under ``tmp_path``; skips the test where checkov is not installed."""
     exe = checkov()
-    manifest = tmp_path / f"{overlay}.yaml"
-    manifest.write_text(yaml.safe_dump_all(render(overlay)))
+    manifest = tmp_path / f"{name}.yaml"
+    manifest.write_text(yaml.safe_dump_all(objects))
     proc = subprocess.run(
         [exe, "-f", str(manifest), "--framework", "kubernetes", "--skip-download",
          "--output", "json", "--soft-fail"],
@@ -399,7 +400,12 @@ def test_security_defaults_pass_checkov(overlay: str, tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
-    results = report["results"] if isinstance(report, dict) else report[0]["results"]
+    return report["results"] if isinstance(report, dict) else report[0]["results"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_security_defaults_pass_checkov(overlay: str, tmp_path: Path) -> None:
+    results = checkov_results(render(overlay), overlay, tmp_path)
     failed = {(c["check_id"], c["resource"].split(".")[0]) for c in results["failed_checks"]}
     accepted = CHECKOV_ACCEPTED | (CHECKOV_ACCEPTED_CPU_DEV if overlay == "cpu-dev" else {})
     unexpected = {f for f in failed if f[0] not in accepted}

@@ -35,7 +35,7 @@ from test_kubernetes import (
     CHECKOV_REQUIRED,
     OVERLAYS,
     Obj,
-    checkov,
+    checkov_results,
     metric_names,
     render,
     render_gpu_with,
@@ -557,21 +557,7 @@ def test_only_the_speech_post_goes_through_the_picker() -> None:
 
 def test_the_component_passes_checkov(tmp_path: Path) -> None:
     """The security defaults hold for the picker too, except the API token it needs."""
-    import json
-    import subprocess
-
-    exe = checkov()
-    manifest = tmp_path / "gpu-inference-gateway.yaml"
-    manifest.write_text(yaml.safe_dump_all(objects()))
-    proc = subprocess.run(
-        [exe, "-f", str(manifest), "--framework", "kubernetes", "--skip-download",
-         "--output", "json", "--soft-fail"],
-        capture_output=True, text=True, timeout=300,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "BC_SKIP_MAPPING": "TRUE"},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(proc.stdout)
-    results = report["results"] if isinstance(report, dict) else report[0]["results"]
+    results = checkov_results(objects(), "gpu-inference-gateway", tmp_path)
     failed = {(c["check_id"], c["resource"]) for c in results["failed_checks"]}
     accepted = set(CHECKOV_ACCEPTED) | {"CKV_K8S_38"}  # the EPP reads pods and the pool
     unexpected = {f for f in failed if f[0] not in accepted}
