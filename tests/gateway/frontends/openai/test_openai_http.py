@@ -43,6 +43,21 @@ def decoded_samples(data: bytes) -> int:
     return sum(f.samples for f in frames) * 24000 // frames[0].sample_rate
 
 
+def unread_speech(port: int, max_tokens: int) -> socket.socket:
+    """A client that asks for ``max_tokens`` of PCM and never reads the answer: a socket with
+    a 4 KiB receive buffer, the request sent."""
+    req = json.dumps(body(response_format="pcm", max_tokens=max_tokens)).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(req)}\r\n\r\n".encode()
+        + req
+    )
+    return sock
+
+
 def scripted(submit: LlmSubmit) -> StreamPlan:
     """Per-request behaviour chosen by the text (the test fixture's script)."""
     text = submit.text
@@ -403,15 +418,7 @@ async def test_drain_refuses_new_streams_and_lets_active_ones_finish(
 
 async def test_slow_client_is_dropped_without_growing_memory(layout: InstanceLayout) -> None:
     async with running_gateway(layout, max_buffered_seconds=0.5, client_stall_timeout_s=30) as h:
-        req = json.dumps(body(response_format="pcm", max_tokens=7 * 400)).encode()
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", h.port))
-        sock.sendall(
-            b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(req)}\r\n\r\n".encode()
-            + req
-        )
+        sock = unread_speech(h.port, max_tokens=7 * 400)
         try:  # never read: the server's buffers fill, then the stream must be dropped
             await wait_until(lambda: h.metric("orpheus_gateway_slow_client_drops_total") == 1,
                              timeout_s=10, what="slow-client drop")  # fmt: skip
@@ -435,15 +442,7 @@ async def test_stalled_client_is_dropped_by_the_watchdog(layout: InstanceLayout)
         # More audio than the kernel's socket buffers hold (about 10 MB), far less than the
         # buffer limit: only the stall watchdog can notice that the client does not read.
         # (Over the default llm.max_tokens_cap of one generation: raised.)
-        req = json.dumps(body(response_format="pcm", max_tokens=7 * 2500)).encode()
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", h.port))
-        sock.sendall(
-            b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
-            + f"{len(req)}\r\n\r\n".encode()
-            + req
-        )
+        sock = unread_speech(h.port, max_tokens=7 * 2500)
         try:
             await wait_until(lambda: h.metric("orpheus_gateway_slow_client_drops_total") == 1,
                              timeout_s=10, what="stall drop")  # fmt: skip
