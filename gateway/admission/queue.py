@@ -24,10 +24,15 @@ counts). Free slots go in turns: first to keys under their share, the one holdin
 streams per weight, then the one admitted least per weight over ``ADMITTED_WINDOW_S``, then
 the one admitted longest ago; a slot whose turn is a key that is
 only owed (refused lately, nothing waiting) is held for it until its client is back or its
-refusal is forgotten. A request of a key at or over its share while another key under its
-share has demand is refused at once with 429 ``too_many_concurrent_requests`` (its share,
-not the node) and ``SHARE_RETRY_FACTOR`` times the Retry-After; one of a key under its share
-waits for its turn within its wait budget. Admitted streams are never cut: shares move only
+refusal is forgotten. A key whose client came straight back last time (its next request
+within ``RETURN_GRACE_S`` of its last stream's end: a closed-loop client, one request at a
+time) is owed the slot its stream frees for that long too: without it, when that key's turn
+comes, another key's waiter takes the slot in the milliseconds between its two requests and
+holds it for a whole stream, longer than the returning request's wait budget (issue 60: one
+light client at 68 % of its fair share). A request of a key at or over its share while
+another key under its share has demand is refused at once with 429
+``too_many_concurrent_requests`` (its share, not the node) and ``SHARE_RETRY_FACTOR`` times
+the Retry-After; one of a key under its share waits for its turn within its wait budget. Admitted streams are never cut: shares move only
 new admissions. With one key (or none named) nothing of this applies.
 
 Early refusals (``gateway.early_refusal``): a key refused for the node (``server_busy``), its
@@ -64,6 +69,7 @@ place in the fair order count what it holds in every gateway process.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import math
 import time
@@ -95,6 +101,12 @@ in the turns) this long after its last admission."""
 OWED_FOR = 2.0
 """A refused request counts as its key's demand for this many times its Retry-After (its
 client sleeps it out and comes back), or until the key's next request arrives."""
+RETURN_GRACE_S = 0.25
+"""A key that came back within this long after its last stream ended is owed the slot its
+next stream end frees for this long (``_returned``, ``release``). Long enough for a client's
+next request to arrive and be read; short enough that a key that does not come back costs
+the others a quarter of a second of one slot."""
+RETURN_GRACE_NS = int(RETURN_GRACE_S * 1e9)
 EARLY_REFUSAL_S = 1.0
 """The longest a refusal is repeated before the next request's body is read (``refuse_early``):
 what may change without an event (a light key's refusals forgotten, the wait budget, the
@@ -218,7 +230,12 @@ class Admission:
         self._weights = {key_id(k): w for k, w in weights.items()}
         """``gateway.key_weights`` by board id (a key another process names is found so)."""
         self._owed: dict[str, deque[int]] = {}
-        """Per key, when each of its lately refused requests stops counting as demand (ns)."""
+        """Per key, when each of its lately refused requests (and a returning key's freed
+        slot, ``release``) stops counting as demand (ns, in order)."""
+        self._left: dict[str, int] = {}
+        """When each key's last stream in this process ended, leaving it none (ns)."""
+        self._returning: set[str] = set()
+        """Keys whose last request came within ``RETURN_GRACE_S`` of their last stream's end."""
         self._last_admit: dict[str, int] = {}
         """When this process last admitted a stream of each key it knows (monotonic ns)."""
         self._admitted: dict[str, deque[int]] = {}
@@ -242,6 +259,9 @@ class Admission:
         self._departures: deque[float] = deque()
         """When slots were freed (monotonic s), over the last ``DEPARTURE_WINDOW_S``."""
         self._poller: asyncio.Task[None] | None = None
+        self._regrant: asyncio.TimerHandle | None = None
+        """Hands out again, once a held slot's owed key is forgotten, what waiters here could
+        not take while it was held (no event may come meanwhile: ``_hold_until_forgotten``)."""
         self.early_refusal = early_refusal
         """Repeat a key's refusal before its next request's body is read (``refuse_early``)."""
         self._moves = 0
@@ -336,6 +356,8 @@ class Admission:
                 del self._ids[key]
                 self._last_admit.pop(key, None)
                 self._admitted.pop(key, None)
+                self._left.pop(key, None)
+                self._returning.discard(key)
         return counts
 
     def _admitted_of(self, key: str, now_ns: int) -> int:
@@ -363,17 +385,28 @@ class Admission:
         """``key``'s request is refused with ``error``: count it as the key's demand while its
         client sleeps out the Retry-After."""
         wait_ns = int(OWED_FOR * (error.retry_after_s or self._retry_after_s) * 1e9)
+        self._owe_until(key, time.monotonic_ns() + wait_ns)
+        return error
+
+    def _owe_until(self, key: str, until_ns: int) -> None:
+        """Count one more request of ``key`` as its demand until ``until_ns``."""
         d = self._owed.get(key)
         if d is None:
             d = self._owed[key] = deque()
-        d.append(time.monotonic_ns() + wait_ns)
+        bisect.insort(d, until_ns)  # a returning key's grace may end before a refusal's
         self._id(key)
-        return error
 
     def _came_back(self, key: str, now_ns: int) -> None:
-        """A request of ``key`` arrived: one of its refused clients is back."""
+        """A request of ``key`` arrived: one of its refused clients is back (the earliest
+        owed); whether it came straight back after its last stream is remembered."""
         if self._owed_of(key, now_ns):
             self._owed[key].popleft()
+        left = self._left.pop(key, None)
+        if left is not None:
+            if now_ns - left <= RETURN_GRACE_NS:
+                self._returning.add(key)
+            else:
+                self._returning.discard(key)
 
     @contextlib.contextmanager
     def _node(self, key: str | None = None) -> Iterator[Others]:
@@ -502,6 +535,7 @@ class Admission:
         if refused is not None:
             raise refused
         if continuing:
+            self._continued(key)
             with self._node() as others:
                 engine = self._place(others, ceiling=True)
                 if engine is not None:
@@ -773,8 +807,34 @@ class Admission:
                 best.there -= 1
             else:
                 best.owed -= 1  # held for its client, back within its Retry-After
+                if best.key is not None and self._queued:
+                    self._hold_until_forgotten(best.key)
             best.held += 1
             free -= 1
+
+    def _hold_until_forgotten(self, key: str) -> None:
+        """A slot is held for ``key``'s owed client while requests wait here: if the client is
+        not back by the time its owed request is forgotten, the slot goes to them then (with
+        several gateway processes the poll does it; alone, nothing else would until the next
+        request or stream end)."""
+        d = self._owed.get(key)
+        if not d:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        at = loop.time() + max(0, d[0] - time.monotonic_ns()) / 1e9 + 0.001
+        if self._regrant is not None:
+            if self._regrant.when() <= at:
+                return
+            self._regrant.cancel()
+        self._regrant = loop.call_at(at, self._grant_held)
+
+    def _grant_held(self) -> None:
+        self._regrant = None
+        with self._node() as others:
+            self._grant(others)
 
     def _position(self, key: str, others: Others) -> int:
         """Where a new request of ``key`` would be served in this process's queue: after its
@@ -909,6 +969,8 @@ class Admission:
         while now - d[0] > DEPARTURE_WINDOW_S:
             d.popleft()
         self._drop_key_stream(key)
+        if key not in self.by_key:
+            self._returned(key)
         self._moved()
         with self._node() as others:
             self.by_engine[engine] -= 1
@@ -942,6 +1004,22 @@ class Admission:
         self._moved()  # a key held at its limit may be admitted now: no early refusal
         with self._node() as others:  # publishes the key's count to the other processes
             self._grant(others)  # a waiter of this key held at its limit may start now
+
+    def _continued(self, key: str) -> None:
+        """The next sentence of ``key``'s admitted response: the stream did not end, so the
+        slot its sentence freed is not owed to it as a returning key's."""
+        left = self._left.pop(key, None)
+        if left is not None and key in self._returning:
+            d = self._owed.get(key)
+            if d and d[0] <= left + RETURN_GRACE_NS:
+                d.popleft()
+
+    def _returned(self, key: str) -> None:
+        """``key``'s last stream here ended: a key that came straight back last time is owed
+        the slot for ``RETURN_GRACE_S`` (it counts only while shares are in play)."""
+        now_ns = self._left[key] = time.monotonic_ns()
+        if key in self._returning:
+            self._owe_until(key, now_ns + RETURN_GRACE_NS)
 
     def _drop_key_stream(self, key: str) -> None:
         """One stream of ``key`` with a slot fewer in this process."""

@@ -156,6 +156,40 @@ async def test_turns_on_a_node_that_holds_one_stream_follow_the_weights(
     assert abs(light - light_part) <= 0.1, " ".join(k[0] for k in served)
 
 
+async def test_a_key_that_comes_straight_back_keeps_the_slot_its_stream_frees_on_its_turn() -> None:
+    """Issue 60's run: one light client, back as soon as its stream ends, against a flood
+    whose streams last longer than the light request's wait budget. On the light key's turn,
+    the slot its stream frees is held for its next request (``RETURN_GRACE_S``) instead of
+    going to the flood's waiter in the milliseconds between the light client's two requests;
+    a key not known to come straight back holds nothing, and the grace runs out."""
+    a = adm(1)
+    for _ in range(3):  # the flood was admitted more lately: the turns favour the light key
+        a.release(await a.acquire("flood"), "flood")
+    await a.acquire("light")
+    flood = asyncio.create_task(a.acquire("flood"))
+    await wait_until(lambda: a.queued == 1, what="the flood waiting")
+    # The light key's first stream end: nothing is known of its client yet.
+    a.release(0, "light")
+    assert await asyncio.wait_for(flood, 1.0) == 0
+    light = asyncio.create_task(a.acquire("light"))  # back at once: it comes straight back
+    await wait_until(lambda: a.queued == 1, what="the light key waiting")
+    a.release(0, "flood")
+    assert await asyncio.wait_for(light, 1.0) == 0
+    flood = asyncio.create_task(a.acquire("flood"))
+    await wait_until(lambda: a.queued == 1, what="the flood waiting")
+    # Its second stream end, on its turn (admitted 2 against the flood's 4): held for it.
+    a.release(0, "light")
+    await asyncio.sleep(0.02)
+    assert not flood.done() and a.active == 0, "the slot is held for the light client"
+    assert await a.acquire("light") == 0
+    # Its third, not back within the grace: the flood's waiter takes the slot after it.
+    a.release(0, "light")
+    assert not flood.done()
+    assert await asyncio.wait_for(flood, 1.0) == 0
+    a.release(0, "flood")
+    assert a.active == 0 and a.queued == 0
+
+
 async def test_weights_move_the_shares() -> None:
     """Four slots, both keys wanting more: equal weights give each two, weights 3:1 three and
     one, so a slot the flood frees stays with it."""
