@@ -9,13 +9,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import aiohttp
 import msgspec
 import pytest
 import zmq
 from gateway_harness import serve_config, wait_until
-from gateway_process import start_gateway
+from gateway_process import gateway_argv, gateway_env, start_gateway
 
 from shm.admission import create_admission_segment
 from shm.layout import InstanceLayout
@@ -31,6 +32,20 @@ OTHER_PROCESS_METRIC = """
 from prometheus_client import Counter
 Counter("vllm:test_requests", "a metric of another process").inc(3)
 """
+
+
+async def wait_ready(s: aiohttp.ClientSession, port: int, alive: Callable[[], bool]) -> None:
+    """Until the gateway on ``port`` answers /ready with 200 (30 s; it must stay ``alive``)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            async with s.get(f"http://127.0.0.1:{port}/ready") as r:
+                if r.status == 200:
+                    return
+        except aiohttp.ClientConnectionError:
+            pass
+        assert time.monotonic() < deadline and alive()
+        await asyncio.sleep(0.1)
 
 
 def pcm_for(frames: int) -> bytes:
@@ -121,18 +136,7 @@ async def test_drain_timeout_aborts_streams_and_exits(layout: InstanceLayout) ->
     proc = start_gateway(config, layout, 0)
     try:
         async with aiohttp.ClientSession() as s:
-
-            async def health() -> bool:
-                try:
-                    async with s.get(f"http://127.0.0.1:{port}/ready") as r:
-                        return r.status == 200
-                except aiohttp.ClientConnectionError:
-                    return False
-
-            deadline = time.monotonic() + 30
-            while not await health():
-                assert time.monotonic() < deadline and proc.poll() is None
-                await asyncio.sleep(0.1)
+            await wait_ready(s, port, lambda: proc.poll() is None)
             body = {"model": "m", "input": "x", "voice": "tara", "response_format": "pcm",
                     "max_tokens": 7 * 500}  # fmt: skip
             async with s.post(f"http://127.0.0.1:{port}/v1/audio/speech", json=body) as r:
@@ -148,4 +152,61 @@ async def test_drain_timeout_aborts_streams_and_exits(layout: InstanceLayout) ->
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        backend.stop()
+
+
+# Starts the command in its argv, prints the child's pid and exits when its stdin closes,
+# leaving the child an orphan (as the orchestrator's death leaves its gateways).
+PARENT = """
+import subprocess, sys
+child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(child.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (its new parent may not have reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+async def test_an_orphaned_gateway_stops_at_once_on_sigterm(layout: InstanceLayout) -> None:
+    """The SIGTERM a gateway hears once its orchestrator is gone (PR_SET_PDEATHSIG) ends it
+    at once: the workers die with the orchestrator, so a stream in flight could not finish
+    and a drain (here up to 60 s) would only keep the instance's last process alive."""
+    create_ring(layout.pcm_ring(0), 4 << 20)
+    port = free_port()
+    config = msgspec.structs.replace(serve_config(port=port), drain_timeout_s=60.0)
+    backend = SyntheticBackend(layout, realtime=True).start()
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, *gateway_argv(config, layout, 0)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=gateway_env(""),
+    )  # fmt: skip
+    assert parent.stdout is not None and parent.stdin is not None
+    pid = int(parent.stdout.readline())
+    try:
+        async with aiohttp.ClientSession() as s:
+            await wait_ready(s, port, lambda: _alive(pid))
+            body = {"model": "m", "input": "x", "voice": "tara", "response_format": "pcm",
+                    "max_tokens": 7 * 500}  # fmt: skip
+            async with s.post(f"http://127.0.0.1:{port}/v1/audio/speech", json=body) as r:
+                await r.content.readexactly(4096)
+                parent.stdin.close()  # the parent exits: the gateway is an orphan now
+                assert parent.wait(10) == 0
+                t0 = time.monotonic()
+                os.kill(pid, signal.SIGTERM)
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await r.read()
+        await wait_until(lambda: not _alive(pid), timeout_s=15, what="the orphan's exit")
+        assert time.monotonic() - t0 < 15  # not the 60 s drain
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
         backend.stop()

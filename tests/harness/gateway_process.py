@@ -26,10 +26,15 @@ def start_gateway(
     config: object, layout: InstanceLayout, index: int, metrics_dir: str = ""
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", CHILD, msgspec.json.encode(config).decode(),
-         msgspec.json.encode(layout).decode(), str(index)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gateway_env(metrics_dir),
+        gateway_argv(config, layout, index), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=gateway_env(metrics_dir),
     )  # fmt: skip
+
+
+def gateway_argv(config: object, layout: InstanceLayout, index: int) -> list[str]:
+    """The command line of gateway process ``index``."""
+    return [sys.executable, "-c", CHILD, msgspec.json.encode(config).decode(),
+            msgspec.json.encode(layout).decode(), str(index)]  # fmt: skip
 
 
 def gateway_env(metrics_dir: str) -> dict[str, str]:
