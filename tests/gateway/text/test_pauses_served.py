@@ -307,9 +307,11 @@ async def test_a_job_speaks_its_pauses(layout: InstanceLayout, tmp_path: Path) -
             job = await r.json()
         for _ in range(300):
             async with s.get(f"{h.url}/v1/audio/jobs/{job['id']}") as r:
-                if (await r.json())["state"] == "succeeded":
-                    break
+                state = (await r.json())["state"]
+            if state == "done":
+                break
             await asyncio.sleep(0.05)
+        assert state == "done"
         async with s.get(f"{h.url}/v1/audio/jobs/{job['id']}/audio") as r:
             audio = await r.read()
     fade = int(cfg.join_fade_ms * 24)
