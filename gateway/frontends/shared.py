@@ -1,5 +1,6 @@
 """What every front end shares, written once: the handler type, the body read, the error
-conversion, the template of a streaming request, WebSocket JSON messages.
+conversion, the template of a streaming request, WebSocket JSON messages, an HTTP answer's
+``X-Cache`` header.
 
 Every write to a client goes through the ``ClientLink`` of its connection
 (``gateway.link``: the stall clock, the bytes, the abort), a unit's life through its
@@ -10,11 +11,12 @@ front end never imports ``gateway.metrics``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import msgspec
 from aiohttp import web
 
+from gateway.cache.control import combined
 from gateway.errors import APIError
 from gateway.link import ClientLink
 from gateway.schemas import SpeechParams, build_params
@@ -55,6 +57,16 @@ def api_error(e: APIError | StreamFailed) -> APIError:
     return (
         e.with_traceback(None) if isinstance(e, APIError) else APIError.from_stream_error(e.error)
     )
+
+
+def cache_header(states: Iterable[str | None]) -> dict[str, str]:
+    """The ``X-Cache`` header of an HTTP answer made of units with these cache states (each
+    a request's ``cache_state``, in the order spoken): ``hit``, ``partial`` or ``miss`` as
+    ``combined`` decides, or no header when no unit could be cached (the cache off, pauses
+    alone). It goes out with the answer's headers: a streamed answer of several units names
+    the units spoken before its first bytes, a whole one all of them."""
+    state = combined(states)
+    return {} if state is None else {"X-Cache": state}
 
 
 def abort_of(request: web.Request) -> Callable[[], None] | None:

@@ -13,8 +13,11 @@ checked before any audio. Turns are spoken in order, a sentence at a time (one r
 sentence, as the streaming TTS), into one encoder, so an MP3 dialogue is one continuous
 stream; between turns a pause of silence (``SPEAKER_PAUSE_MS`` when the speaker changes,
 ``TURN_PAUSE_MS`` when not). The first audio goes out as soon as the first sentence of the
-first turn is decoded. A dialogue is one interactive request: all its turns together longer
-than ``gateway.max_input_chars`` are refused, as one text would be (long-form work belongs in
+first turn is decoded, with the headers; ``X-Cache`` (``cache_header``) is then the cache
+state of the sentences spoken before it (in practice the first turn's first sentence), and
+of every sentence of every turn for ``.../with-timestamps``, answered once all is spoken. A
+dialogue is one interactive request: all its turns together longer than
+``gateway.max_input_chars`` are refused, as one text would be (long-form work belongs in
 several requests or a job).
 """
 
@@ -35,7 +38,7 @@ from gateway.errors import APIError
 from gateway.frontends.alignment import CharTimes, UnitAligners
 from gateway.frontends.elevenlabs.messages import API, HttpAlignment, output_format
 from gateway.frontends.elevenlabs.speak import answered, speak_units
-from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, read_body
+from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, cache_header, read_body
 from gateway.frontends.text_units import UnitSplitter
 from gateway.frontends.utterance import pcm_ms
 from gateway.link import ClientLink
@@ -146,6 +149,8 @@ class _Dialogue:
         """The whole audio, for ``.../with-timestamps`` (not streamed)."""
         self.units: list[ActiveRequest] = []
         """The units whose audio is held (by the encoder, or in ``audio``), not sent yet."""
+        self.cache_states: list[str | None] = []
+        """The cache state of every unit spoken so far, for ``X-Cache`` (``cache_header``)."""
 
     async def write(self, data: bytes, n: int = 0, units: Sequence[ActiveRequest] = ()) -> None:
         """``data`` to the client, carrying ``n`` audio bytes of ``units`` (none: a pause)."""
@@ -156,6 +161,7 @@ class _Dialogue:
                 headers={
                     "Content-Type": "application/json" if json_body else self.fmt.content_type,
                     "Cache-Control": "no-cache",
+                    **cache_header(self.cache_states),
                 },
             )
             await self.link.write(self.resp.prepare(self.request))
@@ -190,6 +196,7 @@ class _Dialogue:
     async def deliver(self, unit: ActiveRequest | None, chunks: list[bytes], last: bool) -> None:
         if unit is not None and (not self.units or self.units[-1] is not unit):
             self.units.append(unit)
+            self.cache_states.append(unit.cache_state)
         n = sum(map(len, chunks))
         data = b"".join(map(self.enc.encode, chunks))
         self.audio_ms += pcm_ms(n)

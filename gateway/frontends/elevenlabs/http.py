@@ -5,13 +5,15 @@
 estimated character times of the text it speaks (``gateway.frontends.alignment``). The
 text is spoken a sentence at a time, one request per sentence, into one continuous encoded
 stream; the status is decided by the first sentence (an error before any audio is JSON
-with its status), a failure after the headers cuts the connection.
+with its status), a failure after the headers cuts the connection. ``X-Cache`` goes out
+with the headers: the cache state of the sentences spoken before the first bytes
+(``cache_header``; in practice the first sentence).
 
 ``POST /v1/text-to-speech/{voice_id}`` (the SDK's ``convert``) and ``.../with-timestamps``
 (``convert_with_timestamps``) speak the same way and answer once all of it is spoken: the
 whole audio (with its ``Content-Length``; a WAV file with its real sizes in its header), or one JSON object with the whole audio in
 base64 and the alignments of all its characters; a failure anywhere is a JSON error with
-its status.
+its status. Their ``X-Cache`` is of all the sentences.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from gateway.frontends.elevenlabs.messages import (
     refuse_unsupported,
 )
 from gateway.frontends.elevenlabs.speak import answered, speak_units
-from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, read_body
+from gateway.frontends.shared import UNIT_MAX_CHARS, Handler, abort_of, cache_header, read_body
 from gateway.frontends.text_units import UnitSplitter
 from gateway.frontends.utterance import pcm_ms
 from gateway.link import ClientLink
@@ -80,6 +82,8 @@ class _HttpStream:
         """The character times of the unit being spoken (set before each unit)."""
         self.units: list[ActiveRequest] = []
         """The units whose audio the encoder may hold, not sent yet (the last: the latest)."""
+        self.cache_states: list[str | None] = []
+        """The cache state of every unit spoken so far, for ``X-Cache`` (``cache_header``)."""
 
     async def write(self, data: bytes, n: int = 0, units: Sequence[ActiveRequest] = ()) -> None:
         """``data`` to the client, carrying ``n`` audio bytes of ``units`` (whole: gathered,
@@ -98,6 +102,7 @@ class _HttpStream:
                     if self.timestamps
                     else self.fmt.content_type,
                     "Cache-Control": "no-cache",
+                    **cache_header(self.cache_states),
                 },
             )
             await self.link.write(self.resp.prepare(self.request))
@@ -145,6 +150,7 @@ class _HttpStream:
         """Encode and write one batch of the current unit's PCM (or a pause's silence)."""
         if unit is not None and (not self.units or self.units[-1] is not unit):
             self.units.append(unit)
+            self.cache_states.append(unit.cache_state)
         n = sum(map(len, chunks))
         enc = self.enc.encode
         data = b"".join(map(enc, chunks))
@@ -183,7 +189,8 @@ class _HttpStream:
             content_type = "application/json"
         else:
             body, content_type = audio, self.fmt.content_type
-        self.resp = web.StreamResponse(status=200, headers={"Content-Type": content_type})
+        headers = {"Content-Type": content_type, **cache_header(self.cache_states)}
+        self.resp = web.StreamResponse(status=200, headers=headers)
         self.resp.content_length = len(body)
         await self.link.write(self.resp.prepare(self.request))
         await self.link.write(self.resp.write(body))

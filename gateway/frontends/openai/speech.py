@@ -21,7 +21,7 @@ from gateway.edge.auth import presented_key
 from gateway.errors import APIError
 from gateway.frontends.openai.body import decode_speech_request, speech_params
 from gateway.frontends.openai.sse import delta_event, done_event, error_event
-from gateway.frontends.shared import Handler, abort_of, read_body
+from gateway.frontends.shared import Handler, abort_of, cache_header, read_body
 from gateway.link import ClientLink
 from gateway.requests import ActiveRequest
 from gateway.schemas import SpeechParams
@@ -68,8 +68,9 @@ async def respond(
     module's docstring says: also Baseten's ``predict`` (``gateway.frontends.baseten.predict``).
     The text is rewritten by the params' ``text_plan`` first. The request's ``Cache-Control``
     says what the sentence audio cache may do (``gateway.cache.control``); the answer's
-    ``X-Cache`` says whether it came from it (``hit``) or was synthesised (``miss``), when
-    the cache is on and the text is one unit."""
+    ``X-Cache`` says whether it came from it (``hit``), in part (``partial``: its first
+    sentences) or was synthesised (``miss``), when the cache is on and the text is one unit
+    (``cache_header``)."""
     params = params.spoken()
     encoder = make_output(params.output, params.speed)
     try:
@@ -100,9 +101,8 @@ async def _stream(
         "Content-Type": content_type,
         "Cache-Control": "no-cache",
         "X-Accel-Buffering": "no",
+        **cache_header([active.cache_state]),
     }
-    if active.cache_state is not None:
-        headers["X-Cache"] = active.cache_state
     resp = web.StreamResponse(status=200, headers=headers)
     encode = encoder.encode
     write = link.write  # every write: timed for the watchdog, its bytes counted

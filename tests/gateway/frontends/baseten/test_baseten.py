@@ -8,6 +8,7 @@ import aiohttp
 import pytest
 from gateway_harness import running_gateway, wait_until
 
+from common.config.cache import CacheConfig
 from shm.layout import InstanceLayout
 from testkit.synthetic_backend import synthetic_pcm
 
@@ -114,3 +115,26 @@ async def test_predict_client_gone_cancels_upstream(layout: InstanceLayout) -> N
             assert await r.content.readany()
         await wait_until(lambda: len(h.backend.cancelled_ids()) == 1, what="Cancel upstream")
         await wait_until(lambda: h.gateway.active_streams == 0, what="slot freed")
+
+
+async def test_the_cache_in_x_cache_and_not_on_the_socket(layout: InstanceLayout) -> None:
+    """``predict`` answers ``X-Cache`` (``miss``, then ``hit`` once stored); the socket, whose
+    protocol has no message but audio (the LiveKit plugin reads binary frames until the
+    close), says nothing of it: a cached sentence is binary frames and the close."""
+    cache = {"cache": CacheConfig(admit_after=1)}
+    async with running_gateway(layout, serve=cache) as h, aiohttp.ClientSession() as s:
+        body = {"prompt": "Hello world.", "voice": "tara"}
+        async with s.post(h.url + PREDICT, json=body) as r:
+            assert r.headers["X-Cache"] == "miss" and await r.read() == pcm_for(12)
+        name = "orpheus_gateway_cache_stores_total"
+        await wait_until(lambda: h.metric(name) >= 1, what="stored")
+        async with s.post(h.url + PREDICT, json=body) as r:
+            assert r.headers["X-Cache"] == "hit" and await r.read() == pcm_for(12)
+        async with s.ws_connect(h.url + PATH) as ws:
+            await ws.send_json({"voice": "tara"})
+            await ws.send_str("Hello world.")
+            await ws.send_str("__END__")
+            assert await read_all(ws) == pcm_for(12)  # binary frames only
+            assert ws.close_code == 1000
+        hits = h.metric("orpheus_gateway_cache_lookups_total", {"result": "hit"})
+        assert hits == 2
