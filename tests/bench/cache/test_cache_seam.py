@@ -43,3 +43,5 @@ async def test_a_cached_greeting_opens_a_partial_stream_and_no_store_bypasses_it
     arm = summarise(cached, 1.0)
     assert arm.requests == len(cached) and arm.x_cache == {"partial": len(cached)}
     assert arm.seam_gap_ms.n == len(cached) and arm.playable_ratio is not None
+    (greeting,) = arm.by_greeting_s.values()
+    assert greeting.requests == len(cached)
