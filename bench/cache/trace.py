@@ -17,6 +17,10 @@ Per arm: requests, audio seconds delivered per second, time to first byte (reque
 first body byte, at the client) p50/p99 by ``X-Cache`` (hit, miss), the hit ratio; the
 cache's entries and bytes at the end (``/metrics``).
 
+``--scenario seam``: a cached greeting opening a sentence never said before, one request
+each, against the same with ``Cache-Control: no-store``: the gap where the cached audio ends
+and the synthesised begins (``bench.cache.seam``).
+
 ``--scenario repeat``: the issue's closed-loop check instead, the ``repeat`` arm's clients
 cycling through five sentences (cached after their second synthesis) against the
 ``unique`` arm's clients whose sentences never repeat, both using the cache; per arm also
@@ -192,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--phase-s", type=float, default=30.0)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--scenario", choices=["trace", "repeat"], default="trace")
+    ap.add_argument("--scenario", choices=["trace", "repeat", "seam"], default="trace")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
     args = ap.parse_args(argv)
@@ -207,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         url = f"http://127.0.0.1:{port}"
         with ServerProcess("orpheus-serve", argv_, url, Path(tmp) / "server.log") as srv:
             srv.wait_ready(600)
+            if args.scenario == "seam":
+                return seam_main(args, url, argv)
             if args.scenario == "trace":
                 names, uses = ("on", "off"), {"on": True, "off": False}
                 sources = {arm: [turns(100 * i + j) for i in range(args.clients)]
@@ -248,6 +254,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot is not None:
         plot(report, args.plot)
     print(report["arms"])
+    return 0
+
+
+def seam_main(args: argparse.Namespace, url: str, argv: list[str] | None) -> int:
+    """``--scenario seam`` on the server at ``url``: its table, JSON and plot."""
+    from bench.cache import seam
+
+    command = recorded_argv([sys.executable, "-m", "bench.cache.trace", *(argv or sys.argv[1:])])
+    report = seam.report(url, KEY, args.clients, args.phase_s, args.rounds, command)
+    write_json(report, args.json, announce=sys.stderr)
+    if args.plot is not None:
+        seam.plot(report.requests, args.plot)
+    seam.show_table(report.arms, f"bench cache --scenario seam: {args.clients} clients an arm")
     return 0
 
 
