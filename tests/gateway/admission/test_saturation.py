@@ -86,7 +86,7 @@ async def test_metrics_scrape_carries_the_saturation_of_the_open_streams(
     layout: InstanceLayout,
 ) -> None:
     backend = {"realtime": True, "first_chunk_delay_s": 0.2}
-    body = {"model": "orpheus", "input": "Hello there. " * 8, "voice": "tara"}
+    body = {"model": "orpheus", "input": "Hello there. " * 3, "voice": "tara"}
     async with (
         running_gateway(layout, backend=backend, max_active_streams=4) as h,
         aiohttp.ClientSession() as s,
