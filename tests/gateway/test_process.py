@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 
 import aiohttp
 import msgspec
@@ -18,11 +17,12 @@ import zmq
 from gateway_harness import serve_config, wait_until
 from gateway_process import gateway_argv, gateway_env, start_gateway
 
+from orchestrator.proctree import alive
 from shm.admission import create_admission_segment
 from shm.layout import InstanceLayout
 from shm.messages import Heartbeat, WorkerReady, orchestrator_decoder
 from shm.ring import create_ring, unlink_ring
-from testkit.local_server import free_port
+from testkit.local_server import free_port, wait_ready
 from testkit.synthetic_backend import SyntheticBackend, synthetic_pcm
 
 pytestmark = pytest.mark.timeout(90)
@@ -32,20 +32,6 @@ OTHER_PROCESS_METRIC = """
 from prometheus_client import Counter
 Counter("vllm:test_requests", "a metric of another process").inc(3)
 """
-
-
-async def wait_ready(s: aiohttp.ClientSession, port: int, alive: Callable[[], bool]) -> None:
-    """Until the gateway on ``port`` answers /ready with 200 (30 s; it must stay ``alive``)."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            async with s.get(f"http://127.0.0.1:{port}/ready") as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientConnectionError:
-            pass
-        assert time.monotonic() < deadline and alive()
-        await asyncio.sleep(0.1)
 
 
 def pcm_for(frames: int) -> bytes:
@@ -136,7 +122,7 @@ async def test_drain_timeout_aborts_streams_and_exits(layout: InstanceLayout) ->
     proc = start_gateway(config, layout, 0)
     try:
         async with aiohttp.ClientSession() as s:
-            await wait_ready(s, port, lambda: proc.poll() is None)
+            await asyncio.to_thread(wait_ready, f"http://127.0.0.1:{port}", proc.poll, 30)
             body = {"model": "m", "input": "x", "voice": "tara", "response_format": "pcm",
                     "max_tokens": 7 * 500}  # fmt: skip
             async with s.post(f"http://127.0.0.1:{port}/v1/audio/speech", json=body) as r:
@@ -165,15 +151,6 @@ sys.stdin.read()
 """
 
 
-def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie (its new parent may not have reaped it yet)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
 async def test_an_orphaned_gateway_stops_at_once_on_sigterm(layout: InstanceLayout) -> None:
     """The SIGTERM a gateway hears once its orchestrator is gone (PR_SET_PDEATHSIG) ends it
     at once: the workers die with the orchestrator, so a stream in flight could not finish
@@ -190,7 +167,8 @@ async def test_an_orphaned_gateway_stops_at_once_on_sigterm(layout: InstanceLayo
     pid = int(parent.stdout.readline())
     try:
         async with aiohttp.ClientSession() as s:
-            await wait_ready(s, port, lambda: _alive(pid))
+            exited = lambda: None if alive(pid) else -1  # noqa: E731 (not our child: no poll)
+            await asyncio.to_thread(wait_ready, f"http://127.0.0.1:{port}", exited, 30)
             body = {"model": "m", "input": "x", "voice": "tara", "response_format": "pcm",
                     "max_tokens": 7 * 500}  # fmt: skip
             async with s.post(f"http://127.0.0.1:{port}/v1/audio/speech", json=body) as r:
@@ -201,10 +179,10 @@ async def test_an_orphaned_gateway_stops_at_once_on_sigterm(layout: InstanceLayo
                 os.kill(pid, signal.SIGTERM)
                 with pytest.raises(aiohttp.ClientPayloadError):
                     await r.read()
-        await wait_until(lambda: not _alive(pid), timeout_s=15, what="the orphan's exit")
+        await wait_until(lambda: not alive(pid), timeout_s=15, what="the orphan's exit")
         assert time.monotonic() - t0 < 15  # not the 60 s drain
     finally:
-        if _alive(pid):
+        if alive(pid):
             os.kill(pid, signal.SIGKILL)
         if parent.poll() is None:
             parent.kill()
