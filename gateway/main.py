@@ -109,7 +109,6 @@ async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None
         **malformed_http.server_options(g),
     )
     await runner.setup()
-    listener = await listen(runner, reuseport_socket(g.host, g.port), g, gateway.metrics)
     zmq_front: ZmqFrontend | None = None
     zmq_task: asyncio.Task[None] | None = None
     if g.zmq_endpoint:
@@ -122,6 +121,9 @@ async def serve(config: ServeConfig, layout: InstanceLayout, index: int) -> None
     # one every 0.5 s) so that the first request is not refused for want of it.
     if not await gateway.cluster.wait_first(FIRST_STATUS_TIMEOUT_S):
         log.warning("no ClusterStatus after %.0f s; reporting ready anyway", FIRST_STATUS_TIMEOUT_S)
+    # Only now on the shared port: bound earlier, with another gateway process serving it,
+    # the kernel would hand this one connections it refuses (503 workers_not_ready).
+    listener = await listen(runner, reuseport_socket(g.host, g.port), g, gateway.metrics)
     link.ready(f"http://{g.host}:{g.port}")
     log.info("%s listening on %s:%d (pid %d)", role, g.host, g.port, link.pid)
     beat = asyncio.create_task(link.beat_forever(lambda: gateway.active_streams), name="heartbeat")
