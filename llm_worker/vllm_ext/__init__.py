@@ -2,7 +2,8 @@
 the llm worker's: what vLLM imports from a string, an entry point or a class it is handed.
 
 - ``plugin``: the vllm.general_plugins entry point (pyproject.toml), loaded by vLLM in
-  every process it starts: registers the audio head's model class, starts ``heap_trim``;
+  every process it starts: registers the audio head's model class, starts ``heap_trim``,
+  installs ``vec_isa``;
   with ``ORPHEUS_PROFILE_PHASES`` set, loads ``phase_timers``, with
   ``ORPHEUS_PROFILE_MEMORY`` set, ``common.memory_probe``
 - ``audio_head_model``: ``OrpheusAudioHeadForCausalLM``, the audio-only output head's model
@@ -14,6 +15,8 @@ the llm worker's: what vLLM imports from a string, an entry point or a class it 
   engine``)
 - ``heap_trim``: on CPU, the thread in each vLLM process that hands free heap memory back
   (the llm table's cpu_heap_trim_s, passed by the worker in ``ORPHEUS_SERVE_VLLM_HEAP_TRIM_S``)
+- ``vec_isa``: TorchInductor's checks of the CPU's vector ISAs remembered per host (about
+  17 s of every vLLM 0.25 CPU engine's start otherwise)
 - ``token_space``, ``tokens``: Orpheus's token ids and the output head's rotation of them,
   which the model class and the processors share with the worker
 

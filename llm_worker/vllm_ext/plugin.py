@@ -1,5 +1,6 @@
 """orpheus-serve's vLLM plugin: registers the audio-head model class with vLLM's registry;
-on the CPU build starts the thread that hands free heap memory back
+has TorchInductor remember its checks of the CPU's vector ISAs per host
+(:mod:`llm_worker.vllm_ext.vec_isa`); on the CPU build starts the thread that hands free heap memory back
 (:mod:`llm_worker.vllm_ext.heap_trim`, when the llm worker set
 ``ORPHEUS_SERVE_VLLM_HEAP_TRIM_S``); and, only when ``ORPHEUS_PROFILE_PHASES`` or
 ``ORPHEUS_PROFILE_MEMORY`` names a directory, loads the per-phase host timers into vLLM's
@@ -20,7 +21,7 @@ import gc
 import multiprocessing
 import os
 
-from llm_worker.vllm_ext import heap_trim
+from llm_worker.vllm_ext import heap_trim, vec_isa
 from llm_worker.vllm_ext.token_space import AUDIO_HEAD_ARCHITECTURE
 
 PHASE_TIMERS_ENV = "ORPHEUS_PROFILE_PHASES"
@@ -38,6 +39,7 @@ def register() -> None:
     ``ORPHEUS_PROFILE_PHASES`` set, time the engine core's phases; in a process vLLM started,
     freeze what its import made (:func:`freeze_import_heap`)."""
     freeze_import_heap()
+    vec_isa.remember_isa_checks()
     from vllm import ModelRegistry
 
     if AUDIO_HEAD_ARCHITECTURE not in ModelRegistry.get_supported_archs():
