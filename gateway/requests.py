@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 from common.config.gateway import GatewayConfig
 from gateway.admission.queue import Admission
 from gateway.cache.control import USE, CacheUse
+from gateway.cache.relay import FlightTail
 from gateway.cache.units import sentences
 from gateway.errors import APIError
 from gateway.link import ClientLink
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
     from common.tracing import Tracing
+    from gateway.cache.flight import Joined
     from gateway.cache.keys import UnitKey
     from gateway.cache.service import AudioCache
 
@@ -258,7 +260,11 @@ class RequestTracker:
         self.cache = cache
         """The sentence audio cache (``gateway.cache``); None: off."""
         self._flights: dict[str, PcmStream] = {}
-        """Key digest -> the stream synthesising that unit now (a single flight's leader)."""
+        """Key digest -> the stream synthesising that unit now (a single flight's leader), in
+        this process or, through a proxy, in another of the node's (``_tails``)."""
+        self._tails: dict[str, FlightTail] = {}
+        """Key digest -> the flight of another gateway process that this one's twins follow
+        (``gateway.cache.relay``): its proxy stream is their leader in ``_flights``."""
         self.tracing = tracing
         self.incoming_traceparent = INCOMING_TRACEPARENT
         """Set by the app's tracing middleware: the HTTP request's ``traceparent`` header."""
@@ -275,6 +281,15 @@ class RequestTracker:
 
     def __len__(self) -> int:
         return len(self.active)
+
+    def close(self) -> None:
+        """Stop following the flights of the node's other gateway processes (their
+        followers here fail: the gateway stops)."""
+        for tail in list(self._tails.values()):
+            tail.stream.fail(
+                StreamError("shutdown", "the gateway stopped", 503), discard_pending=False
+            )
+            tail.stop()
 
     def open(
         self,
@@ -409,7 +424,7 @@ class RequestTracker:
         if request.cache_key is not None:
             stream.record = []
             if request.cache_state == "miss" and request.cache_use.read:
-                self._lead(stream, request.cache_key.digest())
+                self._lead(stream, request.cache_key)
         if runs is not None:
             request.runs = runs
             stream.on_end = lambda end: self._next_run(request, runs, end)
@@ -423,8 +438,9 @@ class RequestTracker:
     # -- the sentence audio cache --------------------------------------------------------------
     async def _look_up(self, request: ActiveRequest) -> bytes | PcmStream | None:
         """The unit's cached PCM if the request may read it and the cache has it, or the
-        stream of a twin being synthesised in this process (a single flight's leader, to
-        follow); else sets what the request's synthesis is to store (``cache_key``)."""
+        stream of a twin being synthesised on the node (a single flight's leader, to follow:
+        in this process, or a proxy of another's); else sets what the request's synthesis
+        is to store (``cache_key``)."""
         cache = self.cache
         assert cache is not None
         params = request.params
@@ -443,7 +459,10 @@ class RequestTracker:
         if pcm is not None:
             cache.count("hit")
             return pcm
-        leader = self._flights.get(key.digest())
+        digest = key.digest()
+        leader = self._flights.get(digest)
+        if leader is None and (joined := await cache.follow(key)) is not None:
+            leader = self._proxy(digest, joined)  # led by another gateway process
         if leader is not None and leader.error is None and leader.record is not None:
             cache.count("join")
             return leader
@@ -503,13 +522,37 @@ class RequestTracker:
         self.metrics.active.inc()
 
     # -- single flight: concurrent twins synthesise once ----------------------------------------
-    def _lead(self, stream: PcmStream, digest: str) -> None:
-        """``stream`` synthesises the unit ``digest`` (a miss): the twins that ask for it
-        while it is made follow it (``_follow``), in this process."""
+    def _lead(self, stream: PcmStream, key: UnitKey) -> None:
+        """``stream`` synthesises the unit ``key`` (a miss): the twins that ask for it while
+        it is made follow it, in this process (``_follow``) and in the node's others (its
+        log: ``AudioCache.lead``)."""
+        digest = key.digest()
         if digest not in self._flights:
             self._flights[digest] = stream
             stream.flight = digest
             stream.followers = []
+            if self.cache is not None:
+                stream.relay = self.cache.lead(key)
+
+    def _proxy(self, digest: str, joined: Joined) -> PcmStream:
+        """The proxy stream of a flight another gateway process leads (``joined``): fed from
+        its log, this process's twins follow it. One per unit: a leader that appeared here
+        meanwhile is followed instead."""
+        if (leader := self._flights.get(digest)) is not None:
+            joined.reader.close()
+            return leader
+        proxy = PcmStream(0, self.loop.time())
+        proxy.flight = digest
+        self._tails[digest] = FlightTail(joined, proxy, self._tail_ended)
+        self._flights[digest] = proxy
+        return proxy
+
+    def _tail_ended(self, tail: FlightTail) -> None:
+        digest = tail.stream.flight
+        if digest is not None and self._tails.get(digest) is tail:
+            del self._tails[digest]
+            if self._flights.get(digest) is tail.stream:
+                del self._flights[digest]
 
     def _follow(self, request: ActiveRequest, stream: PcmStream, leader: PcmStream) -> None:
         record = leader.record or []
@@ -523,16 +566,20 @@ class RequestTracker:
         request.flight_leader = leader
 
     def _end_flight(self, request: ActiveRequest) -> bool:
-        """A leader's request is leaving: no twin joins it any more. True when its worker
-        stream goes on for its followers (its client left first): it is orphaned, and its
-        slot is released when it ends (``_orphan_done``)."""
+        """A leader's request is leaving: no twin of this process joins it any more. True
+        when its worker stream goes on for its followers (its client left first): it is
+        orphaned, and its slot is released when it ends (``_orphan_done``). With no
+        follower here, it goes on until its log says whether one of the node's other
+        processes listens (``_unheard``)."""
         stream = request.stream
         if stream.flight is not None and self._flights.get(stream.flight) is stream:
             del self._flights[stream.flight]
-        if not stream.followers or stream.done:
+        if stream.done or (not stream.followers and stream.relay is None):
             return False
         stream.orphan()
         stream.on_done = lambda: self._orphan_done(request)
+        if not stream.followers:
+            self._unheard(stream, "client_disconnected")
         return True
 
     def _orphan_done(self, request: ActiveRequest) -> None:
@@ -545,14 +592,40 @@ class RequestTracker:
         self.admission.release(stream.engine, request.link.key)
 
     def _leave_flight(self, request: ActiveRequest) -> None:
-        """A follower is leaving; the last follower of an orphaned leader cancels it."""
+        """A follower is leaving; the last follower of an orphaned leader cancels it (unless
+        the node's other processes listen), the last of a proxy stops its tail."""
         leader, request.flight_leader = request.flight_leader, None
         if leader is None:
             return
         if leader.followers and request.stream in leader.followers:
             leader.followers.remove(request.stream)
-        if leader.orphaned and not leader.followers and not leader.done:
-            self.registry.release(leader, "cancelled")  # its worker stream is cancelled
+        if leader.followers or leader.done:
+            return
+        tail = self._tails.get(leader.flight) if leader.flight is not None else None
+        if tail is not None and tail.stream is leader:
+            tail.stop()  # its join lock goes: the leader may cancel
+        elif leader.orphaned:
+            self._unheard(leader, "cancelled")
+
+    def _unheard(self, leader: PcmStream, reason: str) -> None:
+        """An orphaned leader has no follower left in this process: cancelled, unless a
+        follower in another of the node's processes listens (asked of its log; then it goes
+        on to its end, stored if whole)."""
+        relay = leader.relay
+        if relay is None:
+            self._cancel_orphan(leader, reason)
+            return
+
+        def answered(listens: bool) -> None:
+            if not listens:
+                self._cancel_orphan(leader, reason)
+
+        relay.listened(answered)
+
+    def _cancel_orphan(self, leader: PcmStream, reason: str) -> None:
+        """Cancel an orphaned leader nobody listens to (``reason``: its worker stream's)."""
+        if leader.orphaned and not leader.followers and not leader.done and not leader.ending:
+            self.registry.release(leader, reason)  # its worker stream is cancelled
             leader.fail(
                 StreamError("cancelled", "nobody listens any more", 499), discard_pending=True
             )

@@ -187,6 +187,7 @@ class Gateway:
         self._closing = True
         self.begin_drain()
         self._fail_everything("shutdown", "the gateway stopped")
+        self.requests.close()
         for t in self._tasks:
             t.cancel()
         # A task that ended with an error was reported by ``_task_ended``.

@@ -21,6 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import msgspec
 
@@ -66,6 +67,21 @@ class StreamFailed(Exception):
         self.error = error
 
 
+class Relay(Protocol):
+    """What a single flight's leader tells beside its followers: the node's other gateway
+    processes' (``gateway.cache.relay.FlightRelay``)."""
+
+    def push(self, data: bytes) -> None: ...
+
+    def done(
+        self, terminal: StreamEnd | StreamError, then: Callable[[], None] | None = None
+    ) -> None:
+        """The stream ended or failed; ``then``: called (on the loop) once that is told."""
+
+    def listened(self, then: Callable[[bool], None]) -> None:
+        """Tell ``then`` (later, on the loop) whether anyone listens there."""
+
+
 class PcmStream:
     """The PCM of one utterance between the ring and its consumer.
 
@@ -83,6 +99,7 @@ class PcmStream:
         "bytes_received",
         "cached_bytes",
         "end",
+        "ending",
         "engine",
         "error",
         "first_audio_at",
@@ -98,6 +115,7 @@ class PcmStream:
         "opened_at",
         "orphaned",
         "record",
+        "relay",
         "stream_id",
         "text_closed",
     )
@@ -109,6 +127,9 @@ class PcmStream:
         self.engine = engine
         """The vLLM engine the stream was placed on: its every control message goes there."""
         self._pending: list[bytes] = []
+        self.ending = False
+        """Its end is being told to its relay: its consumer waits for it, its last chunks
+        then its end as one stream's would come."""
         self._spare: list[bytes] = []
         self._waiter: asyncio.Future[None] | None = None
         self.buffered_bytes = 0
@@ -136,6 +157,9 @@ class PcmStream:
         """A single flight's leader (``gateway.requests``): the streams of the concurrent
         twins that hear its audio; each chunk pushed here is pushed to them, its end or
         failure is theirs."""
+        self.relay: Relay | None = None
+        """A single flight's leader for the node's other gateway processes: each chunk pushed
+        here is told to it, then the end or failure."""
         self.orphaned = False
         """A leader whose own client left while followers listen: its worker stream goes on
         for them, and its own audio is no longer kept."""
@@ -177,9 +201,23 @@ class PcmStream:
             for f in self.followers:
                 f.last_record_at = self.last_record_at
                 f.push(data)
+        if self.relay is not None:
+            self.relay.push(data)
         self._wake()
 
     def finish(self, end: StreamEnd) -> None:
+        if self.relay is not None:  # its end once told there: a twin after it never follows
+            relay, self.relay = self.relay, None
+            self.ending = True
+
+            def told() -> None:
+                self.ending = False
+                if not self.done:
+                    self.finish(end)
+                self._wake()
+
+            relay.done(end, told)
+            return
         self.end = end
         self._done()
         self._wake()
@@ -201,7 +239,11 @@ class PcmStream:
         self.buffered_bytes = 0
 
     def _done(self) -> None:
-        """Its end or failure to its followers, then ``on_done``."""
+        """Its end or failure to its followers and its relay, then ``on_done``."""
+        relay, self.relay = self.relay, None
+        terminal = self.error if self.error is not None else self.end
+        if relay is not None and terminal is not None:
+            relay.done(terminal)
         followers, self.followers = self.followers, None
         for f in followers or ():
             if self.error is not None:
@@ -215,7 +257,7 @@ class PcmStream:
     # -- consumer side ---------------------------------------------------------------------
     async def next_chunks(self) -> list[bytes]:
         while True:
-            if self._pending:
+            if self._pending and not self.ending:
                 out = self._pending
                 spare = self._spare
                 spare.clear()  # the list handed out by the previous call: its reader is done

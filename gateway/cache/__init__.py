@@ -11,6 +11,11 @@ again to a repeat (``[cache]``, ``common.config.cache``; docs/api.md).
 - ``control``: what a request lets the cache do (``Cache-Control``, a protocol's field);
 - ``fleet``: the entries a fleet of nodes shares in Valkey (``[cache] fleet_url``), asked when
   the node misses, never failing a request;
+- ``flight``: a unit's synthesis as the node's gateway processes share it (single flight):
+  the leader's audio in a file beside the entries, read as it grows, its lock the leader's
+  liveness;
+- ``relay``: the loop's side of it: the leader's audio to its file in order, off the loop,
+  and another process's flight as a stream its twins here follow;
 - ``service``: the gateway's cache (``Gateway.cache``): lookups and stores off the event
   loop, never failing a request;
 - ``routes``: ``DELETE /v1/cache`` (a key's purge) and ``DELETE /v1/admin/cache`` (the

@@ -7,7 +7,9 @@ crash cannot leave a lock held, and entries outlive a restart. Layout::
 
     <dir>/<tenant id>/<key digest>.pcm    an entry (``gateway.cache.entry``: header + PCM)
     <dir>/<tenant id>/<key digest>.seen   its sightings: one byte appended per synthesis
-    <dir>/<tenant id>/.tmp-*              an entry being written
+    <dir>/<tenant id>/.tmp-*              an entry (or a flight's log) being written
+    <dir>/<tenant id>/<key digest>.flight a unit being synthesised, as the node's gateway
+    <dir>/<tenant id>/<key digest>.join   processes share it (``gateway.cache.flight``)
 
 The tenant id is a digest of the tenant (no key is written in clear), so a key's purge is
 one directory. An entry is written to a temporary file in its directory, fsynced, then
@@ -40,7 +42,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from gateway.cache import entry
+from gateway.cache import entry, flight
 
 ENTRY = ".pcm"
 SEEN = ".seen"
@@ -83,11 +85,12 @@ class NodeCache:
         self.swept_at = 0.0
         self.last_sweep: SweepResult | None = None
 
-    def _dir(self, tenant: str) -> Path:
+    def tenant_dir(self, tenant: str) -> Path:
+        """The directory of ``tenant``'s entries (and flights: ``gateway.cache.flight``)."""
         return self.directory / tenant_id(tenant)
 
     def path(self, tenant: str, digest: str) -> Path:
-        return self._dir(tenant) / (digest + ENTRY)
+        return self.tenant_dir(tenant) / (digest + ENTRY)
 
     # -- lookups ---------------------------------------------------------------------------
     def get(self, tenant: str, digest: str, now: float | None = None) -> bytes | None:
@@ -111,7 +114,7 @@ class NodeCache:
         """Count one synthesis of the unit; its sightings so far (this one included)."""
         if self.admit_after <= 1:
             return 1
-        d = self._dir(tenant)
+        d = self.tenant_dir(tenant)
         d.mkdir(parents=True, exist_ok=True)
         fd = os.open(d / (digest + SEEN), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
@@ -133,7 +136,7 @@ class NodeCache:
         """Store the unit's PCM if its sightings admit it (``sighted`` counted this
         synthesis) or ``force`` (a request that asked for new audio: ``no-cache``). True if
         written. Sweeps when this process wrote enough since its last."""
-        d = self._dir(tenant)
+        d = self.tenant_dir(tenant)
         if self.admit_after > 1 and not force:
             try:
                 seen = (d / (digest + SEEN)).stat().st_size
@@ -165,7 +168,7 @@ class NodeCache:
 
     def purge(self, tenant: str) -> int:
         """Remove every entry and sighting of ``tenant``; the number of entries removed."""
-        d = self._dir(tenant)
+        d = self.tenant_dir(tenant)
         try:
             n = sum(1 for f in os.scandir(d) if f.name.endswith(ENTRY))
         except FileNotFoundError:
@@ -189,8 +192,8 @@ class NodeCache:
 
     # -- the bound -------------------------------------------------------------------------
     def sweep(self, now: float | None = None) -> SweepResult:
-        """Scan every tenant's entries: remove the expired ones, stale temporary files and
-        old sightings, then the least recently used entries until the node's bytes are
+        """Scan every tenant's entries: remove the expired ones, stale temporary files, old
+        sightings and the files of flights nobody leads or follows any more, then the least recently used entries until the node's bytes are
         under 90 % of the bound (if they passed it)."""
         now = time.time() if now is None else now
         entries: list[tuple[float, int, str]] = []
@@ -208,6 +211,7 @@ class NodeCache:
                 files = list(os.scandir(t.path))
             except FileNotFoundError:
                 continue
+            joins: list[str] = []
             for f in files:
                 try:
                     st = f.stat(follow_symlinks=False)
@@ -229,6 +233,12 @@ class NodeCache:
                         sightings.append((st.st_mtime, f.path))
                 elif f.name.startswith(TMP_PREFIX) and now - st.st_mtime > STALE_TMP_S:
                     _unlink(f.path)
+                elif f.name.endswith(flight.FLIGHT) and now - st.st_mtime > STALE_TMP_S:
+                    flight.remove_if_stale(f.path)  # its leader gone
+                elif f.name.endswith(flight.JOIN) and now - st.st_mtime > STALE_TMP_S:
+                    joins.append(f.path)  # once the logs are swept
+            for path in joins:
+                flight.remove_if_stale(path)  # its log gone, and its followers
         evicted = 0
         if total > self.max_bytes:
             entries.sort()

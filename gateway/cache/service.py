@@ -12,17 +12,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from common.config import ServeConfig
 from gateway.cache.fleet import FleetCache
+from gateway.cache.flight import FlightReader, Joined
 from gateway.cache.keys import NODE_SCOPE, UnitKey, checkpoint_identity
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.node import NodeCache, SweepResult
+from gateway.cache.relay import FlightRelay
 from gateway.cache.units import unit_text
 from shm.messages import SamplingOverrides
+from shm.records import StreamError
 from store.voices import resolve_state_dir
 
 log = logging.getLogger(__name__)
@@ -63,6 +67,11 @@ class AudioCache:
         self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audio-cache-write")
         """Writes (fsync, sweeps) in one thread of their own: lookups never wait behind them,
         and one sweep runs at a time."""
+        self._flight_io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audio-cache-flight")
+        """The logs of the flights this process leads (``gateway.cache.relay``), in order, in a
+        thread of their own: its followers never wait behind an entry's fsync."""
+        self._relays: weakref.WeakSet[FlightRelay] = weakref.WeakSet()
+        """Its leaders' relays (each held by its stream until its end), ended at ``close``."""
         self._pending: set[asyncio.Future[object]] = set()
         self._logged_at = -_LOG_EVERY_S
 
@@ -101,8 +110,29 @@ class AudioCache:
                 self._write(self.node.put, key.tenant, key.digest(), pcm, force=True)
         return pcm
 
+    # -- single flight across the node's gateway processes (``gateway.cache.flight``) --------
+    def lead(self, key: UnitKey) -> FlightRelay:
+        """The log of the unit's synthesis, which this process leads: its followers in the
+        node's other processes read it (``PcmStream.relay``)."""
+        relay = FlightRelay(
+            self._flight_io, self.node.tenant_dir(key.tenant), key.digest(), self._failed
+        )
+        self._relays.add(relay)
+        return relay
+
+    async def follow(self, key: UnitKey) -> Joined | None:
+        """The flight of the unit that another gateway process of the node leads, joined;
+        None: none (or one that cannot be followed: this request synthesises)."""
+        loop = asyncio.get_running_loop()
+        directory, digest = self.node.tenant_dir(key.tenant), key.digest()
+        try:
+            return await loop.run_in_executor(self._reads, FlightReader.open, directory, digest)
+        except Exception as e:  # a failing cache never fails a request
+            self._failed("a flight's lookup", e)
+            return None
+
     def count(self, result: str) -> None:
-        """A request's lookup result: ``hit``, ``partial``, ``miss`` or ``bypass``."""
+        """A request's lookup result: ``hit``, ``join``, ``partial``, ``miss`` or ``bypass``."""
         self.metrics.by_result[result].inc()
 
     def store(self, key: UnitKey, pcm: bytes, *, force: bool = False) -> None:
@@ -199,6 +229,9 @@ class AudioCache:
         """Let the stores under way finish (they are whole or not at all either way)."""
         if self._pending:
             await asyncio.wait(list(self._pending), timeout=5.0)
+        for relay in list(self._relays):  # a leader still synthesising: its followers fail
+            relay.done(StreamError("shutdown", "the gateway stopped", 503))
+        await asyncio.get_running_loop().run_in_executor(None, self._flight_io.shutdown)
         if self.fleet is not None:
             await self.fleet.close()
         self._reads.shutdown(wait=False)

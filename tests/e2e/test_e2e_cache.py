@@ -2,7 +2,8 @@
 processes sharing the node's cache): a repeated sentence comes back byte-identical to the
 answer that was stored, whichever gateway process serves it, while the model's sampling
 (no seed) would make each synthesis differ; another key never hears it; ``no-store`` never
-reads it. Latency is the bench's (docs/performance.md), not asserted here."""
+reads it; twins asked of both processes at once are one synthesis (single flight across the
+node). Latency is the bench's (docs/performance.md), not asserted here."""
 
 from __future__ import annotations
 
@@ -23,12 +24,17 @@ FRAMES = 12
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("cache")
-    cfg = tmp / "cache.toml"
+def entries(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The server's cache directory."""
+    return tmp_path_factory.mktemp("cache") / "entries"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model: Path, entries: Path) -> Iterator[Server]:
+    cfg = entries.parent / "cache.toml"
     cfg.write_text(
         '[gateway]\napi_keys = ["k1", "k2"]\nprocesses = 2\n\n'
-        f'[cache]\nenabled = true\ndir = "{tmp / "entries"}"\n'
+        f'[cache]\nenabled = true\ndir = "{entries}"\n'
     )
     srv = start_server(tiny_model, "--config", str(cfg))
     yield srv
@@ -76,5 +82,44 @@ def test_a_repeat_is_byte_identical_to_the_stored_answer_in_every_gateway(server
             assert (await _speak(s, server.url, "k1", "no-store"))[0] == "miss"
             state, fresh_audio = await _speak(s, server.url, "k1", "no-cache")
             assert state == "miss" and len(fresh_audio) == len(stored)
+
+    asyncio.run(run())
+
+
+FLIGHT_FRAMES = 48
+"""Long enough a synthesis (about 4 s of audio) for eleven twins to arrive while it is made."""
+
+
+def test_twins_in_both_gateway_processes_synthesise_once(server: Server, entries: Path) -> None:
+    """Twelve requests of a new sentence, from twelve connections (the kernel spreads them
+    over both gateway processes): the first synthesises, the eleven asked while it is made
+    follow it, in its process or the other's (its log, gateway/cache/flight.py), and every
+    answer is its bytes."""
+    text = "Your call is important to us, please stay on the line."
+    body = {"model": "tts-1", "input": text, "voice": "tara", "response_format": "pcm",
+            "max_tokens": 7 * FLIGHT_FRAMES}  # fmt: skip
+    headers = {"Authorization": "Bearer k1"}
+
+    async def speak() -> tuple[str | None, bytes]:
+        async with (
+            aiohttp.ClientSession() as fresh,
+            fresh.post(f"{server.url}/v1/audio/speech", json=body, headers=headers) as r,
+        ):
+            assert r.status == 200, await r.text()
+            return r.headers.get("X-Cache"), await r.read()
+
+    async def run() -> None:
+        joins = server.metric("orpheus_gateway_cache_lookups_total", result="join")
+        first = asyncio.create_task(speak())
+        deadline = time.monotonic() + 30
+        while not list(entries.glob("*/*.flight")):  # the first is synthesising
+            assert time.monotonic() < deadline and not first.done(), "no flight began"
+            await asyncio.sleep(0.005)
+        twins = await asyncio.gather(*(speak() for _ in range(11)))
+        state, audio = await first
+        assert state == "miss" and len(audio) == FLIGHT_FRAMES * 2048 * 2
+        assert twins == [("hit", audio)] * 11
+        total = server.metric("orpheus_gateway_cache_lookups_total", result="join")
+        assert total - joins == 11  # one synthesis node-wide
 
     asyncio.run(run())

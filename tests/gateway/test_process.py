@@ -14,7 +14,7 @@ import aiohttp
 import msgspec
 import pytest
 import zmq
-from gateway_harness import serve_config, wait_until
+from gateway_harness import NO_STORE, serve_config, wait_until
 from gateway_process import gateway_argv, gateway_env, start_gateway
 
 from orchestrator.proctree import alive
@@ -75,7 +75,10 @@ async def test_two_processes_share_the_port_and_drain_on_sigterm(layout: Instanc
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
 
             async def one(frames: int) -> bytes:
-                async with s.post(url, json={**body, "max_tokens": 7 * frames}) as r:
+                # no-store: twins would follow one synthesis, whichever process they reached
+                # (single flight across the node), and this counts where they were spoken.
+                json = {**body, "max_tokens": 7 * frames}
+                async with s.post(url, json=json, headers=NO_STORE) as r:
                     assert r.status == 200, await r.text()
                     return await r.read()
 
