@@ -190,8 +190,12 @@ class FlightLog:
         while view:
             view = view[os.write(self._fd, view) :]
 
-    def append(self, pcm: bytes) -> None:
-        self._write(pcm_frame(pcm))
+    def append(self, pcms: list[bytes]) -> None:
+        """PCM frames, one write for all of them."""
+        if len(pcms) == 1:
+            self._write(pcm_frame(pcms[0]))
+        elif pcms:
+            self._write(b"".join(pcm_frame(p) for p in pcms))
 
     def nobody_listens(self) -> bool:
         """True if no follower of another process listens (then none can join until the

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -28,7 +29,12 @@ class FlightRelay:
     """A leader's stream's audio, then its end, to the flight's log (``PcmStream.relay``).
     Every disk call runs in the flight thread (one: the log's frames in order, never behind
     an entry's fsync or a sweep), none on the loop; a failing disk ends the log without its
-    terminal (its followers fail: ``LEADER_DIED``) and never the leader."""
+    terminal (its followers fail: ``LEADER_DIED``) and never the leader.
+
+    Per chunk the loop only appends to a list: one drain is handed to the thread at a time,
+    and takes every chunk queued when it runs, in one write (under load, many chunks a
+    drain; a leader's chunks come every codec window, so one submit a chunk would be a
+    thread hand-off and a future per chunk of every miss)."""
 
     def __init__(
         self, io: ThreadPoolExecutor, directory: Path, digest: str, failed: Failed
@@ -39,6 +45,13 @@ class FlightRelay:
         """The flight thread's: the log, None once ended, or if another process leads."""
         self.ended = False
         """The loop's: the end was sent."""
+        self._queued: deque[bytes] = deque()
+        """Chunks the loop pushed that no drain has taken yet (the loop appends, the thread
+        pops: each atomic)."""
+        self._draining = False
+        """A drain is handed to the thread and has not started taking chunks: a push needs
+        no other. The thread clears it before it takes them, so a chunk pushed after that
+        is taken by a drain of its own, never left behind."""
         self._submit(self._claim, directory, digest)
 
     def _submit(self, fn: Callable[..., Any], *args: object) -> Future[Any] | None:
@@ -49,8 +62,12 @@ class FlightRelay:
 
     # -- on the loop: what ``PcmStream`` tells it ------------------------------------------
     def push(self, data: bytes) -> None:
-        if not self.ended:
-            self._submit(self._append, data)
+        if self.ended:
+            return
+        self._queued.append(data)
+        if not self._draining:
+            self._draining = True
+            self._submit(self._drain)
 
     def done(self, terminal: Terminal, then: Callable[[], None] | None = None) -> None:
         """The leader's stream ended (``StreamEnd``) or failed; told once. ``then``: called
@@ -90,12 +107,15 @@ class FlightRelay:
         except OSError as e:
             self._failed("a flight's log", e)
 
-    def _append(self, pcm: bytes) -> None:
+    def _drain(self) -> None:
+        self._draining = False  # before the chunks are taken: see ``_draining``
+        queued = self._queued
+        pcms = [queued.popleft() for _ in range(len(queued))]
         log = self._log
-        if log is None:
+        if log is None or not pcms:
             return
         try:
-            log.append(pcm)
+            log.append(pcms)
         except OSError as e:
             self._failed("a flight's log", e)
             self._log = None
@@ -103,6 +123,7 @@ class FlightRelay:
                 log.close()
 
     def _end(self, terminal: Terminal) -> None:
+        self._drain()  # chunks pushed after the last drain was handed over (none, in order)
         log, self._log = self._log, None
         if log is None:
             return

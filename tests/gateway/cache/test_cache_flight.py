@@ -4,6 +4,7 @@ dead leader's log is removed by the next follower and by the sweep, a live one n
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -35,7 +36,7 @@ def test_a_follower_reads_whole_frames_as_the_leader_writes_them(tmp_path: Path)
     log = FlightLog.claim(tmp_path, DIGEST)
     assert log is not None
     assert FlightLog.claim(tmp_path, DIGEST) is None  # one leader
-    log.append(b"a" * 8)
+    log.append([b"a" * 8])
     joined = FlightReader.open(tmp_path, DIGEST)
     assert joined is not None and joined.pcm == [b"a" * 8]
     reader = joined.reader
@@ -121,7 +122,7 @@ def test_a_purge_mid_flight_breaks_neither_leader_nor_follower(tmp_path: Path) -
     assert joined is not None
     try:
         assert node.purge("k1") == 0 and not tenant.exists()
-        log.append(b"c" * 4)  # both go on from the files they hold open
+        log.append([b"c" * 4])  # both go on from the files they hold open
         end = StreamEnd("stop", 1)
         log.end(end)
         assert joined.reader.read() == ([b"c" * 4], end)
@@ -131,3 +132,39 @@ def test_a_purge_mid_flight_breaks_neither_leader_nor_follower(tmp_path: Path) -
     finally:
         joined.reader.close()
         log.close()
+
+
+async def test_the_relay_writes_every_chunk_in_order_however_they_are_batched(
+    tmp_path: Path,
+) -> None:
+    """The loop pushes chunk after chunk while the flight thread drains them in batches (one
+    hand-off at a time): a follower reads every chunk, in order, then the end."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gateway.cache.relay import FlightRelay
+
+    failures: list[str] = []
+    io = ThreadPoolExecutor(max_workers=1)
+    try:
+        relay = FlightRelay(io, tmp_path, DIGEST, lambda what, e: failures.append(f"{what}: {e}"))
+        io.submit(lambda: None).result()  # the log is claimed
+        joined = FlightReader.open(tmp_path, DIGEST)
+        assert joined is not None
+        chunks = [i.to_bytes(2, "little") * (1 + i % 7) for i in range(500)]
+        for i, chunk in enumerate(chunks):
+            relay.push(chunk)
+            if i % 50 == 0:
+                await asyncio.sleep(0.001)  # some drains run between pushes
+        told = asyncio.Event()
+        end = StreamEnd("stop", len(chunks))
+        relay.done(end, told.set)
+        await asyncio.wait_for(told.wait(), 5)
+        assert not failures and not (tmp_path / f"{DIGEST}{flight.FLIGHT}").exists()
+        pcm, terminal = list(joined.pcm), None
+        while terminal is None:
+            more, terminal = joined.reader.read()
+            pcm += more
+        joined.reader.close()
+        assert pcm == chunks and terminal == end
+    finally:
+        io.shutdown(wait=True)
