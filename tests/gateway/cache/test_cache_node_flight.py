@@ -137,7 +137,7 @@ from gateway.cache.flight import FlightLog
 log = FlightLog.claim(Path(sys.argv[1]), sys.argv[2])
 assert log is not None
 for _ in range(3):
-    log.append(bytes(4096))
+    log.append([bytes(4096)])
 print("leading", flush=True)
 time.sleep(60)
 """
