@@ -25,33 +25,68 @@ Failed = Callable[[str, BaseException], None]
 """Counts and logs a disk error (``AudioCache``'s)."""
 
 
+class FlightWrites:
+    """Every chunk this process's leaders push, handed to the flight thread in batches: one
+    per process, shared by its ``FlightRelay``s. A leader pushes one chunk per codec window
+    (85 ms), so a queue per leader would take one chunk a drain: a thread hand-off, a future
+    and a write per chunk of every miss (scripts/dev/flight_relay_cost.py: 0.21 s of CPU per
+    second at 500 streams). Here a push appends to one queue; one drain at a time is handed
+    to the thread, and it takes every chunk queued when it runs, all leaders', each leader's
+    in one write."""
+
+    def __init__(self, io: ThreadPoolExecutor) -> None:
+        self._io = io
+        self._queued: deque[tuple[FlightRelay, bytes]] = deque()
+        """Chunks pushed that no drain has taken yet (the loop appends, the thread pops:
+        each atomic)."""
+        self._draining = False
+        """A drain is handed to the thread and has not started taking chunks: a push needs
+        no other. The thread clears it before it takes them, so a chunk pushed after that
+        is taken by a drain of its own, never left behind."""
+
+    def push(self, relay: FlightRelay, data: bytes) -> None:
+        self._queued.append((relay, data))
+        if not self._draining:
+            self._draining = True
+            try:
+                self._io.submit(self.drain)
+            except RuntimeError:  # the cache closed: nothing is written any more
+                pass
+
+    def drain(self) -> None:
+        """In the flight thread: write what is queued, each relay's chunks in order."""
+        self._draining = False  # before the chunks are taken: see ``_draining``
+        queued = self._queued
+        batch: dict[FlightRelay, list[bytes]] = {}
+        for _ in range(len(queued)):
+            relay, data = queued.popleft()
+            batch.setdefault(relay, []).append(data)
+        for relay, pcms in batch.items():
+            relay.append(pcms)
+
+
 class FlightRelay:
     """A leader's stream's audio, then its end, to the flight's log (``PcmStream.relay``).
     Every disk call runs in the flight thread (one: the log's frames in order, never behind
     an entry's fsync or a sweep), none on the loop; a failing disk ends the log without its
-    terminal (its followers fail: ``LEADER_DIED``) and never the leader.
-
-    Per chunk the loop only appends to a list: one drain is handed to the thread at a time,
-    and takes every chunk queued when it runs, in one write (under load, many chunks a
-    drain; a leader's chunks come every codec window, so one submit a chunk would be a
-    thread hand-off and a future per chunk of every miss)."""
+    terminal (its followers fail: ``LEADER_DIED``) and never the leader. Its chunks go
+    through the process's ``FlightWrites``."""
 
     def __init__(
-        self, io: ThreadPoolExecutor, directory: Path, digest: str, failed: Failed
+        self,
+        io: ThreadPoolExecutor,
+        writes: FlightWrites,
+        directory: Path,
+        digest: str,
+        failed: Failed,
     ) -> None:
         self._io = io
+        self._writes = writes
         self._failed = failed
         self._log: FlightLog | None = None
         """The flight thread's: the log, None once ended, or if another process leads."""
         self.ended = False
         """The loop's: the end was sent."""
-        self._queued: deque[bytes] = deque()
-        """Chunks the loop pushed that no drain has taken yet (the loop appends, the thread
-        pops: each atomic)."""
-        self._draining = False
-        """A drain is handed to the thread and has not started taking chunks: a push needs
-        no other. The thread clears it before it takes them, so a chunk pushed after that
-        is taken by a drain of its own, never left behind."""
         self._submit(self._claim, directory, digest)
 
     def _submit(self, fn: Callable[..., Any], *args: object) -> Future[Any] | None:
@@ -62,12 +97,8 @@ class FlightRelay:
 
     # -- on the loop: what ``PcmStream`` tells it ------------------------------------------
     def push(self, data: bytes) -> None:
-        if self.ended:
-            return
-        self._queued.append(data)
-        if not self._draining:
-            self._draining = True
-            self._submit(self._drain)
+        if not self.ended:
+            self._writes.push(self, data)
 
     def done(self, terminal: Terminal, then: Callable[[], None] | None = None) -> None:
         """The leader's stream ended (``StreamEnd``) or failed; told once. ``then``: called
@@ -107,10 +138,8 @@ class FlightRelay:
         except OSError as e:
             self._failed("a flight's log", e)
 
-    def _drain(self) -> None:
-        self._draining = False  # before the chunks are taken: see ``_draining``
-        queued = self._queued
-        pcms = [queued.popleft() for _ in range(len(queued))]
+    def append(self, pcms: list[bytes]) -> None:
+        """In the flight thread (``FlightWrites.drain``): frames of this log, in order."""
         log = self._log
         if log is None or not pcms:
             return
@@ -123,7 +152,7 @@ class FlightRelay:
                 log.close()
 
     def _end(self, terminal: Terminal) -> None:
-        self._drain()  # chunks pushed after the last drain was handed over (none, in order)
+        self._writes.drain()  # the chunks pushed before the end that no drain took yet
         log, self._log = self._log, None
         if log is None:
             return

@@ -23,7 +23,7 @@ from gateway.cache.flight import FlightReader, Joined
 from gateway.cache.keys import NODE_SCOPE, UnitKey, checkpoint_identity
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.node import NodeCache, SweepResult
-from gateway.cache.relay import FlightRelay
+from gateway.cache.relay import FlightRelay, FlightWrites
 from gateway.cache.units import unit_text
 from shm.messages import SamplingOverrides
 from shm.records import StreamError
@@ -70,6 +70,13 @@ class AudioCache:
         self._flight_io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audio-cache-flight")
         """The logs of the flights this process leads (``gateway.cache.relay``), in order, in a
         thread of their own: its followers never wait behind an entry's fsync."""
+        self.node_flights = config.gateway.processes > 1
+        """Single flight across the node's gateway processes (``lead``, ``follow``): only
+        where there are others. A log costs its leader's process a write per chunk (about
+        0.08 s of CPU per second at 500 synthesised streams, docs/performance.md); with one
+        process every twin is in it and follows in memory."""
+        self._flight_writes = FlightWrites(self._flight_io)
+        """Every leader's chunks, to that thread in batches."""
         self._relays: weakref.WeakSet[FlightRelay] = weakref.WeakSet()
         """Its leaders' relays (each held by its stream until its end), ended at ``close``."""
         self._pending: set[asyncio.Future[object]] = set()
@@ -111,11 +118,18 @@ class AudioCache:
         return pcm
 
     # -- single flight across the node's gateway processes (``gateway.cache.flight``) --------
-    def lead(self, key: UnitKey) -> FlightRelay:
+    def lead(self, key: UnitKey) -> FlightRelay | None:
         """The log of the unit's synthesis, which this process leads: its followers in the
-        node's other processes read it (``PcmStream.relay``)."""
+        node's other processes read it (``PcmStream.relay``). None with one gateway process:
+        no other process would read it (``node_flights``)."""
+        if not self.node_flights:
+            return None
         relay = FlightRelay(
-            self._flight_io, self.node.tenant_dir(key.tenant), key.digest(), self._failed
+            self._flight_io,
+            self._flight_writes,
+            self.node.tenant_dir(key.tenant),
+            key.digest(),
+            self._failed,
         )
         self._relays.add(relay)
         return relay
@@ -123,6 +137,8 @@ class AudioCache:
     async def follow(self, key: UnitKey) -> Joined | None:
         """The flight of the unit that another gateway process of the node leads, joined;
         None: none (or one that cannot be followed: this request synthesises)."""
+        if not self.node_flights:
+            return None
         loop = asyncio.get_running_loop()
         directory, digest = self.node.tenant_dir(key.tenant), key.digest()
         try:

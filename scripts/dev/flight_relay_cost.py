@@ -7,8 +7,9 @@ for a while, on one event loop with the relay's real flight thread and real file
 
 Arms, alternated per level: ``none`` (no relay: the loop only paces), ``per-chunk`` (each
 push hands one write to the flight thread: a submit and a future per chunk, the relay's
-first version) and ``batched`` (the relay as it is: a push appends to a queue, one drain at
-a time takes every queued chunk in one write). Reported: the process's CPU seconds per
+first version) and ``batched`` (the relay as it is: a push appends to the process's one
+queue, ``FlightWrites``, and one drain at a time takes every leader's queued chunks, each
+leader's in one write). Reported: the process's CPU seconds per
 second (loop and flight thread together, ``time.process_time``) and the loop's own time in
 the pushes, per second.
 """
@@ -25,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gateway.cache.relay import FlightRelay
+from gateway.cache.relay import FlightRelay, FlightWrites
 from shm.records import StreamEnd
 
 CHUNK_BYTES = 4096
@@ -38,12 +39,7 @@ class PerChunkRelay(FlightRelay):
 
     def push(self, data: bytes) -> None:
         if not self.ended:
-            self._submit(self._append_one, data)
-
-    def _append_one(self, pcm: bytes) -> None:
-        log = self._log
-        if log is not None:
-            log.append([pcm])
+            self._submit(self.append, [data])
 
 
 async def level(arm: str, streams: int, seconds: float) -> dict[str, object]:
@@ -52,8 +48,9 @@ async def level(arm: str, streams: int, seconds: float) -> dict[str, object]:
     failures: list[str] = []
     try:
         kind = {"none": None, "per-chunk": PerChunkRelay, "batched": FlightRelay}[arm]
+        writes = FlightWrites(io)
         relays = [
-            kind(io, root, f"{i:032x}", lambda w, e: failures.append(f"{w}: {e}"))
+            kind(io, writes, root, f"{i:032x}", lambda w, e: failures.append(f"{w}: {e}"))
             for i in range(streams)
             if kind is not None
         ]

@@ -134,37 +134,47 @@ def test_a_purge_mid_flight_breaks_neither_leader_nor_follower(tmp_path: Path) -
         log.close()
 
 
-async def test_the_relay_writes_every_chunk_in_order_however_they_are_batched(
+async def test_the_relays_write_every_chunk_in_order_however_they_are_batched(
     tmp_path: Path,
 ) -> None:
-    """The loop pushes chunk after chunk while the flight thread drains them in batches (one
-    hand-off at a time): a follower reads every chunk, in order, then the end."""
+    """Two leaders push chunk after chunk, interleaved, while the flight thread drains the
+    process's one queue in batches (one hand-off at a time): each leader's follower reads
+    every chunk of its own, in order, then the end."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from gateway.cache.relay import FlightRelay
+    from gateway.cache.relay import FlightRelay, FlightWrites
 
     failures: list[str] = []
     io = ThreadPoolExecutor(max_workers=1)
+    writes = FlightWrites(io)
+    digests = [DIGEST, DIGEST[::-1]]
     try:
-        relay = FlightRelay(io, tmp_path, DIGEST, lambda what, e: failures.append(f"{what}: {e}"))
-        io.submit(lambda: None).result()  # the log is claimed
-        joined = FlightReader.open(tmp_path, DIGEST)
-        assert joined is not None
-        chunks = [i.to_bytes(2, "little") * (1 + i % 7) for i in range(500)]
-        for i, chunk in enumerate(chunks):
-            relay.push(chunk)
-            if i % 50 == 0:
+        relays = [
+            FlightRelay(io, writes, tmp_path, d, lambda w, e: failures.append(f"{w}: {e}"))
+            for d in digests
+        ]
+        io.submit(lambda: None).result()  # the logs are claimed
+        joins = [FlightReader.open(tmp_path, d) for d in digests]
+        assert all(j is not None for j in joins)
+        chunks = [[bytes([k]) + i.to_bytes(2, "little") * (1 + i % 7) for i in range(300)]
+                  for k in range(2)]  # fmt: skip
+        for i in range(300):
+            for k in (0, 1):
+                relays[k].push(chunks[k][i])
+            if i % 40 == 0:
                 await asyncio.sleep(0.001)  # some drains run between pushes
-        told = asyncio.Event()
-        end = StreamEnd("stop", len(chunks))
-        relay.done(end, told.set)
-        await asyncio.wait_for(told.wait(), 5)
-        assert not failures and not (tmp_path / f"{DIGEST}{flight.FLIGHT}").exists()
-        pcm, terminal = list(joined.pcm), None
-        while terminal is None:
-            more, terminal = joined.reader.read()
-            pcm += more
-        joined.reader.close()
-        assert pcm == chunks and terminal == end
+        ends = [asyncio.Event(), asyncio.Event()]
+        for k in (0, 1):
+            relays[k].done(StreamEnd("stop", k), ends[k].set)
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in ends)), 5)
+        assert not failures
+        for k, joined in enumerate(joins):
+            assert joined is not None
+            pcm, terminal = list(joined.pcm), None
+            while terminal is None:
+                more, terminal = joined.reader.read()
+                pcm += more
+            joined.reader.close()
+            assert pcm == chunks[k] and terminal == StreamEnd("stop", k)
     finally:
         io.shutdown(wait=True)

@@ -67,6 +67,7 @@ async def two_processes(
         "backend": {"realtime": True},
         "serve": _cache(tmp_path, **cache),
         "api_keys": ["k1"],
+        "processes": 2,  # the node's flights are logged only where other processes are
     }
     try:
         async with running_gateway(layout, **kw) as h1, running_gateway(other, **kw) as h2:
@@ -90,6 +91,25 @@ async def test_twins_in_two_processes_synthesise_once(
         assert h2.gateway.admission.by_engine == [0] and not h2.gateway.admission.by_key
         await wait_until(lambda: not _logs(tmp_path), what="the log removed at its end")
         assert not h2.gateway.requests._tails and not h2.gateway.requests._flights
+
+
+async def test_a_node_of_one_gateway_process_writes_no_log(
+    layout: InstanceLayout, tmp_path: Path
+) -> None:
+    """Nobody else could read it: its twins follow in memory, and its leaders write nothing
+    but the entries (a log costs a write per chunk)."""
+    async with (
+        running_gateway(
+            layout, backend={"realtime": True}, serve=_cache(tmp_path), api_keys=["k1"]
+        ) as h,
+        aiohttp.ClientSession() as s,
+    ):
+        first = asyncio.create_task(_speak(h, s))
+        await wait_until(lambda: len(h.backend.submitted()) == 1, what="the first submit")
+        await asyncio.sleep(0.3)  # a log would be claimed and written by now (1.7 s to go)
+        assert not _logs(tmp_path) and not h.gateway.cache.node_flights
+        twin = await _speak(h, s)
+        assert twin == ("hit", (await first)[1]) and _joins(h) == 1
 
 
 async def test_a_leader_whose_client_left_goes_on_for_another_process_s_follower(
@@ -147,7 +167,9 @@ async def test_a_leader_process_killed_mid_flight_fails_its_followers_and_is_rep
     layout: InstanceLayout, tmp_path: Path
 ) -> None:
     async with (
-        running_gateway(layout, serve=_cache(tmp_path, admit_after=1), api_keys=["k1"]) as h,
+        running_gateway(
+            layout, serve=_cache(tmp_path, admit_after=1), api_keys=["k1"], processes=2
+        ) as h,
         aiohttp.ClientSession() as s,
     ):
         assert (await _speak(h, s))[0] == "miss"  # stored: its entry names the unit's file
