@@ -16,8 +16,10 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -78,10 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     if len(trees) < 1 or any(len(t) != 2 for t in trees):
         p.error("--tree NAME=PATH, once per tree")
     runs = []
+    # The servers' state directories (start_server's cache and jobs dirs) and logs go here.
+    tmp = tempfile.mkdtemp(prefix="first-wave-")
+    try:
+        return _alternate(a, trees, runs, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alternate(a: argparse.Namespace, trees: list[list[str]], runs: list, tmp: str) -> int:
     for pair in range(a.pairs):
         for name, path in trees:
             root = Path(path).resolve()
-            env = dict(os.environ, PYTHONPATH=str(root))
+            env = dict(os.environ, PYTHONPATH=str(root), TMPDIR=tmp)
             out = subprocess.run(
                 [sys.executable, str(Path(__file__).resolve()), "--one", "--streams", str(a.streams)],
                 env=env, cwd=root, capture_output=True, text=True, check=False,
