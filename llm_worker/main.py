@@ -138,7 +138,7 @@ async def serve(config: ServeConfig, layout: InstanceLayout, engine_index: int =
         log.info("engine: %s", engine_info.describe())
         log.info("sampling: %s", plan.sampling.description)
         log.info("output head: %s", plan.head.describe())
-        warm = await warm_up(generation, prompts, cfg, plan.sampling.hooks, config.device)
+        warm = await warm_up(generation, prompts, cfg, plan.sampling.hooks)
         log.info("engine %s", warm.describe())
         if stop.is_set():
             log.info("llm worker stopped during start-up")

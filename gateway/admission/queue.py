@@ -32,8 +32,8 @@ holds it for a whole stream, longer than the returning request's wait budget (is
 light client at 68 % of its fair share). A request of a key at or over its share while
 another key under its share has demand is refused at once with 429
 ``too_many_concurrent_requests`` (its share, not the node) and ``SHARE_RETRY_FACTOR`` times
-the Retry-After; one of a key under its share waits for its turn within its wait budget. Admitted streams are never cut: shares move only
-new admissions. With one key (or none named) nothing of this applies.
+the Retry-After; one of a key under its share waits for its turn within its wait budget.
+Admitted streams are never cut: shares move only new admissions. With one key (or none named) nothing of this applies.
 
 Early refusals (``gateway.early_refusal``): a key refused for the node (``server_busy``), its
 share or its limit (``too_many_concurrent_requests``) is refused the same way, before its
@@ -1009,10 +1009,9 @@ class Admission:
         """The next sentence of ``key``'s admitted response: the stream did not end, so the
         slot its sentence freed is not owed to it as a returning key's."""
         left = self._left.pop(key, None)
-        if left is not None and key in self._returning:
-            d = self._owed.get(key)
-            if d and d[0] <= left + RETURN_GRACE_NS:
-                d.popleft()
+        if left is not None and key in self._returning and (d := self._owed.get(key)):
+            with contextlib.suppress(ValueError):  # the grace's own entry (``_returned``)
+                d.remove(left + RETURN_GRACE_NS)
 
     def _returned(self, key: str) -> None:
         """``key``'s last stream here ended: a key that came straight back last time is owed

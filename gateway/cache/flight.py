@@ -180,10 +180,6 @@ class FlightLog:
                 os.unlink(tmp)
         return cls(directory / (digest + FLIGHT), fd, join, join_fd)
 
-    @property
-    def closed(self) -> bool:
-        return self._fd is None
-
     def _write(self, data: bytes) -> None:
         assert self._fd is not None
         view = memoryview(data)
@@ -192,10 +188,7 @@ class FlightLog:
 
     def append(self, pcms: list[bytes]) -> None:
         """PCM frames, one write for all of them."""
-        if len(pcms) == 1:
-            self._write(pcm_frame(pcms[0]))
-        elif pcms:
-            self._write(b"".join(pcm_frame(p) for p in pcms))
+        self._write(b"".join(pcm_frame(p) for p in pcms))
 
     def nobody_listens(self) -> bool:
         """True if no follower of another process listens (then none can join until the

@@ -193,8 +193,9 @@ class NodeCache:
     # -- the bound -------------------------------------------------------------------------
     def sweep(self, now: float | None = None) -> SweepResult:
         """Scan every tenant's entries: remove the expired ones, stale temporary files, old
-        sightings and the files of flights nobody leads or follows any more, then the least recently used entries until the node's bytes are
-        under 90 % of the bound (if they passed it)."""
+        sightings and the files of flights nobody leads or follows any more, then the least
+        recently used entries until the node's bytes are under 90 % of the bound (if they
+        passed it)."""
         now = time.time() if now is None else now
         entries: list[tuple[float, int, str]] = []
         sightings: list[tuple[float, str]] = []

@@ -44,14 +44,19 @@ class FlightWrites:
         no other. The thread clears it before it takes them, so a chunk pushed after that
         is taken by a drain of its own, never left behind."""
 
+    def submit(self, fn: Callable[..., Any], *args: object) -> Future[Any] | None:
+        """``fn(*args)`` in the flight thread, after everything handed to it before; None
+        once the cache closed (nothing is written any more)."""
+        try:
+            return self._io.submit(fn, *args)
+        except RuntimeError:
+            return None
+
     def push(self, relay: FlightRelay, data: bytes) -> None:
         self._queued.append((relay, data))
         if not self._draining:
             self._draining = True
-            try:
-                self._io.submit(self.drain)
-            except RuntimeError:  # the cache closed: nothing is written any more
-                pass
+            self.submit(self.drain)
 
     def drain(self) -> None:
         """In the flight thread: write what is queued, each relay's chunks in order."""
@@ -72,28 +77,15 @@ class FlightRelay:
     terminal (its followers fail: ``LEADER_DIED``) and never the leader. Its chunks go
     through the process's ``FlightWrites``."""
 
-    def __init__(
-        self,
-        io: ThreadPoolExecutor,
-        writes: FlightWrites,
-        directory: Path,
-        digest: str,
-        failed: Failed,
-    ) -> None:
-        self._io = io
+    def __init__(self, writes: FlightWrites, directory: Path, digest: str, failed: Failed) -> None:
         self._writes = writes
+        self._submit = writes.submit
         self._failed = failed
         self._log: FlightLog | None = None
         """The flight thread's: the log, None once ended, or if another process leads."""
         self.ended = False
         """The loop's: the end was sent."""
         self._submit(self._claim, directory, digest)
-
-    def _submit(self, fn: Callable[..., Any], *args: object) -> Future[Any] | None:
-        try:
-            return self._io.submit(fn, *args)
-        except RuntimeError:  # the cache closed
-            return None
 
     # -- on the loop: what ``PcmStream`` tells it ------------------------------------------
     def push(self, data: bytes) -> None:

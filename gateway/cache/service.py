@@ -124,13 +124,8 @@ class AudioCache:
         no other process would read it (``node_flights``)."""
         if not self.node_flights:
             return None
-        relay = FlightRelay(
-            self._flight_io,
-            self._flight_writes,
-            self.node.tenant_dir(key.tenant),
-            key.digest(),
-            self._failed,
-        )
+        tenant_dir = self.node.tenant_dir(key.tenant)
+        relay = FlightRelay(self._flight_writes, tenant_dir, key.digest(), self._failed)
         self._relays.add(relay)
         return relay
 

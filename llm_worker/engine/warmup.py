@@ -8,8 +8,7 @@ above), and a Triton kernel compiles on its first call, for the specialisations 
 arguments select. vLLM's own start-up dummy run samples one small batch without top-p, so a
 server's first wave of 8 or more streams stalled for seconds while its users waited.
 
-So before ready, :func:`warm_up` runs ``WARMUP_ROWS`` (at most ``max_num_seqs``; on the CPU
-build ``CPU_WARMUP_ROWS``, where none of this applies) requests
+So before ready, :func:`warm_up` runs ``WARMUP_ROWS`` (at most ``max_num_seqs``) requests
 at once, built as the service builds a segment (a :class:`~llm_worker.requests.RequestPlan`
 of the configured voices' sampling, :func:`llm_worker.requests.segment_params` with the
 sampling package's arguments and the engine's end-of-speech id), with lengths ``rows,
@@ -49,19 +48,6 @@ class Engine(Protocol):
 WARMUP_ROWS = 72
 """Concurrent warm-up requests: above every row threshold of vLLM's top-p/top-k sampler
 (8 in 0.25, 64 in 0.32; see the module docstring)."""
-CPU_WARMUP_ROWS = 8
-"""On the CPU build: nothing of the sampler switches kernels or compiles by row count there
-(vLLM 0.25 compiles its random sample once, with dynamic shapes, in its own warm-up; 0.32
-compiles nothing on the CPU), and oneDNN keeps only ``llm.cpu_onednn_cache`` primitives, so
-a walk through 64 batch sizes leaves no more behind than eight do. A first wave after
-ready meets the same first byte either way (docs/performance.md, the suite's thirteenth
-pass), and every start is about 3 s shorter."""
-
-
-def warmup_rows(config: LLMConfig, device: str) -> int:
-    """The warm-up's largest batch on ``device``, within ``max_num_seqs``."""
-    rows = CPU_WARMUP_ROWS if device == "cpu" else WARMUP_ROWS
-    return max(1, min(rows, config.max_num_seqs))
 
 
 class WarmUp(msgspec.Struct, frozen=True):
@@ -94,17 +80,12 @@ def warmup_lengths(rows: int) -> list[int]:
 
 
 async def warm_up(
-    engine: Engine,
-    prompts: PromptBuilder,
-    config: LLMConfig,
-    hooks: SamplingHooks,
-    device: str,
+    engine: Engine, prompts: PromptBuilder, config: LLMConfig, hooks: SamplingHooks
 ) -> WarmUp:
     """Run the warm-up batch through ``engine`` to its end (``hooks``: the sampling
-    package's per-request arguments, as the service's; ``device``: its rows,
-    :func:`warmup_rows`)."""
+    package's per-request arguments, as the service's)."""
     t0 = time.monotonic()
-    rows = warmup_rows(config, device)
+    rows = max(1, min(WARMUP_ROWS, config.max_num_seqs))
     kinds = warmup_samplings(config)
     voice = config.default_voice
 

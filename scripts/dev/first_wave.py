@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _alternate(a: argparse.Namespace, trees: list[list[str]], runs: list, tmp: str) -> int:
+def _alternate(
+    a: argparse.Namespace, trees: list[list[str]], runs: list[dict[str, object]], tmp: str
+) -> int:
     for pair in range(a.pairs):
         for name, path in trees:
             root = Path(path).resolve()

@@ -50,7 +50,7 @@ async def level(arm: str, streams: int, seconds: float) -> dict[str, object]:
         kind = {"none": None, "per-chunk": PerChunkRelay, "batched": FlightRelay}[arm]
         writes = FlightWrites(io)
         relays = [
-            kind(io, writes, root, f"{i:032x}", lambda w, e: failures.append(f"{w}: {e}"))
+            kind(writes, root, f"{i:032x}", lambda w, e: failures.append(f"{w}: {e}"))
             for i in range(streams)
             if kind is not None
         ]

@@ -195,7 +195,7 @@ def test_ready_states_engine_setup(harness: Harness) -> None:
     assert "model runner V1" in detail and "scheduling synchronous" in detail
     assert "attention backend" in detail and "device cpu" in detail
     # The warm-up batch ran before the worker said it was ready: every batch size up to
-    # max_num_seqs (8 here, the CPU build's rows too; 72 on a GPU where it allows).
+    # max_num_seqs (8 here; 72 where it allows, above vLLM's top-p kernel thresholds).
     assert "warm-up 8 rows (batches 8..1, 1 sampling setting)" in detail
 
 

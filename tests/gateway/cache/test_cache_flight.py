@@ -150,7 +150,7 @@ async def test_the_relays_write_every_chunk_in_order_however_they_are_batched(
     digests = [DIGEST, DIGEST[::-1]]
     try:
         relays = [
-            FlightRelay(io, writes, tmp_path, d, lambda w, e: failures.append(f"{w}: {e}"))
+            FlightRelay(writes, tmp_path, d, lambda w, e: failures.append(f"{w}: {e}"))
             for d in digests
         ]
         io.submit(lambda: None).result()  # the logs are claimed

@@ -10,14 +10,7 @@ from typing import Any
 import pytest
 
 from common.config.llm import LLMConfig, VoiceSampling
-from llm_worker.engine.warmup import (
-    CPU_WARMUP_ROWS,
-    WARMUP_ROWS,
-    warm_up,
-    warmup_lengths,
-    warmup_rows,
-    warmup_samplings,
-)
+from llm_worker.engine.warmup import WARMUP_ROWS, warm_up, warmup_lengths, warmup_samplings
 from llm_worker.prompt import PromptBuilder
 from llm_worker.vllm_ext import tokens as T
 from llm_worker.vllm_ext.sampling.hooks import SamplingHooks
@@ -75,7 +68,7 @@ async def test_warm_up_samples_every_batch_size_with_the_configured_sampling(
     tara = VoiceSampling(temperature=0.5, top_p=0.7, repetition_penalty=1.2)
     cfg = LLMConfig(max_num_seqs=384, voice_sampling={"tara": tara})
     engine = FakeEngine(TokenSpace.full())
-    done = await warm_up(engine, prompts, cfg, SamplingHooks(), "cuda")
+    done = await warm_up(engine, prompts, cfg, SamplingHooks())
     assert done.rows == WARMUP_ROWS and done.samplings == 2
     assert max(engine.batches) == WARMUP_ROWS
     assert set(engine.batches) == set(range(1, WARMUP_ROWS + 1))
@@ -92,15 +85,7 @@ async def test_warm_up_fits_max_num_seqs_and_speaks_the_audio_heads_ids(
 ) -> None:
     space = TokenSpace.audio(T.VOCAB_SIZE)
     engine = FakeEngine(space)
-    done = await warm_up(engine, prompts, LLMConfig(max_num_seqs=16), SamplingHooks(), "cuda")
+    done = await warm_up(engine, prompts, LLMConfig(max_num_seqs=16), SamplingHooks())
     assert done.rows == 16 and max(engine.batches) == 16
     assert all(p.stop_token_ids == [space.end_of_speech] for p in engine.params)
     assert engine.prompts[0] == space.to_engine(prompts.build("tara", "Warming up, row 0."))
-
-
-async def test_the_cpu_build_warms_a_few_rows(prompts: PromptBuilder) -> None:
-    engine = FakeEngine(TokenSpace.full())
-    done = await warm_up(engine, prompts, LLMConfig(max_num_seqs=64), SamplingHooks(), "cpu")
-    assert done.rows == CPU_WARMUP_ROWS < WARMUP_ROWS
-    assert set(engine.batches) == set(range(1, CPU_WARMUP_ROWS + 1))
-    assert warmup_rows(LLMConfig(max_num_seqs=4), "cpu") == 4
